@@ -1,0 +1,54 @@
+"""pytest hooks and options only. The work is delegated:
+- ``--kopt-problem/--kopt-candidate``: judge one candidate (pytest_kopt.judge.pytest_eval)
+- ``--kopt-optimize``: run the optimization loop (pytest_kopt.loop_plugin)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+INI_OPTIONS = {
+    # name: (help, default)
+    "kopt_agent": ("agent that writes candidates: search (embedded, default), openai, replay", "search"),
+    "kopt_model": ("model name for --kopt-agent=openai", ""),
+    "kopt_base_url": ("OpenAI-compatible base URL (default: $OPENAI_BASE_URL)", ""),
+    "kopt_api_key_env": ("environment variable holding the API key", "OPENAI_API_KEY"),
+    "kopt_context_tokens": ("token budget before the LLM conversation is compacted (0: per-model default)", "0"),
+    "kopt_request_timeout": ("seconds before one LLM request times out", "600"),
+    "kopt_eval_timeout": ("seconds before one candidate evaluation is killed", "900"),
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kopt", "pytest-kopt: long-horizon kernel optimization")
+    group.addoption("--kopt-problem", help="problem to judge a candidate against (kda, mla, mla-prefill, ...)")
+    group.addoption("--kopt-candidate", help="candidate file to judge (with --kopt-problem)")
+    group.addoption("--kopt-quick", action="store_true", help="judge: fewer shapes, no profile")
+    group.addoption("--kopt-json", help="judge: write the result JSON here")
+    group.addoption("--kopt-optimize", metavar="PROBLEM", help="run the optimization loop on PROBLEM")
+    group.addoption("--kopt-budget", type=int, default=None, help="tool calls the loop may spend (default 100)")
+    group.addoption("--kopt-run-dir", help="run directory (default results/runs/<problem>-<timestamp>)")
+    group.addoption("--kopt-resume", action="store_true", help="continue the run in --kopt-run-dir from its log")
+    group.addoption("--kopt-seed", type=int, default=None, help="seed of the agent's sampler")
+    group.addoption("--kopt-replay", help="events.jsonl of a recorded run, for --kopt-agent=replay")
+    group.addoption("--kopt-promote", action="store_true", help="copy the run's best candidate to kernels/best/<problem>.py")
+    for name, (help_text, default) in INI_OPTIONS.items():
+        group.addoption("--" + name.replace("_", "-"), dest=name, default=None, help=help_text)
+        parser.addini(name, help_text, default=default)
+
+
+def option(config: pytest.Config, name: str) -> str:
+    """A kopt option from the command line, else from [tool.pytest.ini_options]."""
+    value = config.getoption(name)
+    return value if value is not None else config.getini(name)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("kopt_candidate") or config.getoption("kopt_problem"):
+        from .judge.pytest_eval import EvalPlugin
+
+        config.pluginmanager.register(EvalPlugin(config), "kopt-eval")
+    if config.getoption("kopt_optimize"):
+        from .loop_plugin import OptimizePlugin
+
+        config.pluginmanager.register(OptimizePlugin(config), "kopt-optimize")
