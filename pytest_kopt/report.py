@@ -1,0 +1,207 @@
+"""Write a Markdown report (and its plots) of one or more runs: `kopt report RUN_DIR... [--out DIR]`.
+
+For someone coming back to a finished run, or a week of them: what was asked, how much budget
+and time it took, how candidates fared and why they failed, how the best speedup grew, and how
+the best candidate stands against the baseline and the roofline floor. The same Markdown is
+printed to the terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from . import plots
+from .runsummary import RunSummary, summarise
+
+DEFAULT_OUT = Path("results/reports")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
+                        help="run directories (results/runs/<id>), each holding events.jsonl")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"where report.md and the PNG plots go (default: {DEFAULT_OUT})")
+    parser.add_argument("--quiet", action="store_true", help="do not print the report")
+
+
+def run(args: argparse.Namespace) -> int:
+    missing = [d for d in args.run_dirs if not (d / "events.jsonl").is_file()]
+    if missing:
+        print(f"kopt report: no events.jsonl in {', '.join(map(str, missing))}", file=sys.stderr)
+        return 2
+    path = write_report(args.run_dirs, args.out)
+    if not args.quiet:
+        print(path.read_text(encoding="utf-8"))
+        print(f"[report written to {path}]")
+    return 0
+
+
+def write_report(run_dirs: list[Path], out: Path) -> Path:
+    """Summarise the runs, draw the plots into ``out`` and write ``out/report.md``; returns its path."""
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [summarise(d) for d in run_dirs]
+    plots.progress(runs, out / "progress.png")
+    for run in runs:
+        plots.candidates(run, out / f"candidates-{_slug(run.run_id)}.png", floor_us=_floor_us(run))
+    path = out / "report.md"
+    path.write_text(render(runs), encoding="utf-8")
+    return path
+
+
+def render(runs: list[RunSummary]) -> str:
+    """The whole report as Markdown; plot files are referenced by their names in the same folder."""
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"# kopt report: {len(runs)} run{'s' if len(runs) != 1 else ''}", "", f"_Generated {now}._", ""]
+    lines += _table(["run", "problem", "agent", "status", "budget used", "wall time", "candidates (pass/fail)", "best speedup"],
+                    [[r.run_id, r.problem or "?", _agent(r), r.status, _budget(r), _duration(r.wall_s),
+                      f"{len(r.candidates)} ({r.counts_by_verdict()['pass']}/{r.counts_by_verdict()['fail']})",
+                      _times(r.best_speedup)] for r in runs])
+    lines += ["", "![Best speedup against tool calls, one line per run](progress.png)", ""]
+    for run in runs:
+        lines += _run_section(run)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _run_section(run: RunSummary) -> list[str]:
+    lines = [f"## Run {run.run_id}", ""]
+    objective = run.objective
+    if objective.get("description"):
+        lines += [f"**Objective** ({run.problem}): {objective['description']}", ""]
+    facts = []
+    if objective.get("headline"):
+        headline = objective["headline"]
+        facts.append(f"headline shape: {headline[0] if isinstance(headline, list) else headline}")
+    for spec in objective.get("outputs") or []:
+        if isinstance(spec, dict) and "name" in spec:
+            facts.append(f"`{spec['name']}` within relative RMS {spec.get('tolerance', '?')}")
+    facts += [f"agent: {_agent(run)}", f"seed: {run.seed}" if run.seed is not None else ""]
+    env = run.environment
+    env_text = ", ".join(f"{k} {env[k]}" for k in ("gpu", "driver", "torch", "triton", "python", "commit") if env.get(k))
+    if env_text:
+        facts.append(f"environment: {env_text}")
+    status = run.status + (f" ({run.status_reason})" if run.status_reason else "")
+    if run.resumes:
+        status += f", resumed {run.resumes}×"
+    facts += [f"status: {status}", f"budget used: {_budget(run)} tool calls", f"wall time: {_duration(run.wall_s)}"]
+    lines += [f"- {f}" for f in facts if f] + [""]
+
+    counts = run.counts_by_verdict()
+    lines += ["### Candidates", ""]
+    lines += _table(["verdict", "candidates"], [[k, str(v)] for k, v in counts.items() if v or k != "not judged"])
+    by_stage = run.failures_by_stage()
+    if by_stage:
+        lines += ["", "Failures by stage: " + ", ".join(f"{stage} {n}" for stage, n in by_stage.items()), ""]
+        lines += _table(["stage", "reason", "candidates"], [[s, _short(r), str(n)] for s, r, n in run.failures_by_reason()[:15]])
+    lines += [""]
+
+    lines += ["### Best speedup over time", ""]
+    if run.progress:
+        lines += _table(["tool call", "candidate", "speedup"],
+                        [[str(c), f"`{cid}`" if cid else "", _times(s)] for c, s, cid in run.progress])
+    else:
+        lines += ["No candidate has passed and been timed yet."]
+    lines += [""]
+
+    lines += ["### Best candidate", ""]
+    lines += _best_section(run) + [""]
+    lines += [f"![Every candidate's time against the tool call that judged it](candidates-{_slug(run.run_id)}.png)", ""]
+    return lines
+
+
+def _best_section(run: RunSummary) -> list[str]:
+    if not run.best_id:
+        return ["None yet."]
+    result = run.best_result or {}
+    timings = result.get("timings") or {}
+    roofline = result.get("roofline") or {}
+    lines = [f"`{run.best_id}`" + (f", case {timings['case']}" if timings.get("case") else "")
+             + (f", {result['device']}" if result.get("device") else ""), ""]
+    best_us = _num(timings.get("candidate_us")) or run.best_us
+    rows = [["this candidate", _us(best_us), "—"]]
+    baselines = timings.get("baselines") or {}
+    if not baselines and run.baseline_us:
+        baselines = {"baseline": run.baseline_us}
+    for name, us in baselines.items():
+        rows.append([f"baseline: {name}", _us(_num(us)), _ratio(_num(us), best_us, "faster")])
+    if _num(timings.get("reference_us")):
+        rows.append(["PyTorch reference", _us(timings["reference_us"]), _ratio(timings["reference_us"], best_us, "faster")])
+    floor = _floor_us(run)
+    if floor:
+        rows.append(["roofline floor", _us(floor), _ratio(best_us, floor, "the floor's time")])
+    lines += _table(["", "time", "this candidate is"], rows)
+    achieved = []
+    if _num(roofline.get("floor_fraction")):
+        achieved.append(f"{roofline['floor_fraction']:.1%} of roofline (floor time / candidate time)")
+    if _num(roofline.get("achieved_GBps")):
+        achieved.append(f"{roofline['achieved_GBps']:.4g} GB/s")
+    if _num(roofline.get("achieved_TFLOPs")):
+        achieved.append(f"{roofline['achieved_TFLOPs']:.4g} TFLOP/s")
+    if achieved:
+        lines += ["", "Achieved: " + ", ".join(achieved) + "."]
+    if not result:
+        lines += ["", "_(the judge's result file for this candidate was not found; figures from the event log)_"]
+    return lines
+
+
+def _floor_us(run: RunSummary) -> float | None:
+    roofline = (run.best_result or {}).get("roofline") or {}
+    return _num(roofline.get("floor_us")) or _num(run.objective.get("floor_us"))
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return lines
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value else None
+
+
+def _us(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.4g} µs"
+
+
+def _times(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}×"
+
+
+def _ratio(other_us: Any, this_us: Any, word: str) -> str:
+    """How this candidate stands against another time: "2.1× faster", or "1.7× slower"."""
+    other_us, this_us = _num(other_us), _num(this_us)
+    if not other_us or not this_us:
+        return "n/a"
+    if word == "faster" and other_us < this_us:
+        return f"{this_us / other_us:.3g}× slower"
+    return f"{other_us / this_us:.3g}× {word}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f}s"
+
+
+def _budget(run: RunSummary) -> str:
+    return f"{run.budget_used}/{run.budget}" if run.budget else str(run.budget_used)
+
+
+def _agent(run: RunSummary) -> str:
+    agent = run.agent
+    if isinstance(agent, dict):
+        return " ".join(str(agent[k]) for k in ("name", "model") if agent.get(k)) or "?"
+    return str(agent) if agent else "?"
+
+
+def _short(text: str, limit: int = 100) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)

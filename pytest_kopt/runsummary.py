@@ -1,0 +1,240 @@
+"""What happened in one run, folded out of its event log: the numbers a report is made of.
+
+The log (``RUN_DIR/events.jsonl``) is the truth, so this module only reads it (plus the
+judge's result JSON for the best candidate's full figures). It tolerates logs from runs that
+crashed or are still going, and events missing optional fields: a report of half a run is
+still worth reading.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+STAGES = ("policy", "compile", "correctness", "benchmark", "profile")
+
+
+def read_events(path: Path) -> list[dict]:
+    """The run's events; a torn last line (a crash mid-write) is dropped."""
+    try:
+        from pytest_kopt.events import read_events as read_log
+    except ImportError:  # the event log module is not built yet
+        read_log = None
+    if read_log is not None:
+        return list(read_log(path))
+    events = []
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines) - 1:
+                break
+            raise
+    return events
+
+
+def _seconds(stamp: Any) -> float | None:
+    """An event's ``time`` as epoch seconds (a number or an ISO-8601 string)."""
+    if isinstance(stamp, (int, float)):
+        return float(stamp)
+    if isinstance(stamp, str):
+        try:
+            return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+@dataclass
+class Candidate:
+    """One candidate as the run saw it: where it came from and its latest verdict."""
+
+    candidate_id: str
+    strategy: str | None = None
+    written_at: int | None = None  # tool call that wrote it
+    judged_at: int | None = None  # tool call of its latest verdict
+    verdict: str | None = None  # "pass" | "fail" | None (never judged)
+    upto: str | None = None
+    stage: str | None = None
+    reasons: list[str] = field(default_factory=list)
+    candidate_us: float | None = None
+    speedup: float | None = None
+    result_path: str | None = None
+
+
+@dataclass
+class RunSummary:
+    run_dir: Path
+    run_id: str
+    problem: str | None = None
+    agent: Any = None
+    seed: Any = None
+    objective: dict = field(default_factory=dict)
+    environment: dict = field(default_factory=dict)
+    budget: int | None = None
+    budget_used: int = 0
+    status: str = "in progress"  # "finished", "interrupted" or "in progress"
+    status_reason: str | None = None
+    wall_s: float | None = None
+    resumes: int = 0
+    candidates: dict[str, Candidate] = field(default_factory=dict)
+    progress: list[tuple[int, float, str]] = field(default_factory=list)  # (call, best speedup, candidate id)
+    best_id: str | None = None
+    best_us: float | None = None
+    best_speedup: float | None = None
+    baseline_us: float | None = None  # what speedups are measured against, as the judge timed it
+    best_result: dict | None = None  # the judge's full result JSON for the best candidate
+
+    @property
+    def label(self) -> str:
+        agent = self.agent.get("name") if isinstance(self.agent, dict) else self.agent
+        parts = [self.run_id, self.problem, agent]
+        return " · ".join(str(p) for p in parts if p)
+
+    def counts_by_verdict(self) -> dict[str, int]:
+        counts = {"pass": 0, "fail": 0, "not judged": 0}
+        for cand in self.candidates.values():
+            counts[cand.verdict or "not judged"] = counts.get(cand.verdict or "not judged", 0) + 1
+        return counts
+
+    def failures_by_stage(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for cand in self.candidates.values():
+            if cand.verdict == "fail":
+                stage = cand.stage or "unknown"
+                counts[stage] = counts.get(stage, 0) + 1
+        order = {s: i for i, s in enumerate(STAGES)}
+        return dict(sorted(counts.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])))
+
+    def failures_by_reason(self) -> list[tuple[str, str, int]]:
+        """(stage, reason, count), most common first. A reason is the judge's first line for it."""
+        counts: dict[tuple[str, str], int] = {}
+        for cand in self.candidates.values():
+            if cand.verdict == "fail":
+                reason = (cand.reasons[0] if cand.reasons else "no reason given").strip().splitlines()[0]
+                key = (cand.stage or "unknown", reason)
+                counts[key] = counts.get(key, 0) + 1
+        return sorted(((s, r, n) for (s, r), n in counts.items()), key=lambda t: (-t[2], t[0], t[1]))
+
+
+def summarise(run_dir: Path | str) -> RunSummary:
+    """Fold ``run_dir/events.jsonl`` into a RunSummary."""
+    run_dir = Path(run_dir)
+    events = read_events(run_dir / "events.jsonl")
+    summary = RunSummary(run_dir=run_dir, run_id=run_dir.name)
+    call = 0
+    stamps = []
+    for event in events:
+        kind = event.get("kind")
+        summary.run_id = event.get("run_id") or summary.run_id
+        stamp = _seconds(event.get("time"))
+        if stamp is not None:
+            stamps.append(stamp)
+        if kind == "run_started":
+            summary.problem = event.get("problem", summary.problem)
+            summary.objective = event.get("objective") or {}
+            summary.environment = event.get("environment") or {}
+            summary.budget = event.get("budget", summary.budget)
+            summary.agent = event.get("agent", summary.agent)
+            summary.seed = event.get("seed", summary.seed)
+        elif kind == "run_resumed":
+            summary.resumes += 1
+            summary.status, summary.status_reason = "in progress", None
+        elif kind == "tool_call":
+            call = int(event.get("call") or call + 1)
+            summary.budget_used = max(summary.budget_used, call)
+        elif kind == "candidate":
+            cid = event.get("candidate_id")
+            if cid:
+                cand = summary.candidates.setdefault(cid, Candidate(cid))
+                cand.strategy = event.get("strategy", cand.strategy)
+                cand.written_at = cand.written_at or call
+        elif kind == "verdict":
+            _apply_verdict(summary, event, call)
+        elif kind == "best":
+            speedup = _number(event.get("speedup"))
+            at = int(event.get("call") or call)
+            if speedup is not None:
+                summary.progress.append((at, speedup, event.get("candidate_id", "")))
+            summary.best_id = event.get("candidate_id", summary.best_id)
+            summary.best_us = _number(event.get("candidate_us")) or summary.best_us
+            summary.best_speedup = speedup if speedup is not None else summary.best_speedup
+        elif kind in ("run_finished", "run_interrupted"):
+            summary.status = "finished" if kind == "run_finished" else "interrupted"
+            summary.status_reason = event.get("reason")
+            used = event.get("budget_used")
+            if isinstance(used, int):
+                summary.budget_used = max(summary.budget_used, used)
+    if stamps:
+        summary.wall_s = max(stamps) - min(stamps)
+    if not summary.progress:  # an agent that logs no `best` events: take the running best of the verdicts
+        _progress_from_verdicts(summary)
+    summary.best_result = _load_best_result(summary)
+    return summary
+
+
+def _apply_verdict(summary: RunSummary, event: dict, call: int) -> None:
+    cid = event.get("candidate_id")
+    if not cid:
+        return
+    cand = summary.candidates.setdefault(cid, Candidate(cid, written_at=call))
+    cand.judged_at = call
+    cand.verdict = event.get("verdict")
+    cand.upto = event.get("upto", cand.upto)
+    cand.stage = event.get("stage")
+    cand.reasons = list(event.get("reasons") or [])
+    cand.result_path = event.get("result_path") or cand.result_path
+    us, speedup = _number(event.get("candidate_us")), _number(event.get("speedup"))
+    if us is not None:
+        cand.candidate_us = us
+    if speedup is not None:
+        cand.speedup = speedup
+    if us is not None and speedup is not None and summary.baseline_us is None:
+        summary.baseline_us = us * speedup  # speedup = baseline_us / candidate_us
+
+
+def _progress_from_verdicts(summary: RunSummary) -> None:
+    best = None
+    for cand in sorted(summary.candidates.values(), key=lambda c: c.judged_at or 0):
+        if cand.verdict == "pass" and cand.speedup is not None and (best is None or cand.speedup > best.speedup):
+            best = cand
+            summary.progress.append((cand.judged_at or 0, cand.speedup, cand.candidate_id))
+    if best is not None:
+        summary.best_id, summary.best_us, summary.best_speedup = best.candidate_id, best.candidate_us, best.speedup
+
+
+def _load_best_result(summary: RunSummary) -> dict | None:
+    """The judge's result JSON for the best candidate, the deepest stage it reached."""
+    if not summary.best_id:
+        return None
+    paths = []
+    cand = summary.candidates.get(summary.best_id)
+    if cand and cand.result_path:
+        path = Path(cand.result_path)
+        paths.append(path if path.is_absolute() else summary.run_dir / path)
+    rank = {s: i for i, s in enumerate(STAGES)}
+    found = sorted((summary.run_dir / "evals").glob(f"{summary.best_id}-*.json"),
+                   key=lambda p: -rank.get(p.stem.rsplit("-", 1)[-1], -1))
+    paths.extend(found)
+    paths.append(summary.run_dir / "best.json")
+    for path in paths:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("candidate_id", summary.best_id) == summary.best_id and "timings" in data:
+            return data
+    return None

@@ -1,0 +1,133 @@
+"""`kopt report` and `kopt compare` on small synthetic runs and benchmark histories.
+
+The runs are written in the event-log contract of docs/architecture.md, as the loop writes
+them, so these tests pin that the report reads that format (and survives a torn last line).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from pytest_kopt import cli
+from pytest_kopt.report import write_report
+from pytest_kopt.runsummary import summarise
+
+BASELINE_US = 400.0
+
+
+def make_run(run_dir: Path, *, run_id: str, agent: str, n_candidates: int, seed: int, finish: bool = True,
+             torn_tail: bool = False) -> dict:
+    """Write a plausible run: write/test/benchmark candidates, some failing; returns what was logged."""
+    rng = random.Random(seed)
+    run_dir.mkdir(parents=True)
+    (run_dir / "evals").mkdir()
+    events: list[dict] = []
+    clock = [1_700_000_000.0]
+
+    def log(kind: str, **fields) -> None:
+        clock[0] += rng.uniform(1, 20)
+        events.append({"seq": len(events) + 1, "time": clock[0], "run_id": run_id, "kind": kind, **fields})
+
+    log("run_started", problem="kda", budget=3 * n_candidates + 2, agent={"name": agent}, seed=seed,
+        objective={"problem": "kda", "description": "Gated delta rule forward (KDA)", "headline": ["B1 T8192 H16 K128 V128"],
+                   "outputs": [{"name": "o", "tolerance": 0.02}, {"name": "final_state", "tolerance": 0.02}]},
+        environment={"gpu": "NVIDIA H200", "triton": "3.6.0", "torch": "2.13.0", "commit": "abc1234"})
+    call, best, expected = 0, None, {"pass": 0, "fail": 0, "stages": {}, "best": None}
+    us = BASELINE_US
+    for i in range(n_candidates):
+        cid = f"{seed:02d}{i:010x}"
+        call += 1
+        log("tool_call", call=call, tool="write_candidate", args={"source": cid})
+        log("candidate", candidate_id=cid, parent=None, strategy="kda_recurrent", knobs={"BV": 32}, path=f"candidates/{cid}.py", notes="")
+        log("tool_result", call=call, tool="write_candidate", result={"candidate_id": cid}, duration_s=0.01)
+        call += 1
+        log("tool_call", call=call, tool="run_tests", args={"candidate_id": cid})
+        failure = None if i == 0 else rng.choice([None, None, ("compile", "CompilationError: BV=128 exceeds shared memory"),
+                                                   ("correctness", "o: relative RMS error 0.31 > tolerance 0.02")])
+        if failure:
+            stage, reason = failure
+            log("verdict", candidate_id=cid, upto="correctness", verdict="fail", stage=stage, reasons=[reason],
+                candidate_us=None, speedup=None, errors=[], result_path=f"evals/{cid}-correctness.json")
+            log("tool_result", call=call, tool="run_tests", result={"verdict": "fail"}, duration_s=2.0)
+            expected["fail"] += 1
+            expected["stages"][stage] = expected["stages"].get(stage, 0) + 1
+            continue
+        log("verdict", candidate_id=cid, upto="correctness", verdict="pass", stage="correctness", reasons=[],
+            candidate_us=None, speedup=None, errors=[], result_path=f"evals/{cid}-correctness.json")
+        log("tool_result", call=call, tool="run_tests", result={"verdict": "pass"}, duration_s=2.0)
+        call += 1
+        log("tool_call", call=call, tool="benchmark", args={"candidate_id": cid})
+        us = BASELINE_US if i == 0 else us * rng.uniform(0.6, 1.3)
+        speedup = BASELINE_US / us
+        log("verdict", candidate_id=cid, upto="benchmark", verdict="pass", stage="benchmark", reasons=[],
+            candidate_us=us, speedup=speedup, errors=[], result_path=f"evals/{cid}-benchmark.json")
+        result = {"verdict": "pass", "stage": "benchmark", "candidate_id": cid, "device": "NVIDIA H200",
+                  "timings": {"case": "B1 T8192 H16 K128 V128", "candidate_us": us,
+                              "baselines": {"kda_recurrent": BASELINE_US, "fla chunk_kda": 90.0}, "reference_us": 5000.0},
+                  "speedup": speedup, "roofline": {"floor_us": 25.0, "achieved_GBps": 1000.0, "floor_fraction": 25.0 / us}}
+        (run_dir / "evals" / f"{cid}-benchmark.json").write_text(json.dumps(result))
+        if best is None or us < best[1]:
+            best = (cid, us, speedup)
+            log("best", candidate_id=cid, candidate_us=us, speedup=speedup, call=call)
+        log("tool_result", call=call, tool="benchmark", result={"candidate_us": us}, duration_s=5.0)
+        expected["pass"] += 1
+    if finish:
+        log("run_finished", reason="budget exhausted", budget_used=call, best={"candidate_id": best[0]})
+    text = "".join(json.dumps(e) + "\n" for e in events)
+    if torn_tail:
+        text += '{"seq": 999, "kind": "tool_ca'
+    (run_dir / "events.jsonl").write_text(text)
+    expected.update(best=best, calls=call, wall=events[-1]["time"] - events[0]["time"])
+    return expected
+
+
+def test_summary_counts_what_the_log_says(tmp_path):
+    expected = make_run(tmp_path / "r1", run_id="r1", agent="search", n_candidates=12, seed=3, torn_tail=True)
+    run = summarise(tmp_path / "r1")
+    counts = run.counts_by_verdict()
+    assert (counts["pass"], counts["fail"]) == (expected["pass"], expected["fail"])
+    assert run.failures_by_stage() == {s: expected["stages"][s] for s in ("compile", "correctness") if s in expected["stages"]}
+    assert run.budget_used == expected["calls"] and run.status == "finished"
+    assert run.wall_s == pytest.approx(expected["wall"])
+    assert run.best_id == expected["best"][0] and run.best_speedup == pytest.approx(expected["best"][2])
+    assert run.baseline_us == pytest.approx(BASELINE_US)
+    speedups = [s for _, s, _ in run.progress]
+    assert speedups == sorted(speedups)  # the best only ever improves
+    assert run.best_result["timings"]["candidate_us"] == pytest.approx(expected["best"][1])
+
+
+def test_report_writes_markdown_and_plots(tmp_path, capsys):
+    e1 = make_run(tmp_path / "runs" / "r1", run_id="r1", agent="search", n_candidates=12, seed=3)
+    make_run(tmp_path / "runs" / "r2", run_id="r2", agent="openai", n_candidates=8, seed=5, finish=False)
+    out = tmp_path / "report"
+    assert cli.main(["report", str(tmp_path / "runs" / "r1"), str(tmp_path / "runs" / "r2"), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert md in capsys.readouterr().out
+    assert "## Run r1" in md and "## Run r2" in md
+    assert "| r2 | kda | openai | in progress |" in md
+    assert f"| pass | {e1['pass']} |" in md and f"| fail | {e1['fail']} |" in md
+    assert "relative RMS error 0.31 > tolerance 0.02" in md or "exceeds shared memory" in md
+    assert f"`{e1['best'][0]}`" in md and "roofline floor" in md and "baseline: fla chunk_kda" in md
+    for name in ("progress.png", "candidates-r1.png", "candidates-r2.png"):
+        assert f"]({name})" in md
+        png = (out / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000  # a drawn chart, not an empty canvas
+
+
+def test_report_of_a_run_that_has_timed_nothing(tmp_path):
+    run_dir = tmp_path / "empty"
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_text(json.dumps({"seq": 1, "time": 1.0, "run_id": "empty", "kind": "run_started",
+                                                      "problem": "mla", "budget": 10}) + "\n")
+    md = write_report([run_dir], tmp_path / "out").read_text()
+    assert "No candidate has passed and been timed yet." in md and "| empty | mla | ? | in progress | 0/10 |" in md
+    assert (tmp_path / "out" / "progress.png").stat().st_size > 5_000
+
+
+def test_report_refuses_a_directory_without_a_log(tmp_path, capsys):
+    assert cli.main(["report", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "no events.jsonl" in capsys.readouterr().err
