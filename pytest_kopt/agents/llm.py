@@ -1,0 +1,455 @@
+"""The LLM agent: a model behind any OpenAI-compatible chat-completions endpoint writes each
+kernel itself, reads the judge's verdicts, timings and profiles through tool calls, and keeps
+at it for as long as the budget lasts.
+
+Why it is shaped this way:
+- The objective (problem, headline shapes, metric, baseline and floor, honesty rules, current
+  best, budget) is the system message of *every* request, rebuilt each time, so call 700 aims
+  at the same target as call 1 even after the conversation has been compacted.
+- The conversation is rebuilt from the event log on resume: each ``llm_request`` records the
+  messages added since the previous request, each ``llm_response`` the assistant message, each
+  ``compaction`` the memory that replaced everything before it. Nothing else holds state.
+- Compaction is deterministic (``memory.build_memory`` over the log), never model-written.
+- The model's reply is untrusted: its arguments only reach ``Toolbox.call``, whose candidates
+  only run inside the judge. Bad JSON, unknown tools and ids come back to the model as errors.
+- The API key is read from the environment once, handed to the openai client and nowhere else;
+  anything logged is scrubbed of it.
+- Transient failures (rate limits, 5xx, time-outs, refused connections) are retried by the
+  openai client with its own backoff; when it gives up, the agent pauses and tries again a few
+  times, then raises ``EndpointUnavailable``, which the loop records as ``run_interrupted``:
+  the run resumes later from its log with nothing lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Callable
+
+import openai
+
+from .base import Agent
+from .memory import build_memory
+
+# Conversation size (tokens) before compaction, by model-name prefix: ~60% of the window, so
+# that the objective, the reply and a large tool result still fit after the threshold.
+CONTEXT_DEFAULTS = (
+    ("gpt-4.1", 600_000),
+    ("gpt-5", 240_000),
+    ("gpt-4o", 76_000),
+    ("o1", 120_000),
+    ("o3", 120_000),
+    ("o4", 120_000),
+    ("claude", 120_000),
+    ("gemini", 600_000),
+    ("deepseek", 76_000),
+    ("qwen", 76_000),
+    ("llama", 76_000),
+    ("mistral", 76_000),
+)
+FALLBACK_CONTEXT_TOKENS = 24_000  # unknown (often small, self-hosted) models
+
+TOOL_DESCRIPTIONS = {
+    "write_candidate": "Store a complete candidate file (Python source defining kernel(...) with @triton.jit kernels). "
+    "Returns its candidate_id. In notes, say what you changed and what you predict it will do.",
+    "run_tests": "Policy check, compile and correctness against the reference on several shapes. "
+    "Returns pass/fail with the judge's reasons (compiler errors, the minimal failing shape).",
+    "benchmark": "Time a candidate on the headline shapes: microseconds, speedup vs the baseline, roofline figures.",
+    "profile": "Per-kernel time breakdown of a candidate.",
+    "show_reference": "The reference implementation's source.",
+    "show_problem": "The problem: signature, outputs and tolerances, shapes, rules.",
+    "show_candidate": "The source of a stored candidate.",
+    "history": "A compact table of every attempt so far with its outcome.",
+}
+HIDDEN_ARGS = {"write_candidate": ("strategy", "knobs")}  # the search agent's, not the model's
+
+START = (
+    "Begin. Read the problem and reference if you need to, then write a first candidate, test it, "
+    "benchmark it and improve on it. Every tool call costs one unit of the budget."
+)
+NUDGE = (
+    "Your reply had no tool call. Continue by calling a tool (write_candidate, run_tests, benchmark, "
+    "profile, ...); every step of this work happens through tool calls."
+)
+CONTINUE = "\n\nContinue from this memory: pick the most promising open lead and call a tool."
+
+
+class EndpointError(RuntimeError):
+    """The LLM endpoint cannot serve this run now; the run stops resumably (``run_interrupted``)."""
+
+    resumable = True
+
+
+class EndpointUnavailable(EndpointError):
+    """The endpoint stayed unreachable or overloaded through every retry and pause."""
+
+
+def estimate_tokens(obj: Any) -> int:
+    """A rough token count (4 characters a token), used when the server reports no usage."""
+    text = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
+    return len(text) // 4 + 1
+
+
+def default_context_tokens(model: str) -> int:
+    name = model.lower().rsplit("/", 1)[-1]
+    for prefix, tokens in CONTEXT_DEFAULTS:
+        if name.startswith(prefix) or prefix in name:
+            return tokens
+    return FALLBACK_CONTEXT_TOKENS
+
+
+def tool_specs(schemas: dict[str, dict]) -> list[dict]:
+    """OpenAI ``tools`` entries from the Toolbox's argument schemas."""
+    specs = []
+    for name, schema in schemas.items():
+        params = {k: v for k, v in dict(schema).items() if k != "description"}
+        params.setdefault("type", "object")
+        params.setdefault("properties", {})
+        hidden = HIDDEN_ARGS.get(name, ())
+        if hidden:
+            params["properties"] = {k: v for k, v in params["properties"].items() if k not in hidden}
+            if "required" in params:
+                params["required"] = [r for r in params["required"] if r not in hidden]
+        description = schema.get("description") or TOOL_DESCRIPTIONS.get(name, name)
+        specs.append({"type": "function", "function": {"name": name, "description": description, "parameters": params}})
+    return specs
+
+
+def _fmt(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def render_objective(objective: dict, best: dict | None, budget_used: int, budget: int) -> str:
+    """The system message: the objective, the current best and the budget, every request."""
+    o = dict(objective or {})
+    lines = ["You are optimizing a GPU kernel written in Triton. The objective below is fixed for the whole run."]
+    lines.append(f"Problem: {o.pop('problem', '?')} — {o.pop('description', '')}".rstrip(" —"))
+    if "signature" in o:
+        lines.append(f"Candidate signature: {o.pop('signature')}")
+    outputs = o.pop("outputs", None)
+    if outputs:
+        lines.append("Outputs and tolerances: " + "; ".join(
+            f"{x.get('name')}: {x.get('metric', 'relative RMS error')} <= {x.get('tolerance')}" if isinstance(x, dict) else _fmt(x)
+            for x in outputs))
+    headline = o.pop("headline", None)
+    if headline:
+        lines.append("Headline shapes (the first is THE target): " + "; ".join(map(_fmt, headline)))
+    lines.append("Metric: wall time of kernel(...) on the headline shape; speedup = baseline time / candidate time (higher is better).")
+    rules = o.pop("rules", None)
+    for key in sorted(o):  # baseline and floor figures, and anything the loop adds
+        lines.append(f"{key}: {_fmt(o[key])}")
+    if rules:
+        lines.append("Rules (the judge enforces them; a candidate that breaks one fails):")
+        lines += [f"- {r}" for r in rules]
+    if best:
+        cid = best.get("candidate_id") or best.get("id")
+        us = best.get("candidate_us")
+        x = best.get("speedup")
+        lines.append(f"Current best: {cid}, " + (f"{us:.1f} us" if isinstance(us, (int, float)) else "? us")
+                     + (f", {x:.2f}x vs baseline" if isinstance(x, (int, float)) else "") + ". Beat it.")
+    else:
+        lines.append("Current best: none yet (no candidate has passed the tests and been timed).")
+    lines.append(f"Budget: {budget_used} of {budget} tool calls used, {max(budget - budget_used, 0)} left. Every tool call costs one.")
+    lines.append(
+        "Work like a kernel engineer: write a complete, self-contained candidate file with write_candidate "
+        "(imports only torch, triton, triton.language, math, typing, functools, dataclasses; math in @triton.jit kernels; "
+        "outputs allocated on the inputs' device), run_tests it, benchmark what passes, profile the best, "
+        "and state a prediction in the notes of each candidate."
+    )
+    return "\n".join(lines)
+
+
+def _trim(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    tail = limit - head
+    return f"{text[:head]}\n… [{len(text) - limit} characters trimmed] …\n{text[-tail:]}"
+
+
+def _parse_arguments(raw: Any) -> tuple[dict | None, str | None]:
+    """(arguments, error): a model's tool-call arguments must be a JSON object."""
+    if isinstance(raw, dict):
+        return raw, None
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return {}, None
+    try:
+        args = json.loads(raw)
+    except (TypeError, ValueError) as exc:
+        return None, f"the arguments are not valid JSON ({exc}); nothing was run. Send a JSON object."
+    if not isinstance(args, dict):
+        return None, f"the arguments must be a JSON object, got {type(args).__name__}; nothing was run."
+    return args, None
+
+
+class LLMAgent(Agent):
+    """Drives a chat-completions endpoint with tool calls; one request (and its calls) per ``act``."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        base_url: str | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        context_tokens: int | str = 0,
+        request_timeout: float | str = 600.0,
+        seed: int | None = None,
+        max_retries: int = 3,
+        pause_s: float = 30.0,
+        max_pauses: int = 4,
+        max_idle_turns: int = 3,
+        max_result_chars: int = 12_000,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        if not model:
+            raise ValueError("the openai agent needs a model name: --kopt-model=NAME (or kopt_model in the ini file)")
+        self.model = model
+        base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        key = os.environ.get(api_key_env or "OPENAI_API_KEY") or None
+        if key is None:
+            if base_url is None:
+                raise ValueError(f"no API key: set ${api_key_env}, or point --kopt-base-url at a self-hosted server")
+            key = "EMPTY"  # self-hosted servers (vLLM, llama.cpp) take any key
+        self._secret = key if key != "EMPTY" else None  # only to scrub it from what is logged
+        self.base_url = base_url
+        self.context_tokens = int(context_tokens or 0) or default_context_tokens(model)
+        self.seed = seed
+        self.pause_s = float(pause_s)
+        self.max_pauses = int(max_pauses)
+        self.max_idle_turns = int(max_idle_turns)
+        self.max_result_chars = int(max_result_chars)
+        self._sleep = sleep
+        self._client = openai.OpenAI(api_key=key, base_url=base_url, timeout=float(request_timeout), max_retries=int(max_retries))
+        self._reset()
+
+    # ---- state --------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self.messages: list[dict] = []  # the conversation since the last compaction, system excluded
+        self._logged = 0  # messages[:_logged] are in the log already
+        self._usage_tokens: int | None = None  # server-reported size of the conversation ...
+        self._usage_at = 0  # ... when it was len(messages) long
+        self._pending: list[dict] = []  # tool calls of the last reply not yet dispatched
+        self._idle = 0  # consecutive replies without a usable tool call
+        self._system_logged: str | None = None
+
+    def restore(self, events: list[dict]) -> None:
+        """Rebuild the conversation from the log: last compaction, then requests and replies."""
+        self._reset()
+        start = 0
+        for i, ev in enumerate(events):
+            if ev.get("kind") == "compaction":
+                start = i
+        last_reply: dict | None = None
+        after_reply: list[dict] = []  # tool_call/tool_result events after the last reply
+        for ev in events[start:]:
+            kind = ev.get("kind")
+            if kind == "compaction":
+                self.messages = [self._memory_message(ev.get("memory", ""))]
+                self._usage_tokens = None
+            elif kind == "llm_request":
+                if last_reply is not None:
+                    self._idle = self._idle + 1 if not self._usable_calls(last_reply) else 0
+                last_reply, after_reply = None, []
+                self.messages.extend(ev.get("messages") or [])
+                if ev.get("system") is not None:
+                    self._system_logged = ev["system"]
+            elif kind == "llm_response" and ev.get("message") is not None:
+                self.messages.append(ev["message"])
+                last_reply, after_reply = ev, []
+                usage = ev.get("usage") or {}
+                if usage.get("total_tokens"):
+                    self._usage_tokens, self._usage_at = int(usage["total_tokens"]), len(self.messages)
+            elif kind in ("tool_call", "tool_result") and last_reply is not None:
+                after_reply.append(ev)
+        self._logged = len(self.messages)
+        if last_reply is not None:
+            # The crash came after the reply but before the next request: finish the turn.
+            self._after_reply(last_reply["message"], after_reply)
+
+    def _memory_message(self, memory: str) -> dict:
+        return {"role": "user", "content": memory + CONTINUE}
+
+    def _usable_calls(self, reply_event: dict) -> bool:
+        calls = (reply_event.get("message") or {}).get("tool_calls") or []
+        return any(_parse_arguments((c.get("function") or {}).get("arguments"))[1] is None for c in calls)
+
+    def _after_reply(self, message: dict, recorded: list[dict]) -> None:
+        """Queue the reply's tool calls, answering from ``recorded`` results those already run."""
+        calls = message.get("tool_calls") or []
+        if not calls:
+            self._idle += 1
+            if self._idle < self.max_idle_turns:
+                self.messages.append({"role": "user", "content": NUDGE})
+            return
+        results = {}
+        open_calls: dict[Any, str] = {}
+        for ev in recorded:
+            if ev.get("kind") == "tool_call":
+                open_calls[ev.get("call")] = ev.get("tool")
+            elif ev.get("kind") == "tool_result" and ev.get("call") in open_calls:
+                results[ev.get("call")] = ev
+        started = [c for c in sorted(open_calls, key=lambda c: int(c or 0))]
+        self._pending = []
+        for c in calls:
+            _, error = _parse_arguments((c.get("function") or {}).get("arguments"))
+            if error is None and started:
+                call_no = started.pop(0)
+                if call_no in results:
+                    self.messages.append(self._tool_message(c, results[call_no].get("result")))
+                    continue
+            self._pending.append(c)
+        self._idle = 0 if self._usable_calls({"message": message}) else self._idle + 1
+
+    # ---- one step -----------------------------------------------------------------------
+    def act(self, tools: Any) -> bool:
+        if not self.messages:
+            self.messages.append({"role": "user", "content": START})
+        if self._pending:
+            self._dispatch(tools)
+            return True
+        if self._idle >= self.max_idle_turns:
+            tools.log.append("note", text=f"the model sent {self._idle} replies in a row without a usable tool call; the agent stops")
+            return False
+        if self.context_estimate(tools) > self.context_tokens and len(self.messages) > 1:
+            self.compact(tools, reason="context")
+        reply = self._request(tools)
+        self.messages.append(reply)
+        self._logged = len(self.messages)
+        self._after_reply(reply, [])
+        if self._pending:
+            self._dispatch(tools)
+        return True
+
+    def _dispatch(self, tools: Any) -> None:
+        while self._pending:
+            c = self._pending[0]
+            fn = c.get("function") or {}
+            name = fn.get("name") or ""
+            args, error = _parse_arguments(fn.get("arguments"))
+            if error is not None:
+                result: Any = {"error": f"{name or 'tool call'}: {error}"}
+            else:
+                for hidden in HIDDEN_ARGS.get(name, ()):
+                    args.pop(hidden, None)
+                if name == "write_candidate":
+                    args["strategy"] = "llm"
+                result = tools.call(name, **args)  # BudgetExhausted propagates: the loop ends the run
+            self._pending.pop(0)
+            self.messages.append(self._tool_message(c, result))
+
+    def _tool_message(self, call: dict, result: Any) -> dict:
+        text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, sort_keys=True)
+        return {"role": "tool", "tool_call_id": call.get("id") or "", "content": _trim(text, self.max_result_chars)}
+
+    # ---- context ------------------------------------------------------------------------
+    def system_message(self, tools: Any) -> str:
+        return render_objective(tools.objective, tools.best, tools.budget_used, tools.budget)
+
+    def context_estimate(self, tools: Any) -> int:
+        """Tokens the next request will carry: the server's last count plus an estimate of what came after."""
+        system = estimate_tokens(self.system_message(tools)) + estimate_tokens(tool_specs(tools.SCHEMAS))
+        if self._usage_tokens is not None and self._usage_at <= len(self.messages):
+            return self._usage_tokens + estimate_tokens(self.messages[self._usage_at:])
+        return system + estimate_tokens(self.messages)
+
+    def compact(self, tools: Any, *, reason: str) -> str:
+        """Replace the conversation by the log's compact memory, recorded as a ``compaction`` event."""
+        from ..events import read_events
+
+        memory = build_memory(read_events(tools.log.path), tools.run_dir)
+        tools.log.append(
+            "compaction", memory=memory, source="log", reason=reason,
+            tokens_before=self.context_estimate(tools), messages_dropped=len(self.messages),
+        )
+        self.messages = [self._memory_message(memory)]
+        self._logged = 1
+        self._usage_tokens, self._usage_at = None, 0
+        return memory
+
+    # ---- the endpoint ---------------------------------------------------------------------
+    def _scrub(self, value: Any) -> Any:
+        if self._secret and isinstance(value, str):
+            return value.replace(self._secret, "***")
+        return value
+
+    def _request(self, tools: Any) -> dict:
+        """One chat completion, logged; pauses and retries on transient failure."""
+        compacted_for_length = False
+        pauses = 0
+        while True:
+            system = self.system_message(tools)
+            delta = self.messages[self._logged:]
+            tools.log.append(
+                "llm_request", model=self.model, messages=delta,
+                system=system if system != self._system_logged else None,
+                n_messages=len(self.messages) + 1, estimated_tokens=self.context_estimate(tools),
+            )
+            self._system_logged = system
+            self._logged = len(self.messages)
+            request: dict[str, Any] = {
+                "model": self.model,
+                "messages": [{"role": "system", "content": system}, *self.messages],
+                "tools": tool_specs(tools.SCHEMAS),
+            }
+            if self.seed is not None:
+                request["seed"] = int(self.seed)
+            started = time.monotonic()
+            try:
+                completion = self._client.chat.completions.create(**request)
+            except openai.BadRequestError as exc:
+                text = self._scrub(str(exc))
+                tools.log.append("llm_response", model=self.model, message=None, error=text, status=400, duration_s=time.monotonic() - started)
+                lowered = text.lower()
+                if not compacted_for_length and "context" in lowered and ("length" in lowered or "token" in lowered) and len(self.messages) > 1:
+                    compacted_for_length = True
+                    self.compact(tools, reason="context length error")
+                    continue
+                raise EndpointError(f"the endpoint rejected the request: {text}") from None
+            except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError, openai.APIStatusError) as exc:
+                status = getattr(exc, "status_code", None)
+                text = self._scrub(f"{type(exc).__name__}: {exc}")
+                tools.log.append("llm_response", model=self.model, message=None, error=text, status=status, duration_s=time.monotonic() - started)
+                transient = status is None or status in (408, 409, 429) or status >= 500
+                if not transient:
+                    raise EndpointError(
+                        f"the endpoint {self.base_url or 'api.openai.com'} refused the request ({text}); "
+                        "check the model name and API key, then resume the run"
+                    ) from None
+                if pauses >= self.max_pauses:
+                    raise EndpointUnavailable(
+                        f"the endpoint {self.base_url or 'api.openai.com'} did not answer after "
+                        f"{pauses} pauses ({text}); the run stopped here and can be resumed"
+                    ) from None
+                self._sleep(min(self.pause_s * 2**pauses, 600.0))
+                pauses += 1
+                continue
+            return self._record_reply(tools, completion, time.monotonic() - started)
+
+    def _record_reply(self, tools: Any, completion: Any, duration: float) -> dict:
+        choice = completion.choices[0] if completion.choices else None
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        if choice is not None and choice.message is not None:
+            m = choice.message
+            message["content"] = self._scrub(m.content)
+            calls = []
+            for tc in m.tool_calls or []:
+                fn = getattr(tc, "function", None)
+                calls.append({
+                    "id": tc.id, "type": "function",
+                    "function": {"name": getattr(fn, "name", None) or "", "arguments": getattr(fn, "arguments", None) or ""},
+                })
+            if calls:
+                message["tool_calls"] = calls
+        usage = completion.usage.model_dump() if getattr(completion, "usage", None) is not None else None
+        tools.log.append(
+            "llm_response", model=getattr(completion, "model", None) or self.model, message=message, usage=usage,
+            finish_reason=getattr(choice, "finish_reason", None), duration_s=duration,
+        )
+        if usage and usage.get("total_tokens"):
+            self._usage_tokens, self._usage_at = int(usage["total_tokens"]), len(self.messages) + 1
+        else:
+            self._usage_tokens = None
+        return message
