@@ -1,0 +1,261 @@
+"""MLA decode / MTP (Sq 1..16), absorbed form, split-KV in two stages.
+
+Shapes: q [B, Sq, H, 576] (512 latent + 64 rope), kv [B, Skv, 576] (one latent cache shared by
+all heads: the whole row is the key, its first 512 columns the value), float ``scale``.
+Query s sees keys j <= s + Skv - Sq (bottom-right causal; no mask when Sq == 1).
+Returns o [B, Sq, H, 512] in q's dtype and lse [B, H, Sq] float32 (natural log).
+
+Stage 1 (``_mla_decode_partial``): grid (row blocks, splits, B). The "rows" of a batch are its
+Sq*H (query, head) pairs, flattened as s*H + h; BLOCK_H of them form the M dimension of every
+tl.dot, so one KV tile loaded into shared memory serves BLOCK_H heads (and, for MTP, several
+queries). Each program walks its share of the KV sequence with an online softmax over the
+576-wide keys and reuses the first 512 columns of the same tile as values. It writes an
+unnormalised-by-merge partial: o_s = softmax-weighted sum over its keys and lse_s (log2 domain).
+Row blocks are the fastest grid axis, so the programs that read one KV chunk run together and
+only the first of them goes to DRAM; the rest hit L2.
+
+Stage 2 (``_mla_decode_merge``): one program per (row, 512/MERGE_BLOCK_V value slice, batch)
+weighs the partials by exp2(lse_s - max) and writes o and the natural-log lse. When there is a
+single split, stage 1 writes o and lse itself and stage 2 is skipped.
+
+Partial traffic: splits * B * Sq * H * 512 * (4 or 2) bytes written and read back; the auto
+split count keeps it under PARTIAL_BUDGET of the KV bytes (see ``_num_splits``).
+"""
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+# kopt:knobs-begin
+KNOBS = {"NUM_SPLITS": 0, "BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 8, "num_stages": 2, "PARTIAL_DTYPE": "float32"}
+# kopt:knobs-end
+SPACE = {
+    "NUM_SPLITS": [0, 8, 16, 32, 64, 128],  # 0 = auto from the SM count and the length
+    "BLOCK_N": [16, 32, 64],  # keys per KV tile
+    "BLOCK_H": [16, 32, 64],  # (query, head) rows per program: the M of the dots
+    "num_warps": [4, 8],
+    "num_stages": [1, 2, 3],
+    "PARTIAL_DTYPE": ["float32", "bfloat16"],  # dtype of the split partial outputs
+}
+
+D_NOPE = 512  # latent width: the value width
+D_ROPE = 64  # rope width; key width = D_NOPE + D_ROPE = 576
+LOG2E = 1.4426950408889634
+PARTIAL_BUDGET = 0.5  # auto splits: partial bytes written <= this fraction of the KV bytes read
+MERGE_BLOCK_V = 128  # value columns per merge program
+MERGE_SPLIT_CHUNK = 8  # partials loaded at once per merge loop step
+MERGE_WARPS = 4
+
+
+@triton.jit
+def _mla_decode_partial(
+    q, kv, part_o, part_lse, o, lse,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kd,
+    stride_ob, stride_os, stride_oh, stride_od,
+    stride_lb, stride_lh, stride_ls,
+    Sq, H, Skv, R, n_splits, blocks_per_split, qk_scale,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    DN: tl.constexpr, DR: tl.constexpr, DIRECT: tl.constexpr,
+):
+    pid_r = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+
+    rows = pid_r * BLOCK_H + tl.arange(0, BLOCK_H)
+    row_ok = rows < R
+    s_idx = rows // H
+    h_idx = rows % H
+    offs_dn = tl.arange(0, DN)
+    offs_dr = tl.arange(0, DR)
+
+    q_row = q + b * stride_qb + s_idx.to(tl.int64) * stride_qs + h_idx.to(tl.int64) * stride_qh
+    qn = tl.load(q_row[:, None] + offs_dn[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+    qr = tl.load(q_row[:, None] + (DN + offs_dr)[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+
+    # key j is visible to row (s, h) iff j <= s + Skv - Sq (also j < Skv, since s < Sq)
+    limit = tl.minimum(s_idx + (Skv - Sq), Skv - 1)
+    s_last = tl.minimum((pid_r + 1) * BLOCK_H - 1, R - 1) // H
+    n_start = pid_s * blocks_per_split * BLOCK_N
+    n_end = tl.minimum(n_start + blocks_per_split * BLOCK_N, s_last + (Skv - Sq) + 1)
+
+    m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)  # finite: a fully masked tile gives p = 0, alpha = 1
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, DN], dtype=tl.float32)
+    kv_b = kv + b * stride_kb
+    for start in range(n_start, n_end, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < Skv
+        kv_row = kv_b + offs_n.to(tl.int64)[:, None] * stride_kn
+        kn = tl.load(kv_row + offs_dn[None, :] * stride_kd, mask=n_ok[:, None], other=0.0)  # [BN, 512]
+        kr = tl.load(kv_row + (DN + offs_dr)[None, :] * stride_kd, mask=n_ok[:, None], other=0.0)  # [BN, 64]
+        qk = tl.dot(qr, tl.trans(kr))
+        qk = tl.dot(qn, tl.trans(kn), qk)
+        qk = qk * qk_scale
+        qk = tl.where(offs_n[None, :] <= limit[:, None], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(kn.dtype), kn, acc)  # the same tile's first 512 columns are the values
+        m_i = m_new
+
+    has = l_i > 0.0
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)
+    out = acc * inv_l[:, None]
+    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    if DIRECT:
+        o_row = o + b * stride_ob + s_idx.to(tl.int64) * stride_os + h_idx.to(tl.int64) * stride_oh
+        tl.store(o_row[:, None] + offs_dn[None, :] * stride_od, out.to(o.dtype.element_ty), mask=row_ok[:, None])
+        l_ptr = lse + b * stride_lb + h_idx.to(tl.int64) * stride_lh + s_idx.to(tl.int64) * stride_ls
+        tl.store(l_ptr, lse2 * 0.6931471805599453, mask=row_ok)
+    else:
+        p_row = (b * n_splits + pid_s) * R + rows.to(tl.int64)
+        tl.store(part_o + p_row[:, None] * DN + offs_dn[None, :], out.to(part_o.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(part_lse + p_row, lse2, mask=row_ok)
+
+
+@triton.jit
+def _mla_decode_merge(
+    part_o, part_lse, o, lse,
+    stride_ob, stride_os, stride_oh, stride_od,
+    stride_lb, stride_lh, stride_ls,
+    H, R, n_splits,
+    S_P2: tl.constexpr, SPLIT_CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, DN: tl.constexpr,
+):
+    row = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    offs_s = tl.arange(0, S_P2)
+    base = b * n_splits * R + row  # partial row of split 0
+    lse_all = tl.load(part_lse + base + offs_s.to(tl.int64) * R, mask=offs_s < n_splits, other=float("-inf"))
+    mx = tl.max(lse_all, 0)  # finite: every row sees at least one key in some split
+    tot = tl.sum(tl.exp2(lse_all - mx), 0)
+
+    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    acc = tl.zeros([BLOCK_V], dtype=tl.float32)
+    for s0 in range(0, n_splits, SPLIT_CHUNK):
+        sc = s0 + tl.arange(0, SPLIT_CHUNK)
+        sc_ok = sc < n_splits
+        p_row = base + sc.to(tl.int64) * R
+        w = tl.exp2(tl.load(part_lse + p_row, mask=sc_ok, other=float("-inf")) - mx)
+        po = tl.load(part_o + p_row[:, None] * DN + offs_v[None, :], mask=sc_ok[:, None], other=0.0).to(tl.float32)
+        acc += tl.sum(w[:, None] * po, 0)
+    out = acc / tot
+
+    s_idx = (row // H).to(tl.int64)
+    h_idx = (row % H).to(tl.int64)
+    tl.store(o + b * stride_ob + s_idx * stride_os + h_idx * stride_oh + offs_v * stride_od, out.to(o.dtype.element_ty))
+    if pid_v == 0:
+        tl.store(lse + b * stride_lb + h_idx * stride_lh + s_idx * stride_ls, (mx + tl.log2(tot)) * 0.6931471805599453)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index):
+    if device_index is None:
+        return 8  # CPU interpreter: any small number
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _num_splits(B, Skv, R, block_h, block_n, partial_bytes, n_sms):
+    """Splits per (batch, row block): enough programs to cover the SMs once, few enough that the
+    partials (written, then read back) stay under PARTIAL_BUDGET of the KV bytes."""
+    n_blocks = triton.cdiv(Skv, block_n)
+    progs = B * triton.cdiv(R, block_h)
+    want = triton.cdiv(n_sms, progs)
+    cap = int(PARTIAL_BUDGET * Skv * (D_NOPE + D_ROPE) * 2 / (R * D_NOPE * partial_bytes))
+    return max(1, min(want, cap, n_blocks))
+
+
+def _check(q, kv, scale):
+    if q.dim() != 4 or kv.dim() != 3:
+        raise ValueError(f"expected q [B,Sq,H,576] and kv [B,Skv,576], got {tuple(q.shape)} and {tuple(kv.shape)}")
+    B, Sq, H, D = q.shape
+    if D != D_NOPE + D_ROPE or kv.shape[2] != D_NOPE + D_ROPE:
+        raise ValueError(f"key width must be {D_NOPE + D_ROPE} (512 latent + 64 rope), got q {D} and kv {kv.shape[2]}")
+    if kv.shape[0] != B:
+        raise ValueError(f"batch mismatch: q {B}, kv {kv.shape[0]}")
+    if Sq < 1 or Sq > kv.shape[1]:
+        raise ValueError(f"need 1 <= Sq <= Skv, got Sq={Sq}, Skv={kv.shape[1]}")
+    if q.dtype != kv.dtype:
+        raise ValueError(f"q and kv dtypes differ: {q.dtype} vs {kv.dtype}")
+    if q.device != kv.device:
+        raise ValueError("q and kv are on different devices")
+    if not math.isfinite(float(scale)):
+        raise ValueError(f"scale must be finite, got {scale}")
+
+
+def kernel(q, kv, scale):
+    _check(q, kv, scale)
+    K = KNOBS
+    block_n, block_h = int(K["BLOCK_N"]), int(K["BLOCK_H"])
+    num_warps, num_stages = int(K["num_warps"]), int(K["num_stages"])
+    if block_n not in (16, 32, 64, 128):
+        raise ValueError(f"BLOCK_N must be 16, 32, 64 or 128 (a tl.dot dimension), got {block_n}")
+    if block_h not in (16, 32, 64, 128):
+        raise ValueError(f"BLOCK_H must be 16, 32, 64 or 128 (the M of a tl.dot), got {block_h}")
+    if K["PARTIAL_DTYPE"] not in ("float32", "bfloat16"):
+        raise ValueError(f"PARTIAL_DTYPE must be 'float32' or 'bfloat16', got {K['PARTIAL_DTYPE']!r}")
+    if int(K["NUM_SPLITS"]) < 0:
+        raise ValueError(f"NUM_SPLITS must be >= 0 (0 = auto), got {K['NUM_SPLITS']}")
+    part_dtype = torch.float32 if K["PARTIAL_DTYPE"] == "float32" else torch.bfloat16
+
+    B, Sq, H, _ = q.shape
+    Skv = kv.shape[1]
+    R = Sq * H
+    # fewer rows than BLOCK_H: shrink the row block (never below 16, the smallest dot M)
+    block_h = min(block_h, max(16, triton.next_power_of_2(R)))
+    n_blocks = triton.cdiv(Skv, block_n)
+    dev_index = q.device.index if q.is_cuda else None
+    if q.is_cuda and dev_index is None:
+        dev_index = torch.cuda.current_device()
+    if int(K["NUM_SPLITS"]) == 0:
+        splits = _num_splits(B, Skv, R, block_h, block_n, 4 if part_dtype == torch.float32 else 2, _sm_count(dev_index))
+    else:
+        splits = min(int(K["NUM_SPLITS"]), n_blocks)
+    blocks_per_split = triton.cdiv(n_blocks, splits)
+    splits = triton.cdiv(n_blocks, blocks_per_split)  # no empty splits
+
+    o = torch.empty((B, Sq, H, D_NOPE), device=q.device, dtype=q.dtype)
+    lse = torch.empty((B, H, Sq), device=q.device, dtype=torch.float32)
+    direct = splits == 1
+    if direct:
+        part_o, part_lse = o, lse  # unused
+    else:
+        part_o = torch.empty((B, splits, R, D_NOPE), device=q.device, dtype=part_dtype)
+        part_lse = torch.empty((B, splits, R), device=q.device, dtype=torch.float32)
+
+    grid = (triton.cdiv(R, block_h), splits, B)
+    try:
+        _mla_decode_partial[grid](
+            q, kv, part_o, part_lse, o, lse,
+            q.stride(0), q.stride(1), q.stride(2), q.stride(3),
+            kv.stride(0), kv.stride(1), kv.stride(2),
+            o.stride(0), o.stride(1), o.stride(2), o.stride(3),
+            lse.stride(0), lse.stride(1), lse.stride(2),
+            Sq, H, Skv, R, splits, blocks_per_split, float(scale) * LOG2E,
+            BLOCK_H=block_h, BLOCK_N=block_n, DN=D_NOPE, DR=D_ROPE, DIRECT=direct,
+            num_warps=num_warps, num_stages=num_stages,
+        )
+        if not direct:
+            _mla_decode_merge[(R, D_NOPE // MERGE_BLOCK_V, B)](
+                part_o, part_lse, o, lse,
+                o.stride(0), o.stride(1), o.stride(2), o.stride(3),
+                lse.stride(0), lse.stride(1), lse.stride(2),
+                H, R, splits,
+                S_P2=max(2, triton.next_power_of_2(splits)), SPLIT_CHUNK=MERGE_SPLIT_CHUNK,
+                BLOCK_V=MERGE_BLOCK_V, DN=D_NOPE,
+                num_warps=MERGE_WARPS, num_stages=2,
+            )
+    except Exception as exc:  # compile-time resource limits are a property of the knobs
+        if type(exc).__name__ == "OutOfResources":
+            raise ValueError(
+                f"knobs BLOCK_H={block_h} BLOCK_N={block_n} num_warps={num_warps} num_stages={num_stages} "
+                f"need more registers or shared memory than the device has: {exc}"
+            ) from exc
+        raise
+    return o, lse
