@@ -1,0 +1,157 @@
+"""The MLA baseline candidate (kernels/families/mla_naive.py) under the CPU interpreter: it is
+what every MLA run starts from, so it must be right for every shape the judge may draw."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_kopt.problems.base import rel_rms
+from pytest_kopt.problems.mla import MLA, MLA_PREFILL
+
+FAMILY = MLA.baseline_candidate_path
+SEEDS = st.integers(0, 2**31 - 1)
+KNOBS_BLOCK = re.compile(r"# kopt:knobs-begin\n(.*?)# kopt:knobs-end\n", re.S)
+ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "math", "typing", "functools", "dataclasses"}
+
+
+def family_knobs() -> tuple[dict, dict]:
+    """KNOBS and SPACE read the way the search agent reads them: literal_eval, no import."""
+    source = FAMILY.read_text()
+    block = KNOBS_BLOCK.search(source)
+    assert block, "marked KNOBS block missing"
+    knobs = ast.literal_eval(block.group(1).split("=", 1)[1].strip())
+    space_line = next(line for line in source.splitlines() if line.startswith("SPACE = "))
+    return knobs, ast.literal_eval(space_line.split("=", 1)[1].strip())
+
+
+def load_rendered(knobs: dict, tmp_path, tag: str):
+    """Render a candidate with these knobs (replace the marked block) and import it."""
+    source = KNOBS_BLOCK.sub(lambda _: f"# kopt:knobs-begin\nKNOBS = {knobs!r}\n# kopt:knobs-end\n", FAMILY.read_text())
+    path = tmp_path / f"mla_naive_{tag}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"mla_naive_{tag}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def naive():
+    spec = importlib.util.spec_from_file_location("mla_naive_default", FAMILY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_against_problem(problem, kernel, case, seed, dtype=torch.bfloat16):
+    inputs = problem.make_inputs(case, device="cpu", seed=seed, dtype=dtype)
+    o, lse = kernel(**inputs)
+    assert o.dtype == dtype and lse.dtype == torch.float32
+    return problem.compare((o, lse), problem.reference(**inputs)), (o, lse)
+
+
+@settings(max_examples=8, deadline=None)
+@given(case=MLA.case_strategy("cpu"), seed=SEEDS)
+def test_naive_matches_reference_decode(naive, case, seed):
+    errors, _ = check_against_problem(MLA, naive.kernel, case, seed)
+    assert all(e.ok for e in errors), [e.reason for e in errors if not e.ok]
+
+
+@settings(max_examples=6, deadline=None)
+@given(case=MLA_PREFILL.case_strategy("cpu"), seed=SEEDS)
+def test_naive_matches_reference_prefill(naive, case, seed):
+    errors, _ = check_against_problem(MLA_PREFILL, naive.kernel, case, seed)
+    assert all(e.ok for e in errors), [e.reason for e in errors if not e.ok]
+
+
+@settings(max_examples=5, deadline=None)
+@given(case=st.one_of(MLA.case_strategy("cpu"), MLA_PREFILL.case_strategy("cpu")), seed=SEEDS)
+def test_naive_is_exact_up_to_float32_in_float32(naive, case, seed):
+    """With float32 inputs there is no bf16 rounding to hide behind: a wrong mask edge or a
+    dropped key shows up far above 1e-5."""
+    inputs = MLA.make_inputs(case, device="cpu", seed=seed, dtype=torch.float32)
+    o, lse = naive.kernel(**inputs)
+    want_o, want_lse = MLA.reference(**inputs)
+    assert o.dtype == torch.float32
+    assert rel_rms(o, want_o) < 1e-5 and rel_rms(lse, want_lse) < 1e-6
+
+
+def test_naive_reads_strided_inputs(naive):
+    """q and kv taken as views of larger buffers (a paged or fused layout) work through strides."""
+    gen = torch.Generator().manual_seed(7)
+    big_q = torch.randn(2, 5, 3, 640, generator=gen).to(torch.bfloat16)
+    big_kv = torch.randn(2, 41, 2, 576, generator=gen).to(torch.bfloat16)
+    q, kv = big_q[:, 1:4, :, :576], big_kv[:, :, 1]
+    assert not q.is_contiguous() and not kv.is_contiguous()
+    errors = MLA.compare(naive.kernel(q, kv, 0.0721), MLA.reference(q=q, kv=kv, scale=0.0721))
+    assert all(e.ok for e in errors), [e.reason for e in errors if not e.ok]
+
+
+def test_family_file_follows_the_contract():
+    knobs, space = family_knobs()
+    assert set(knobs) == set(space) == {"BLOCK_N", "num_warps", "num_stages"}
+    assert all(knobs[k] in space[k] for k in knobs)
+    tree = ast.parse(FAMILY.read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported <= ALLOWED_IMPORTS, imported - ALLOWED_IMPORTS
+
+
+def test_every_space_value_runs_correctly(tmp_path):
+    knobs, space = family_knobs()
+    case = {"B": 2, "Sq": 3, "H": 2, "Skv": 37}  # 37 keys: a partial last block for every BLOCK_N
+    for name, values in space.items():
+        for value in values:
+            module = load_rendered({**knobs, name: value}, tmp_path, f"{name}_{value}")
+            errors, _ = check_against_problem(MLA, module.kernel, case, seed=value)
+            assert all(e.ok for e in errors), (name, value, [e.reason for e in errors if not e.ok])
+
+
+@pytest.mark.parametrize("bad", [{"BLOCK_N": 24}, {"BLOCK_N": 1024}, {"num_warps": 3}, {"num_stages": 0}])
+def test_unservable_knobs_raise_value_error(tmp_path, bad):
+    knobs, _ = family_knobs()
+    module = load_rendered({**knobs, **bad}, tmp_path, "bad")
+    inputs = MLA.make_inputs({"B": 1, "Sq": 1, "H": 1, "Skv": 3}, device="cpu", seed=0)
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        module.kernel(**inputs)
+
+
+def test_unsupported_shapes_raise_value_error(naive):
+    q = torch.randn(1, 4, 2, 576).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="Sq <= Skv"):
+        naive.kernel(q, torch.randn(1, 3, 576).to(torch.bfloat16), 0.07)
+    with pytest.raises(ValueError, match="kv must be"):
+        naive.kernel(q, torch.randn(1, 8, 512).to(torch.bfloat16), 0.07)
+
+
+def test_compiles_for_hopper(naive):
+    """The interpreter never compiles; build the kernel for sm_90 so a GPU-only compile error
+    (types of loop-carried values, layouts) shows up on CPU too. Needs no GPU."""
+    nvidia = pytest.importorskip("triton.backends.nvidia.compiler")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    del nvidia
+    fn = naive._mla_naive_kernel
+    jit_fn = JITFunction(fn.fn) if not isinstance(fn, JITFunction) else fn
+    signature = {name: "i32" for name in jit_fn.arg_names}
+    signature.update({"q_ptr": "*bf16", "kv_ptr": "*bf16", "o_ptr": "*bf16", "lse_ptr": "*fp32", "scale": "fp32"})
+    knobs, space = family_knobs()
+    for block_n in space["BLOCK_N"]:
+        constexprs = {"D_LAT": 512, "D_ROPE": 64, "BLOCK_N": block_n}
+        signature.update({name: "constexpr" for name in constexprs})
+        compiled = triton.compile(
+            ASTSource(fn=jit_fn, signature=signature, constexprs=constexprs),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": knobs["num_warps"], "num_stages": knobs["num_stages"]},
+        )
+        assert "cvt.rn.bf16" in compiled.asm["ptx"]  # o stored as bf16 with round-to-nearest
