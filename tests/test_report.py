@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,3 +133,74 @@ def test_report_of_a_run_that_has_timed_nothing(tmp_path):
 def test_report_refuses_a_directory_without_a_log(tmp_path, capsys):
     assert cli.main(["report", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
     assert "no events.jsonl" in capsys.readouterr().err
+
+
+BENCHMARKS = '''
+def test_scan(benchmark):
+    benchmark(sum, range(300))
+
+def test_sort(benchmark):
+    benchmark(sorted, list(range(300, 0, -1)))
+
+def test_dropped(benchmark):
+    benchmark(max, range(300))
+'''
+
+
+@pytest.fixture(scope="module")
+def histories(tmp_path_factory) -> Path:
+    """Two saved pytest-benchmark histories: one real run, and a copy edited to a later commit
+    on which test_scan takes 1.5× as long, test_sort half as long and test_dropped is gone."""
+    root = tmp_path_factory.mktemp("bench")
+    (root / "test_w.py").write_text(BENCHMARKS)
+    (root / "pytest.ini").write_text("[pytest]\n")
+    store = root / "store"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:kopt", "-p", "no:cacheprovider", "test_w.py",
+                           f"--benchmark-storage={store}", "--benchmark-save=before", "--benchmark-max-time=0.01"],
+                          cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (before,) = store.glob("*/0001_before.json")
+    data = json.loads(before.read_text())
+    data["machine_info"].update(gpu="NVIDIA H200", triton="3.6.0")
+    before.write_text(json.dumps(data))
+    data["datetime"] = "2999-01-01T00:00:00"
+    data["commit_info"].update(id="f" * 40, dirty=False)
+    data["machine_info"]["triton"] = "3.7.0"
+    factors = {"test_scan": 1.5, "test_sort": 0.5}
+    data["benchmarks"] = [b for b in data["benchmarks"] if b["name"] != "test_dropped"]
+    for bench in data["benchmarks"]:
+        stats = bench["stats"]
+        for key in ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "ld15iqr", "hd15iqr", "total"):
+            stats[key] *= factors[bench["name"]]
+        stats["ops"] /= factors[bench["name"]]
+    (before.parent / "0002_after.json").write_text(json.dumps(data))
+    return store
+
+
+def _row(text: str, name: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"test_w.py::{name}"))
+
+
+def test_compare_flags_the_regression(histories, capsys):
+    assert cli.main(["compare", "--storage", str(histories), "--fail"]) == 1  # default: the two latest runs
+    text = capsys.readouterr().out
+    assert "0001_before:" in text and "0002_after:" in text and "triton 3.7.0" in text and "commit ffffffffff" in text
+    assert "benchmark: 3 tests, 2 sources" in text  # pytest-benchmark's own side-by-side table
+    assert _row(text, "test_scan").endswith("1.500  REGRESSION +50.0%")
+    assert _row(text, "test_sort").endswith("0.500  faster -50.0%")
+    assert _row(text, "test_dropped").endswith("n/a  missing")
+    assert "1 of 3 benchmarks regressed beyond median 10% against 0001_before." in text
+
+
+def test_compare_takes_the_first_run_named_as_reference(histories, capsys):
+    assert cli.main(["compare", "--storage", str(histories), "0002", "0001", "--threshold", "min:60%", "-k", "scan or sort"]) == 0
+    text = capsys.readouterr().out
+    assert "Time ratio = run / 0002_after (min;" in text
+    assert _row(text, "test_scan").endswith("0.667")  # within 60%: no flag
+    assert _row(text, "test_sort").endswith("2.000  REGRESSION +100.0%")
+    assert "test_dropped" not in text
+
+
+def test_compare_needs_two_runs(tmp_path, capsys):
+    assert cli.main(["compare", "--storage", str(tmp_path / "empty")]) == 2
+    assert "need at least two saved runs" in capsys.readouterr().err
