@@ -1,0 +1,287 @@
+"""The embedded search agent: needs no network and no key, and learns from every verdict.
+
+It renders concrete candidates from the problem's kernel families (``kernels/families``) and
+picks the next (family, knobs) with Optuna's TPE sampler (seeded, ask/tell). The first attempt
+is the baseline candidate; each attempt then walks one pipeline, one tool call per ``act``::
+
+    write_candidate -> run_tests -> (pass) benchmark -> (pass, new best or within 5%) profile
+
+The sampler is told the headline time of a benchmarked candidate and a penalty for a candidate
+that failed anywhere (a knob combination the kernel cannot serve teaches it too); a bad
+candidate never stops the search. A proposal that renders to a candidate already tried is told
+its known value at no cost and the sampler is asked again; after a few such repeats the next
+untried combination is taken in order, and when none is left the agent says it is done.
+
+Profiles are recorded in the log (for people and LLM agents); the sampler optimises the
+headline time alone. The parent of a candidate is the incumbent best when it was proposed.
+
+Resume: every decision is a function of the seed and the results seen, so ``restore`` replays
+the log's completed tool calls through the same decision procedure, which rebuilds the sampler
+exactly (the continued run proposes what the uninterrupted one would have). If the log does not
+match (another agent, seed or code version wrote it), the sampler is instead rebuilt from the
+log's candidates and verdicts with ``add_trial``, and unfinished candidates are finished first.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from ..events import dumps
+from ..families import Family, FamilyError, load_family
+from ..tools import candidate_id
+from .base import Agent
+
+PENALTY = 1e30  # the sampler's value for a failed candidate: worse than any time
+MAX_REPEATS = 20  # proposals of already-tried candidates before walking the space in order
+PROFILE_WITHIN = 0.05  # profile a passing candidate within this fraction of the best time
+
+
+@dataclass
+class Attempt:
+    """One candidate on its way through the pipeline."""
+
+    source: str
+    strategy: str
+    knobs: dict | None
+    trial: Any = None  # optuna trial (None: told with add_trial, or not told)
+    params: dict | None = None
+    parent: str | None = None
+    results: dict[str, dict] = field(default_factory=dict)  # tool -> result
+
+    @property
+    def cid(self) -> str:
+        return candidate_id(self.source)
+
+
+@dataclass(frozen=True)
+class Action:
+    tool: str
+    args: dict
+
+    def candidate(self) -> str:
+        return candidate_id(self.args["source"]) if self.tool == "write_candidate" else self.args["candidate_id"]
+
+
+class SearchAgent(Agent):
+    """TPE over (family, knobs) of the problem's families; one tool call per ``act``."""
+
+    name = "search"
+
+    def __init__(self, *, problem: Any, seed: int | None = 0, families: list[Family] | None = None, startup_trials: int = 5):
+        self.problem = problem
+        self.seed = int(seed or 0)
+        self.startup_trials = startup_trials
+        self.load_notes: list[str] = []
+        if families is None:
+            families = []
+            for name in getattr(problem, "families", ()) or ():
+                try:
+                    families.append(load_family(name))
+                except FamilyError as exc:
+                    self.load_notes.append(f"search: family {name} left out: {exc}")
+        self.families = {f.name: f for f in families}
+        baseline_path = Path(problem.baseline_candidate_path)
+        self.baseline_source = baseline_path.read_text(encoding="utf-8")
+        self.baseline_family = next((f for f in families if f.source == self.baseline_source), None)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self._reset()
+
+    # ---- state --------------------------------------------------------------------------
+    def _reset(self) -> None:
+        sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=self.startup_trials)
+        self.study = optuna.create_study(direction="minimize", sampler=sampler)
+        self.tried: dict[str, float] = {}  # candidate id -> value told to the sampler
+        self.queue: list[Attempt] = []  # unfinished candidates to finish first (fallback restore)
+        self.current: Attempt | None = None
+        self.best: tuple[float, str] | None = None  # (us, id) among finished attempts
+        self.baseline_done = False
+        self.notes: list[str] = list(self.load_notes)
+        if self.baseline_family is not None:
+            params = self._params(self.baseline_family, self.baseline_family.knobs)
+            if params is not None:
+                self.study.enqueue_trial(params)
+
+    def _distributions(self, family: Family) -> dict:
+        dists = {"family": optuna.distributions.CategoricalDistribution(list(self.families))}
+        for knob, choices in family.space.items():
+            dists[f"{family.name}.{knob}"] = optuna.distributions.CategoricalDistribution(list(range(len(choices))))
+        return dists
+
+    def _params(self, family: Family, knobs: dict) -> dict | None:
+        """Sampler parameters for these knobs, or None when a value is outside the space."""
+        params: dict[str, Any] = {"family": family.name}
+        for knob, choices in family.space.items():
+            if knobs.get(knob) not in choices:
+                return None
+            params[f"{family.name}.{knob}"] = choices.index(knobs[knob])
+        return params
+
+    # ---- deciding ---------------------------------------------------------------------------
+    def _attempt(self, family: Family, knobs: dict, trial: Any, params: dict | None) -> Attempt:
+        parent = self.best[1] if self.best else None
+        return Attempt(family.render(knobs), family.name, knobs, trial, params, parent)
+
+    def _propose(self) -> Attempt | None:
+        """The next untried candidate, or None when the whole space has been tried."""
+        if self.queue:
+            return self.queue.pop(0)
+        if not self.baseline_done:
+            self.baseline_done = True
+            if self.baseline_family is None or self._params(self.baseline_family, self.baseline_family.knobs) is None:
+                return Attempt(self.baseline_source, "baseline", None)
+        if not self.families:
+            return None
+        for _ in range(MAX_REPEATS):
+            trial = self.study.ask()
+            family = self.families[trial.suggest_categorical("family", list(self.families))]
+            knobs = {k: choices[trial.suggest_categorical(f"{family.name}.{k}", list(range(len(choices))))] for k, choices in family.space.items()}
+            attempt = self._attempt(family, {**family.knobs, **knobs}, trial, trial.params)
+            if attempt.cid not in self.tried:
+                return attempt
+            self.study.tell(trial, self.tried[attempt.cid])
+        for family in self.families.values():  # the sampler keeps repeating itself: walk the space
+            for knobs in family.combinations():
+                if candidate_id(family.render(knobs)) not in self.tried:
+                    params = self._params(family, knobs)
+                    if params is not None:
+                        self.study.enqueue_trial(params)
+                        trial = self.study.ask(self._distributions(family))
+                        return self._attempt(family, knobs, trial, trial.params)
+                    return self._attempt(family, knobs, None, None)
+        return None
+
+    def _next_step(self, attempt: Attempt) -> str | None:
+        r = attempt.results
+        if "write_candidate" not in r:
+            return "write_candidate"
+        if "run_tests" not in r:
+            return "run_tests"
+        if r["run_tests"].get("verdict") != "pass":
+            return None
+        if "benchmark" not in r:
+            return "benchmark"
+        us = r["benchmark"].get("candidate_us")
+        if r["benchmark"].get("verdict") != "pass" or us is None:
+            return None
+        if "profile" not in r and (self.best is None or us <= self.best[0] * (1 + PROFILE_WITHIN)):
+            return "profile"
+        return None
+
+    def _finish(self, attempt: Attempt) -> None:
+        bench = attempt.results.get("benchmark") or {}
+        us = bench.get("candidate_us") if bench.get("verdict") == "pass" else None
+        value = float(us) if us is not None else PENALTY
+        if attempt.trial is not None:
+            self.study.tell(attempt.trial, value)
+        elif attempt.params is not None:
+            family = self.families[attempt.strategy]
+            self.study.add_trial(optuna.trial.create_trial(params=attempt.params, distributions=self._distributions(family), value=value))
+        self.tried[attempt.cid] = value
+        if us is not None and (self.best is None or us < self.best[0]):
+            self.best = (float(us), attempt.cid)
+
+    def next_action(self) -> Action | None:
+        """What to call next (None: the space is exhausted)."""
+        while True:
+            if self.current is None:
+                self.current = self._propose()
+                if self.current is None:
+                    return None
+            a = self.current
+            step = self._next_step(a)
+            if step == "write_candidate":
+                knobs_text = ", ".join(f"{k}={v}" for k, v in (a.knobs or {}).items())
+                notes = f"{a.strategy}({knobs_text})" + (" [baseline]" if a.source == self.baseline_source else "")
+                return Action("write_candidate", {"source": a.source, "notes": notes, "parent": a.parent, "strategy": a.strategy, "knobs": a.knobs})
+            if step is not None:
+                return Action(step, {"candidate_id": a.cid})
+            self._finish(a)
+            self.current = None
+
+    def observe(self, action: Action, result: dict) -> None:
+        """Take in a tool result (as the log holds it, so a replay sees exactly the same)."""
+        result = json.loads(dumps(result if isinstance(result, dict) else {"error": repr(result)}))
+        a = self.current
+        if a is None or action.candidate() != a.cid:
+            return
+        if result.get("error"):
+            result = {"verdict": "fail", "reasons": [result["error"]]}
+        a.results[action.tool] = result
+        if action.tool == "write_candidate" and result.get("verdict") == "fail":
+            a.results["run_tests"] = result  # never stored: finish it as failed
+
+    # ---- the Agent interface ----------------------------------------------------------------
+    def act(self, tools: Any) -> bool:
+        for text in self.notes:
+            tools.log.append("note", text=text)
+        self.notes = []
+        action = self.next_action()
+        if action is None:
+            tools.log.append("note", text=f"search: all {sum(f.size() for f in self.families.values())} candidates of {', '.join(self.families) or 'no family'} tried; stopping")
+            return False
+        result = tools.call(action.tool, **action.args)
+        self.observe(action, result)
+        return True
+
+    def restore(self, events: list[dict]) -> None:
+        """Replay the log's completed calls through the decision procedure (see the module doc)."""
+        self._reset()
+        for tool, args, result in completed_calls(events):
+            action = self.next_action()
+            logged = args.get("candidate_id")
+            if action is None or action.tool != tool or action.candidate() != logged:
+                self._rebuild(events)
+                return
+            self.observe(action, result)
+
+    def _rebuild(self, events: list[dict]) -> None:
+        """Fallback restore: the sampler learns every finished candidate; unfinished ones queue."""
+        self._reset()
+        self.baseline_done = True
+        self.notes.append("search: the log was not written by this agent's decision procedure; sampler rebuilt from its candidates and verdicts")
+        written: dict[str, dict] = {}
+        for event in events:
+            if event.get("kind") == "candidate":
+                written.setdefault(event["candidate_id"], event)
+        results: dict[str, dict[str, dict]] = {}
+        for tool, args, result in completed_calls(events):
+            if tool in ("write_candidate", "run_tests", "benchmark", "profile") and args.get("candidate_id"):
+                results.setdefault(args["candidate_id"], {})[tool] = json.loads(dumps(result))
+        for cid, event in written.items():
+            family = self.families.get(event.get("strategy") or "")
+            knobs = event.get("knobs")
+            if family is None or not isinstance(knobs, dict):
+                continue
+            try:
+                attempt = self._attempt(family, {**family.knobs, **knobs}, None, self._params(family, {**family.knobs, **knobs}))
+            except FamilyError:
+                continue
+            if attempt.cid != cid:
+                continue  # the family file changed since
+            attempt.results = results.get(cid, {})
+            if "write_candidate" not in attempt.results:
+                attempt.results["write_candidate"] = {"candidate_id": cid}
+            if self._next_step(attempt) is None:
+                self._finish(attempt)
+            else:
+                self.tried[cid] = PENALTY  # never proposed again; finished from the queue
+                self.queue.append(attempt)
+
+
+def completed_calls(events: list[dict]) -> list[tuple[str, dict, dict]]:
+    """(tool, logged args, result) of every call that has a result, in call order."""
+    calls: dict[int, dict] = {}
+    done: dict[int, tuple[str, dict, dict]] = {}
+    for event in events:
+        if event.get("kind") == "tool_call":
+            calls[int(event["call"])] = event
+        elif event.get("kind") == "tool_result":
+            number = int(event["call"])
+            call = calls.get(number) or {}
+            done[number] = (event.get("tool") or call.get("tool"), dict(call.get("args") or {}), event.get("result") or {})
+    return [done[n] for n in sorted(done)]

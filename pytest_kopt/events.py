@@ -1,0 +1,156 @@
+"""The run's event log: one JSON object a line in ``RUN_DIR/events.jsonl``, the truth of a run.
+
+Every event is flushed and fsynced before ``append`` returns, so a run killed at any moment
+leaves a log that ends at the last thing that really happened, give or take one torn line.
+``read_events`` tolerates a torn last line; ``repair`` cuts it off (``EventLog`` repairs on
+open). A damaged line anywhere else is never skipped silently: it raises ``CorruptLog``.
+
+Values are written as strict JSON: non-finite floats (an infinite error, a NaN timing) become
+``null``, paths become strings, numpy scalars become numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import jsonlines
+
+RESERVED = ("seq", "time", "run_id", "kind")
+
+
+class CorruptLog(ValueError):
+    """A line other than the last one is not a JSON object: the log was damaged, not torn."""
+
+
+def _plain(value: Any) -> Any:
+    """Turn ``value`` into strict-JSON data (see the module docstring)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_plain(v) for v in value), key=repr)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain(dataclasses.asdict(value))
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        return _plain(value.item())
+    return str(value)
+
+
+def dumps(obj: Any) -> str:
+    """One compact, strict JSON line."""
+    return json.dumps(_plain(obj), separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+
+
+def _scan(path: Path) -> tuple[list[dict], int, bool]:
+    """Parse ``path``: (events, bytes that hold them, whether a newline must be appended)."""
+    data = Path(path).read_bytes()
+    lines = data.split(b"\n")  # the last piece is b"" when the file ends with a newline
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    events: list[dict] = []
+    good = 0
+    for i, line in enumerate(lines[: last + 1]):
+        ended = i < len(lines) - 1  # has its newline
+        if line.strip():
+            try:
+                events.append(jsonlines.Reader([line]).read(type=dict))
+            except jsonlines.InvalidLineError as exc:
+                if i == last:  # a torn last line: tolerated, repair() cuts it
+                    return events, good, False
+                raise CorruptLog(f"{path}: line {i + 1} is not a JSON object ({exc}); the log is damaged, not torn") from None
+        good += len(line) + ended
+        if not ended:
+            return events, good, True
+    return events, good, False
+
+
+def read_events(path: str | os.PathLike) -> list[dict]:
+    """All events of a log, in order; a torn last line is left out."""
+    return _scan(Path(path))[0]
+
+
+def repair(path: str | os.PathLike) -> int:
+    """Cut a torn last line off the log (or end a whole last line that lost its newline).
+
+    Returns the number of bytes removed. Raises ``CorruptLog`` for damage elsewhere, and
+    then changes nothing.
+    """
+    path = Path(path)
+    if not path.exists():
+        return 0
+    _, good, needs_newline = _scan(path)
+    size = path.stat().st_size
+    if good == size and not needs_newline:
+        return 0
+    with open(path, "r+b") as fp:
+        fp.truncate(good)
+        if needs_newline:
+            fp.seek(good)
+            fp.write(b"\n")
+        fp.flush()
+        os.fsync(fp.fileno())
+    return size - good
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+class EventLog:
+    """Appends events to one log, continuing its sequence numbers; repairs a torn tail on open."""
+
+    def __init__(self, path: str | os.PathLike, run_id: str):
+        self.path = Path(path)
+        self.run_id = run_id
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        created = not self.path.exists()
+        self.repaired_bytes = repair(self.path)
+        existing = [] if created else read_events(self.path)
+        self.seq = max((int(e.get("seq", 0)) for e in existing), default=0)
+        self._fp = open(self.path, "ab")
+        self._writer = jsonlines.Writer(self._fp, dumps=dumps, flush=True)
+        if created:
+            _fsync_dir(self.path.parent)
+
+    def append(self, kind: str, **fields: Any) -> dict:
+        """Write one event durably and return it as written (strict JSON data)."""
+        clash = [k for k in RESERVED if k in fields]
+        if clash:
+            raise ValueError(f"event fields may not be named {', '.join(clash)}")
+        event = _plain({"seq": self.seq + 1, "time": now_iso(), "run_id": self.run_id, "kind": kind, **fields})
+        self._writer.write(event)
+        os.fsync(self._fp.fileno())
+        self.seq += 1
+        return event
+
+    def close(self) -> None:
+        if not self._fp.closed:
+            self._writer.close()
+            self._fp.close()
+
+    def __enter__(self) -> "EventLog":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+

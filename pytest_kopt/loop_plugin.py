@@ -1,0 +1,141 @@
+"""``pytest --kopt-optimize=PROBLEM``: the optimization loop as a single pytest item.
+
+plugin.py registers ``OptimizePlugin`` when ``--kopt-optimize`` is given. It replaces collection
+with the one test below (``test_optimize``), so the loop runs inside pytest with its fixtures:
+
+- ``kopt_run``: the resolved ``RunOptions`` (problem, budget, run dir, seed, agent, ...);
+- ``kopt_problem``: the ``Problem``; ``kopt_evaluate``: the judge's ``evaluate``;
+- ``kopt_agent``: the agent named by ``--kopt-agent`` (search, openai, replay).
+
+Any of them can be overridden in a ``conftest.py`` (e.g. your own agent as ``kopt_agent``).
+Each tool call prints one line through the terminal reporter, also with output capture on;
+a summary table follows the run. The test passes when the run finished with a verified best.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .plugin import option
+from .progress import Progress, summary_lines
+from .run import Run, RunError, RunOptions, resolve
+
+
+class OptimizePlugin:
+    """Collects the loop item, provides its fixtures, prints progress and the summary."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.lines: list[str] = []
+        try:
+            self.options = resolve(self.read_options(config))
+        except RunError as exc:
+            raise pytest.UsageError(str(exc)) from None
+
+    @staticmethod
+    def read_options(config: pytest.Config) -> RunOptions:
+        run_dir = config.getoption("kopt_run_dir")
+        resume = bool(config.getoption("kopt_resume"))
+        return RunOptions(
+            problem=config.getoption("kopt_optimize"),
+            budget=config.getoption("kopt_budget"),
+            run_dir=Path(run_dir) if run_dir else None,
+            resume=resume,
+            # on resume the log's agent, unless the command line names one
+            agent=config.getoption("kopt_agent") or (None if resume else option(config, "kopt_agent")),
+            seed=config.getoption("kopt_seed"),
+            eval_timeout=float(option(config, "kopt_eval_timeout")),
+            promote=bool(config.getoption("kopt_promote")),
+            results_dir=config.rootpath / "results" / "runs",
+        )
+
+    # ---- collection: exactly one item ------------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection(self, session: pytest.Session) -> bool:
+        session.perform_collect([str(Path(__file__).resolve())])
+        return True
+
+    # ---- fixtures ---------------------------------------------------------------------------
+    @pytest.fixture(scope="session")
+    def kopt_run(self) -> RunOptions:
+        return self.options
+
+    @pytest.fixture(scope="session")
+    def kopt_problem(self, kopt_run: RunOptions) -> Any:
+        from .problems import get_problem
+
+        return get_problem(kopt_run.problem)
+
+    @pytest.fixture(scope="session")
+    def kopt_evaluate(self) -> Any:
+        from .judge import evaluate
+
+        return evaluate
+
+    @pytest.fixture
+    def kopt_agent(self, kopt_run: RunOptions, kopt_problem: Any) -> Any:
+        from .agents import make_agent
+
+        config = self.config
+        return make_agent(
+            kopt_run.agent, problem=kopt_problem, seed=kopt_run.seed, run_dir=kopt_run.run_dir,
+            model=option(config, "kopt_model"), base_url=option(config, "kopt_base_url") or None,
+            api_key_env=option(config, "kopt_api_key_env"), context_tokens=option(config, "kopt_context_tokens"),
+            request_timeout=option(config, "kopt_request_timeout"), replay_path=config.getoption("kopt_replay"),
+        )
+
+    # ---- output -------------------------------------------------------------------------------
+    def write(self, line: str) -> None:
+        """One line on the terminal, past pytest's output capture."""
+        manager = self.config.pluginmanager
+        reporter = manager.getplugin("terminalreporter")
+        capture = manager.getplugin("capturemanager")
+        if reporter is None:
+            print(line, file=sys.__stdout__, flush=True)
+        elif capture is None:
+            reporter.write_line(line)
+        else:
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(line)
+
+    def execute(self, options: RunOptions, agent: Any, problem: Any, evaluate: Any) -> Any:
+        try:
+            run = Run(options, problem=problem, evaluate=evaluate)
+            run.__enter__()
+        except RunError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        progress = Progress(self.write, run.tools)
+        run.tools.listeners.append(progress)
+        self.write(f"kopt: {'resuming' if run.resumed else 'started'} run {run.run_dir} ({options.problem}, agent {options.agent}, seed {options.seed}); "
+                   f"{run.tools.budget_used}/{run.tools.budget} tool calls used; baseline {run.tools.objective.get('baseline_us')} us")
+        try:
+            outcome = run.execute(agent)
+        except KeyboardInterrupt:
+            self.lines = summary_lines(run.tools, run.outcome)
+            pytest.exit(f"kopt run interrupted; continue it with --kopt-resume --kopt-run-dir={run.run_dir}", returncode=pytest.ExitCode.INTERRUPTED)
+        except BaseException:
+            self.lines = summary_lines(run.tools, run.outcome) if getattr(run, "outcome", None) else []
+            raise
+        finally:
+            progress.close()
+            run.__exit__(None, None, None)
+        self.lines = summary_lines(run.tools, outcome)
+        return outcome
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.lines:
+            terminalreporter.section("kopt optimize")
+            for line in self.lines:
+                terminalreporter.write_line(line)
+
+
+def test_optimize(request: pytest.FixtureRequest, kopt_run: RunOptions, kopt_agent: Any, kopt_problem: Any, kopt_evaluate: Any) -> None:
+    """Run the optimization loop; pass when it finished with a verified best candidate."""
+    plugin: OptimizePlugin = request.config.pluginmanager.get_plugin("kopt-optimize")
+    outcome = plugin.execute(kopt_run, kopt_agent, kopt_problem, kopt_evaluate)
+    assert outcome.status == "finished", f"the run did not finish: {outcome.reason}"
+    assert outcome.best is not None, f"no candidate passed the judge in {outcome.budget_used} tool calls (see {outcome.run_dir}/events.jsonl)"

@@ -1,0 +1,133 @@
+"""What a person watching a run sees: one line per tool call, a heartbeat, a summary table.
+
+Lines are built from the events the toolbox logs (the same facts as the log, never more), and
+handed to a ``write(line)`` callable: the pytest terminal reporter in ``loop_plugin``, print
+elsewhere. While an evaluation runs, a heartbeat line every ``heartbeat_s`` shows the run is
+alive.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+EVALUATIONS = ("run_tests", "benchmark", "profile")
+
+
+def fmt_us(us: Any) -> str:
+    if not isinstance(us, (int, float)):
+        return "-"
+    return f"{us / 1000:.2f} ms" if us >= 10_000 else f"{us:.1f} us"
+
+
+def fmt_x(x: Any) -> str:
+    return f"{x:.2f}x" if isinstance(x, (int, float)) else "-"
+
+
+def knobs_text(knobs: Any, limit: int = 48) -> str:
+    if not isinstance(knobs, dict) or not knobs:
+        return ""
+    text = ",".join(f"{k}={v}" for k, v in knobs.items())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class Progress:
+    """Listener for ``Toolbox.listeners`` that writes one line per finished tool call."""
+
+    def __init__(self, write: Callable[[str], None], toolbox: Any, heartbeat_s: float = 60.0):
+        self.write = write
+        self.tools = toolbox
+        self.heartbeat_s = heartbeat_s
+        self._lock = threading.Lock()
+        self._stop: threading.Event | None = None
+        self._started = 0.0
+
+    def _say(self, line: str) -> None:
+        with self._lock:
+            self.write(line)
+
+    def __call__(self, event: dict) -> None:
+        kind = event.get("kind")
+        if kind == "tool_call":
+            self._started = time.monotonic()
+            if event.get("tool") in EVALUATIONS:
+                self._beat(event)
+        elif kind == "tool_result":
+            self._quiet()
+            self._say(self.line(event))
+        elif kind == "note":
+            self._say(f"       note: {str(event.get('text', ''))[:200]}")
+
+    def line(self, event: dict) -> str:
+        """``[  n/budget] tool candidate strategy(knobs) verdict time vs-baseline | best``."""
+        t = self.tools
+        result = event.get("result") or {}
+        cid = result.get("candidate_id") or ((event.get("args") or {}).get("candidate_id")) or ""
+        meta = t.candidates.get(cid, {})
+        label = f"{meta.get('strategy') or ''}({knobs_text(meta.get('knobs'))})" if meta else ""
+        if result.get("error"):
+            outcome = "error: " + str(result["error"])[:80]
+        elif event.get("tool") in EVALUATIONS:
+            outcome = f"{result.get('verdict', '?'):<4} {fmt_us(result.get('candidate_us')):>10} {fmt_x(result.get('vs_baseline')):>7}"
+            if result.get("verdict") == "fail":
+                outcome += f" [{result.get('stage')}] " + (str((result.get("reasons") or [""])[0])[:70])
+            if result.get("cached"):
+                outcome += " (cached)"
+        else:
+            outcome = "new" if result.get("new") else ("" if event.get("tool") != "write_candidate" else "known")
+        best = t.best
+        best_text = f"best {best['candidate_id'][:8]} {fmt_us(best.get('candidate_us'))} {fmt_x(best.get('vs_baseline'))}" if best else "best -"
+        width = len(str(t.budget))
+        return (
+            f"[{event.get('call', 0):>{width}}/{t.budget}] {event.get('tool', ''):<15} {cid[:12]:<12} {label:<32} "
+            f"{outcome}  | {best_text}  ({event.get('duration_s', 0):.1f}s)"
+        )
+
+    def _beat(self, event: dict) -> None:
+        self._quiet()
+        stop = self._stop = threading.Event()
+        label = f"[{event.get('call')}/{self.tools.budget}] {event.get('tool')} {(event.get('args') or {}).get('candidate_id', '')}"
+
+        def run() -> None:
+            while not stop.wait(self.heartbeat_s):
+                self._say(f"       … {label} still running ({time.monotonic() - self._started:.0f}s)")
+
+        threading.Thread(target=run, name="kopt-heartbeat", daemon=True).start()
+
+    def _quiet(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
+
+    def close(self) -> None:
+        self._quiet()
+
+
+def summary_lines(tools: Any, outcome: Any, top: int = 10) -> list[str]:
+    """The final table: the run's state, the baseline, the best and the fastest verified candidates."""
+    rows = tools.history()
+    timed = sorted((r for r in rows if r.get("verdict") == "pass" and isinstance(r.get("candidate_us"), (int, float))), key=lambda r: r["candidate_us"])
+    failed = [r for r in rows if r.get("verdict") == "fail"]
+    obj = tools.objective
+    lines = [
+        f"kopt run {outcome.run_dir}: {outcome.status} ({outcome.reason}); {tools.budget_used}/{tools.budget} tool calls",
+        f"problem {obj.get('problem')}  case {obj.get('case') or '-'}  baseline {str(obj.get('baseline_candidate') or '-')[:12]} {fmt_us(obj.get('baseline_us'))}  floor {fmt_us(obj.get('floor_us'))}",
+        f"candidates: {len(rows)} written, {len(timed)} verified and timed, {len(failed)} failed",
+    ]
+    if tools.best:
+        b = tools.best
+        lines.append(f"best: {b['candidate_id']} {fmt_us(b.get('candidate_us'))}, {fmt_x(b.get('vs_baseline'))} vs baseline candidate, {fmt_x(b.get('speedup'))} vs {', '.join((obj.get('baselines_us') or {}).keys()) or 'judge baseline'}")
+    else:
+        lines.append("best: none verified")
+    if timed:
+        lines.append(f"  {'#':>2}  {'candidate':<12}  {'strategy':<16}  {'time':>10}  {'vs base':>7}  knobs")
+        for i, r in enumerate(timed[:top], 1):
+            lines.append(f"  {i:>2}  {r['candidate_id']:<12}  {str(r.get('strategy') or '-')[:16]:<16}  {fmt_us(r['candidate_us']):>10}  {fmt_x(r.get('vs_baseline')):>7}  {knobs_text(r.get('knobs'), 60)}")
+    if outcome.best_path:
+        lines.append(f"best candidate: {outcome.best_path}")
+    if outcome.promoted:
+        lines.append(f"promoted to {outcome.promoted}")
+    if outcome.status != "finished" or outcome.reason == "budget exhausted":
+        lines.append(f"continue: pytest --kopt-optimize={obj.get('problem')} --kopt-resume --kopt-run-dir={outcome.run_dir}" + (" --kopt-budget=N" if outcome.status == "finished" else ""))
+    return lines

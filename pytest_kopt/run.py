@@ -1,0 +1,347 @@
+"""The optimization loop: start or resume a run, let the agent act until the budget is spent,
+and leave a run directory that is a complete record (see docs/architecture.md, Runs).
+
+A new run times the baseline candidate first (not charged: it fixes the objective), records the
+objective and the environment in ``run_started``, then hands the toolbox to the agent. A resumed
+run repairs a torn log tail, rebuilds the toolbox and the agent from the log, and redoes the
+tool call that was in flight when the last process died (under its own call number, so it is
+charged once). Ctrl-C ends with ``run_interrupted`` and a summary; either way the run can be
+continued with ``--kopt-resume``. One process owns a run at a time: ``RUN_DIR/lock`` is held
+with ``fcntl.flock`` (released by the kernel when the owner dies, even by ``kill -9``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+from . import KERNELS_DIR, REPO_ROOT
+from .events import EventLog, dumps, read_events
+from .families import FamilyError, parse_family
+from .tools import BudgetExhausted, Toolbox, atomic_write, candidate_id
+
+DEFAULT_BUDGET = 100
+DEFAULT_SEED = 0
+IDLE_ACTS = 10  # consecutive acts without a tool call before the loop gives up on the agent
+
+
+class RunError(RuntimeError):
+    """The run cannot start or continue as asked (the message says what to do)."""
+
+
+class RunLocked(RunError):
+    """Another process owns the run directory."""
+
+
+@dataclass
+class RunOptions:
+    problem: str
+    budget: int | None = None  # None: DEFAULT_BUDGET, or the log's on resume
+    run_dir: Path | None = None  # None: <results_dir>/<problem>-<UTC timestamp>
+    resume: bool = False
+    agent: str | None = None  # None: "search", or the log's on resume
+    seed: int | None = None  # None: DEFAULT_SEED, or the log's on resume
+    eval_timeout: float = 900.0
+    promote: bool = False
+    results_dir: Path = Path("results/runs")
+    started: dict | None = field(default=None, repr=False)  # the log's run_started, once resolved
+
+
+@dataclass
+class Outcome:
+    status: str  # "finished" | "interrupted"
+    reason: str
+    run_dir: Path
+    budget: int
+    budget_used: int
+    best: dict | None
+    best_path: Path | None = None
+    promoted: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "finished" and self.best is not None
+
+
+def default_run_dir(problem: str, results_dir: Path) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return Path(results_dir) / f"{problem}-{stamp}"
+
+
+def _started(run_dir: Path) -> dict | None:
+    log = run_dir / "events.jsonl"
+    if not log.is_file():
+        return None
+    return next((e for e in read_events(log) if e.get("kind") == "run_started"), None)
+
+
+def resolve(options: RunOptions) -> RunOptions:
+    """Fill in the run directory, budget, agent and seed (from the log when resuming); check them."""
+    run_dir = Path(options.run_dir) if options.run_dir else None
+    if options.resume:
+        if run_dir is None:
+            raise RunError("--kopt-resume needs --kopt-run-dir=DIR (the run to continue)")
+        if not run_dir.is_dir():
+            raise RunError(f"--kopt-resume: no run directory {run_dir}")
+    else:
+        run_dir = run_dir or default_run_dir(options.problem, options.results_dir)
+    started = _started(run_dir)
+    if started is None:  # a new run (or one killed before it recorded its start)
+        return replace(
+            options, run_dir=run_dir, started=None,
+            budget=DEFAULT_BUDGET if options.budget is None else options.budget,
+            agent=options.agent or "search", seed=DEFAULT_SEED if options.seed is None else options.seed,
+        )
+    if not options.resume:
+        raise RunError(f"{run_dir} already holds a run; pass --kopt-resume to continue it, or choose another --kopt-run-dir")
+    if started.get("problem") != options.problem:
+        raise RunError(f"{run_dir} is a run of {started.get('problem')!r}, not {options.problem!r}")
+    return replace(
+        options, run_dir=run_dir, started=started,
+        budget=started["budget"] if options.budget is None else options.budget,
+        agent=options.agent or started.get("agent") or "search",
+        seed=started.get("seed", DEFAULT_SEED) if options.seed is None else options.seed,
+    )
+
+
+def _run_quiet(args: list[str], cwd: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def environment() -> dict:
+    """Where the run happens: GPU, driver, torch, Triton, Python, commit (no heavy imports)."""
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    gpu = driver = None
+    if shutil.which("nvidia-smi"):
+        first = (_run_quiet(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]) or "").splitlines()
+        if first and "," in first[0]:
+            gpu, driver = (part.strip() for part in first[0].split(",", 1))
+    commit = _run_quiet(["git", "rev-parse", "HEAD"], REPO_ROOT)
+    dirty = _run_quiet(["git", "status", "--porcelain", "--untracked-files=no"], REPO_ROOT)
+    return {
+        "gpu": gpu, "driver": driver, "interpreter": os.environ.get("TRITON_INTERPRET") == "1",
+        "torch": version("torch"), "triton": version("triton"), "optuna": version("optuna"),
+        "python": platform.python_version(), "platform": platform.platform(), "host": platform.node(),
+        "commit": commit, "dirty": bool(dirty) if dirty is not None else None,
+    }
+
+
+class RunLock:
+    """Exclusive ownership of a run directory (``RUN_DIR/lock``, fcntl.flock, holder's pid inside)."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / "lock"
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise RunLocked(f"{self.path.parent} is being written by another process (pid {holder}); wait for it or stop it first") from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:  # else the previous owner removed the file between our open and flock
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+                self.fd = fd
+                return
+            os.close(fd)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+            os.close(self.fd)
+            self.fd = None
+
+
+class Run:
+    """One run directory, owned for the life of the ``with`` block.
+
+    ``problem`` defaults to ``get_problem(options.problem)``, ``evaluate`` to the judge's
+    ``evaluate``: tests inject a fake of either.
+    """
+
+    def __init__(self, options: RunOptions, *, problem: Any = None, evaluate: Callable[..., dict] | None = None, promote_dir: Path | None = None):
+        self.options = resolve(options)
+        if problem is None:
+            from .problems import get_problem
+
+            problem = get_problem(self.options.problem)
+        self.problem = problem
+        self.evaluate = evaluate
+        self.promote_dir = Path(promote_dir) if promote_dir else KERNELS_DIR / "best"
+        self.run_dir = Path(self.options.run_dir)
+        self.lock = RunLock(self.run_dir)
+        self.log: EventLog | None = None
+        self.tools: Toolbox | None = None
+        self.resumed = False
+
+    # ---- ownership --------------------------------------------------------------------------
+    def __enter__(self) -> "Run":
+        self.lock.acquire()
+        try:
+            self._open()
+        except BaseException:
+            if self.log is not None:
+                self.log.close()
+            self.lock.release()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.log is not None:
+            self.log.close()
+        self.lock.release()
+
+    def _open(self) -> None:
+        opts = self.options
+        self.log = EventLog(self.run_dir / "events.jsonl", run_id=self.run_dir.name)
+        events = read_events(self.log.path)
+        started = next((e for e in events if e.get("kind") == "run_started"), None)
+        objective = started["objective"] if started else {}
+        self.tools = Toolbox(self.problem, objective, self.log, self.run_dir, int(opts.budget), evaluate=self.evaluate, eval_timeout=opts.eval_timeout)
+        if started is None:
+            self._start()
+        elif not opts.resume:  # another process started it after we looked
+            raise RunError(f"{self.run_dir} already holds a run; pass --kopt-resume to continue it")
+        else:
+            self.resumed = True
+            self.tools.restore(events)
+            in_flight = self.tools.in_flight
+            self.log.append(
+                "run_resumed", budget_used=self.tools.budget_used, budget=self.tools.budget, agent=opts.agent, seed=opts.seed,
+                in_flight=in_flight["call"] if in_flight else None, repaired_bytes=self.log.repaired_bytes, environment=environment(),
+            )
+
+    def _start(self) -> None:
+        """Time the baseline candidate, fix the objective, record the start (nothing charged)."""
+        opts, tools, problem = self.options, self.tools, self.problem
+        source = Path(problem.baseline_candidate_path).read_text(encoding="utf-8")
+        cid = candidate_id(source)
+        path = self.run_dir / "candidates" / f"{cid}.py"
+        atomic_write(path, source)
+        result = tools.judge(path, "benchmark")
+        timings = result.get("timings") if isinstance(result.get("timings"), dict) else {}
+        roofline = result.get("roofline") if isinstance(result.get("roofline"), dict) else {}
+        passed = result.get("verdict") == "pass"
+        tools.objective.update(problem.summary())
+        tools.objective.update({
+            "metric": "time of one kernel(...) call on the headline case, in microseconds (lower is better); only candidates that pass the judge's correctness checks count",
+            "case": timings.get("case"),
+            "baseline_candidate": cid,
+            "baseline_path": str(problem.baseline_candidate_path),
+            "baseline_us": timings.get("candidate_us") if passed else None,
+            "baselines_us": timings.get("baselines"),
+            "reference_us": timings.get("reference_us"),
+            "floor_us": roofline.get("floor_us"),
+            "baseline_verdict": result.get("verdict"),
+            "baseline_reasons": list(result.get("reasons") or [])[:3],
+        })
+        self.log.append(
+            "run_started", problem=problem.name, objective=tools.objective, environment=environment(),
+            budget=tools.budget, agent=opts.agent, seed=opts.seed, eval_timeout=opts.eval_timeout,
+        )
+        try:
+            family = parse_family(source, Path(problem.baseline_candidate_path).stem)
+            strategy, knobs = family.name, family.knobs
+        except FamilyError:
+            strategy, knobs = "baseline", None
+        tools.add_candidate(source, notes="the baseline candidate, timed by the loop to fix the objective (not charged)", strategy=strategy, knobs=knobs)
+        tools.record(cid, "benchmark", result, call=0)
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def execute(self, agent: Any) -> Outcome:
+        """Let ``agent`` act until the budget is spent or it is done; finish or record the interruption."""
+        tools = self.tools
+        try:
+            if self.resumed:
+                tools.redo_in_flight()
+            agent.restore(read_events(self.log.path))
+            idle = 0
+            while True:
+                if tools.budget_left <= 0:
+                    reason = "budget exhausted"
+                    break
+                before = tools.budget_used
+                if not agent.act(tools):
+                    reason = f"agent {getattr(agent, 'name', '')} has nothing left to try".replace("  ", " ")
+                    break
+                idle = idle + 1 if tools.budget_used == before else 0
+                if idle >= IDLE_ACTS:
+                    reason = f"agent made no tool call in {IDLE_ACTS} turns"
+                    break
+        except BudgetExhausted:
+            reason = "budget exhausted"
+        except KeyboardInterrupt:
+            self.outcome = self._end("interrupted", "interrupted by the user (Ctrl-C)")
+            raise
+        except BaseException as exc:
+            self.outcome = self._end("interrupted", f"{type(exc).__name__}: {exc}")
+            raise
+        self.outcome = self._end("finished", reason)
+        return self.outcome
+
+    def _end(self, status: str, reason: str) -> Outcome:
+        tools = self.tools
+        outcome = Outcome(status, reason, self.run_dir, tools.budget, tools.budget_used, tools.best)
+        if tools.best:
+            outcome.best_path = self.write_best()
+        if status == "finished" and self.options.promote and outcome.best_path:
+            self.promote_dir.mkdir(parents=True, exist_ok=True)
+            outcome.promoted = self.promote_dir / f"{self.problem.name}.py"
+            shutil.copyfile(outcome.best_path, outcome.promoted)
+            tools.note(f"best candidate {tools.best['candidate_id']} promoted to {outcome.promoted}")
+        kind = "run_finished" if status == "finished" else "run_interrupted"
+        self.log.append(kind, reason=reason, budget_used=tools.budget_used, budget=tools.budget, best=tools.best)
+        return outcome
+
+    def write_best(self) -> Path:
+        """``best.py`` and ``best.json`` (the best's deepest evaluation) in the run directory."""
+        tools, best = self.tools, self.tools.best
+        cid = best["candidate_id"]
+        evaluation = next((tools.results[(cid, u)] for u in ("profile", "benchmark") if (cid, u) in tools.results), None)
+        atomic_write(self.run_dir / "best.py", (self.run_dir / "candidates" / f"{cid}.py").read_text(encoding="utf-8"))
+        meta = tools.candidates.get(cid, {})
+        record = {**best, "problem": self.problem.name, "run_id": self.log.run_id, "strategy": meta.get("strategy"), "knobs": meta.get("knobs"), "objective": tools.objective, "evaluation": evaluation}
+        atomic_write(self.run_dir / "best.json", json.dumps(json.loads(dumps(record)), indent=2) + "\n")
+        return self.run_dir / "best.py"
+
+
+def run_loop(options: RunOptions, agent: Any = None, **run_kwargs: Any) -> Outcome:
+    """Open (or resume) a run and execute it; ``agent`` defaults to the one the options name."""
+    with Run(options, **run_kwargs) as run:
+        if agent is None:
+            from .agents import make_agent
+
+            agent = make_agent(run.options.agent, problem=run.problem, seed=run.options.seed)
+        return run.execute(agent)
+

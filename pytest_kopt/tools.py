@@ -1,0 +1,435 @@
+"""The agent's tools, the budget, the candidate store and best-so-far: the one door to the judge.
+
+Budget accounting
+-----------------
+The budget counts tool calls, as in the case study this project is modelled on. Every action
+an agent takes costs exactly one unit, whatever it does and whatever comes back:
+
+- ``write_candidate`` (store a source file), ``run_tests`` (policy + compile + correctness),
+  ``benchmark``, ``profile``, ``show_reference``, ``show_problem``, ``show_candidate`` and
+  ``history`` each cost one;
+- a call with bad arguments, an unknown candidate id or an unknown tool still costs one (the
+  agent did make it) and answers ``{"error": ...}``;
+- asking again for an evaluation the run already has (same candidate, same or an earlier
+  stage; or any stage of a candidate that already failed) is answered from the run's cache
+  (``"cached": true``): cheap in time, still one unit;
+- the loop's own set-up (timing the baseline candidate for the objective) and an agent's
+  free bookkeeping (``Toolbox.history()`` called as a method) cost nothing;
+- call ``n`` is logged as a ``tool_call`` before it runs and a ``tool_result`` after. A
+  ``tool_call`` with no ``tool_result`` was in flight when the process died: on resume it is
+  redone under the same number ``n`` (``"redo": true``) and so is charged once.
+  ``budget_used`` is the number of distinct ``call`` numbers that have a ``tool_result``.
+
+When ``budget_used == budget``, ``call`` raises ``BudgetExhausted`` and the run ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from .events import EventLog, dumps
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .problems.base import Problem
+
+STAGES = ("policy", "compile", "correctness", "benchmark", "profile")
+UPTO = {"run_tests": "correctness", "benchmark": "benchmark", "profile": "profile"}
+MAX_SOURCE_CHARS = 200_000
+
+Evaluate = Callable[..., dict]
+
+
+class BudgetExhausted(RuntimeError):
+    """No tool calls are left."""
+
+
+def candidate_id(source: str) -> str:
+    """First 12 hex digits of the sha256 of the source text."""
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()[:12]
+
+
+def _id_arg(description: str = "id of a candidate written in this run") -> dict:
+    return {"type": "object", "properties": {"candidate_id": {"type": "string", "description": description}}, "required": ["candidate_id"], "additionalProperties": False}
+
+
+def _no_args() -> dict:
+    return {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+SCHEMAS: dict[str, dict] = {
+    "write_candidate": {
+        "description": "Store a complete candidate file (a Python module exposing kernel(...)); returns its candidate_id. Costs one call.",
+        "type": "object",
+        "properties": {
+            "source": {"type": "string", "description": "the whole candidate file"},
+            "notes": {"type": "string", "description": "what changed and the prediction it tests"},
+            "parent": {"type": ["string", "null"], "description": "candidate_id this one was derived from"},
+            "strategy": {"type": ["string", "null"], "description": "family name, or 'llm'"},
+            "knobs": {"type": ["object", "null"], "description": "knob values when rendered from a family"},
+        },
+        "required": ["source"],
+        "additionalProperties": False,
+    },
+    "run_tests": {**_id_arg(), "description": "Judge policy, compile and correctness of a candidate. Costs one call."},
+    "benchmark": {**_id_arg(), "description": "Correctness, then time the candidate against the baselines on the headline shape. Costs one call."},
+    "profile": {**_id_arg(), "description": "Correctness, timing, then per-kernel profile of a candidate. Costs one call."},
+    "show_reference": {**_no_args(), "description": "The readable PyTorch reference of the problem. Costs one call."},
+    "show_problem": {**_no_args(), "description": "The objective: problem, shapes, metric, baseline time, floor, rules, budget. Costs one call."},
+    "show_candidate": {**_id_arg(), "description": "The source and notes of a candidate written in this run. Costs one call."},
+    "history": {**_no_args(), "description": "One row per candidate so far: verdict, stage, time, speedup; and the best. Costs one call."},
+}
+
+_JSON_TYPES = {"string": str, "object": dict, "null": type(None)}
+
+
+def _check_args(tool: str, args: dict) -> str | None:
+    """Why ``args`` do not fit the tool's schema, or None."""
+    schema = SCHEMAS[tool]
+    props = schema["properties"]
+    unknown = sorted(set(args) - set(props))
+    if unknown:
+        return f"{tool} takes no argument(s) {', '.join(unknown)}; it takes {', '.join(props) or 'none'}"
+    missing = [k for k in schema.get("required", []) if k not in args]
+    if missing:
+        return f"{tool} needs argument(s) {', '.join(missing)}"
+    for name, value in args.items():
+        kinds = props[name]["type"]
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        if not isinstance(value, tuple(_JSON_TYPES[k] for k in kinds)):
+            return f"{tool}: {name} must be {' or '.join(kinds)}, got {type(value).__name__}"
+    return None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _timings(result: dict) -> dict:
+    timings = result.get("timings") or {}
+    if isinstance(timings, list):  # tolerate a per-case list: the first is the headline
+        timings = timings[0] if timings else {}
+    return timings if isinstance(timings, dict) else {}
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` so that ``path`` holds either the old or the whole new content."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fp:
+        fp.write(text)
+        fp.flush()
+        os.fsync(fp.fileno())
+    os.replace(tmp, path)
+
+
+class Toolbox:
+    """Tools an agent calls, each charged one unit of budget and logged (see the module docstring)."""
+
+    SCHEMAS = SCHEMAS
+
+    def __init__(
+        self,
+        problem: "Problem",
+        objective: dict,
+        log: EventLog,
+        run_dir: Path,
+        budget: int,
+        *,
+        evaluate: Evaluate | None = None,
+        eval_timeout: float = 900.0,
+    ):
+        self.problem = problem
+        self.objective = objective
+        self.log = log
+        self.run_dir = Path(run_dir)
+        self.budget = int(budget)
+        self.budget_used = 0
+        self.best: dict | None = None
+        self.candidates: dict[str, dict] = {}  # id -> the candidate event's fields
+        self.results: dict[tuple[str, str], dict] = {}  # (id, upto) -> judge result
+        self.in_flight: dict | None = None  # a tool_call of a previous process without result
+        self.listeners: list[Callable[[dict], None]] = []  # see every event the toolbox logs
+        self.eval_timeout = float(eval_timeout)
+        if evaluate is None:
+            from .judge import evaluate as judge_evaluate
+
+            evaluate = judge_evaluate
+        self._evaluate = evaluate
+
+    # ---- bookkeeping --------------------------------------------------------------------
+    @property
+    def budget_left(self) -> int:
+        return max(0, self.budget - self.budget_used)
+
+    @property
+    def baseline_us(self) -> float | None:
+        return _number(self.objective.get("baseline_us"))
+
+    def _emit(self, kind: str, **fields: Any) -> dict:
+        event = self.log.append(kind, **fields)
+        for listener in list(self.listeners):
+            try:
+                listener(event)
+            except Exception:  # a broken display (closed pipe, ...) must not end the run
+                self.listeners.remove(listener)
+        return event
+
+    def restore(self, events: list[dict]) -> None:
+        """Rebuild budget, candidates, evaluation cache, best and the in-flight call from a log."""
+        done: set[int] = set()
+        calls: dict[int, dict] = {}
+        for event in events:
+            kind = event.get("kind")
+            if kind == "candidate":
+                self.candidates[event["candidate_id"]] = {k: event.get(k) for k in ("candidate_id", "parent", "strategy", "knobs", "path", "notes", "call")}
+            elif kind == "verdict" and event.get("stage") != "judge":
+                self.results[(event["candidate_id"], event["upto"])] = self._load_result(event)
+            elif kind == "best":
+                self.best = {k: event.get(k) for k in ("candidate_id", "candidate_us", "speedup", "vs_baseline", "call")}
+            elif kind == "tool_call":
+                calls[int(event["call"])] = event
+            elif kind == "tool_result":
+                done.add(int(event["call"]))
+        self.budget_used = len(done)
+        if done and max(done) != len(done):
+            raise ValueError(f"{self.log.path}: tool calls {sorted(set(range(1, max(done) + 1)) - done)} have no result although later ones do")
+        pending = [e for n, e in calls.items() if n not in done]
+        self.in_flight = max(pending, key=lambda e: e["seq"]) if pending else None
+
+    def _load_result(self, verdict: dict) -> dict:
+        path = self.run_dir / (verdict.get("result_path") or "")
+        if verdict.get("result_path") and path.is_file():
+            try:
+                return json.loads(path.read_text())
+            except ValueError:
+                pass  # a torn result file: the verdict event is enough
+        return {k: verdict.get(k) for k in ("verdict", "stage", "reasons", "errors", "speedup")} | {"timings": {"candidate_us": verdict.get("candidate_us")}}
+
+    def resolve(self, cid: Any) -> str:
+        """A known candidate id from an id or a unique prefix of at least 6 characters."""
+        if not isinstance(cid, str) or not cid.strip():
+            raise KeyError("candidate_id must be a non-empty string")
+        cid = cid.strip()
+        if cid in self.candidates:
+            return cid
+        matches = [c for c in self.candidates if len(cid) >= 6 and c.startswith(cid)]
+        if len(matches) == 1:
+            return matches[0]
+        known = ", ".join(list(self.candidates)[-8:]) or "none yet"
+        raise KeyError(f"unknown candidate_id {cid!r} (latest known: {known})")
+
+    # ---- the one entry point --------------------------------------------------------------
+    def call(self, tool: str, **args: Any) -> dict:
+        """Run one tool: charge one unit, log ``tool_call`` and ``tool_result``, return the result."""
+        if self.budget_used >= self.budget:
+            raise BudgetExhausted(f"budget of {self.budget} tool calls used up")
+        return self._call(tool, args, self.budget_used + 1)
+
+    def redo_in_flight(self) -> dict | None:
+        """Redo the call a killed process left without result, under its own number."""
+        event, self.in_flight = self.in_flight, None
+        if event is None or int(event["call"]) != self.budget_used + 1:
+            return None
+        args = dict(event.get("args") or {})
+        if event["tool"] == "write_candidate" and "candidate_id" in args:
+            path = self.run_dir / "candidates" / f"{args.pop('candidate_id')}.py"
+            if not path.is_file():
+                self._emit("note", text=f"in-flight call {event['call']} (write_candidate) could not be redone: its source was never stored; not charged")
+                return None
+            args["source"] = path.read_text(encoding="utf-8")
+        return self._call(event["tool"], args, int(event["call"]), redo=True)
+
+    def _call(self, tool: str, args: dict, number: int, redo: bool = False) -> dict:
+        logged_args = dict(args)
+        if tool == "write_candidate" and isinstance(args.get("source"), str):
+            logged_args["candidate_id"] = candidate_id(args["source"])
+            del logged_args["source"]
+        extra = {"redo": True} if redo else {}
+        self._emit("tool_call", call=number, tool=tool, args=logged_args, **extra)
+        start = time.monotonic()
+        if tool not in SCHEMAS:
+            result = {"error": f"unknown tool {tool!r}; tools: {', '.join(SCHEMAS)}"}
+        else:
+            problem = _check_args(tool, args)
+            if problem:
+                result = {"error": problem}
+            else:
+                try:
+                    result = getattr(self, "_tool_" + tool)(number, **args)
+                except KeyError as exc:
+                    result = {"error": str(exc.args[0]) if exc.args else str(exc)}
+                except Exception as exc:  # a bug or an OS error must not end a long run
+                    result = {"error": f"{tool} failed inside the toolbox: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=4)}
+        self._emit("tool_result", call=number, tool=tool, result=result, duration_s=round(time.monotonic() - start, 3))
+        self.budget_used = number
+        return result
+
+    # ---- tools ----------------------------------------------------------------------------
+    def add_candidate(self, source: str, *, notes: str = "", parent: str | None = None, strategy: str | None = None, knobs: dict | None = None, call: int = 0) -> str:
+        """Store a source content-addressed; log a ``candidate`` event the first time it is seen."""
+        if not source.strip():
+            raise ValueError("source is empty")
+        if len(source) > MAX_SOURCE_CHARS:
+            raise ValueError(f"source has {len(source)} characters; the limit is {MAX_SOURCE_CHARS}")
+        cid = candidate_id(source)
+        path = self.run_dir / "candidates" / f"{cid}.py"
+        if not path.is_file() or path.read_text(encoding="utf-8") != source:
+            atomic_write(path, source)
+        if cid not in self.candidates:
+            fields = {"candidate_id": cid, "parent": parent, "strategy": strategy, "knobs": knobs, "path": f"candidates/{cid}.py", "notes": notes, "call": call}
+            self._emit("candidate", **fields)
+            self.candidates[cid] = fields
+        return cid
+
+    def _tool_write_candidate(self, number: int, source: str, notes: str = "", parent: str | None = None, strategy: str | None = None, knobs: dict | None = None) -> dict:
+        if parent is not None:
+            parent = self.resolve(parent)
+        try:
+            known = candidate_id(source) in self.candidates
+            cid = self.add_candidate(source, notes=notes, parent=parent, strategy=strategy, knobs=knobs, call=number)
+        except ValueError as exc:
+            return {"error": str(exc)}
+        return {"candidate_id": cid, "new": not known}
+
+    def _tool_run_tests(self, number: int, candidate_id: str) -> dict:
+        return self.evaluate(self.resolve(candidate_id), "correctness", call=number)
+
+    def _tool_benchmark(self, number: int, candidate_id: str) -> dict:
+        return self.evaluate(self.resolve(candidate_id), "benchmark", call=number)
+
+    def _tool_profile(self, number: int, candidate_id: str) -> dict:
+        return self.evaluate(self.resolve(candidate_id), "profile", call=number)
+
+    def _tool_show_reference(self, number: int) -> dict:
+        path = Path(self.problem.reference_path)
+        return {"path": path.name, "source": path.read_text(encoding="utf-8")}
+
+    def _tool_show_problem(self, number: int) -> dict:
+        return {"objective": self.objective, "budget": self.budget, "budget_used": number, "best": self.best}
+
+    def _tool_show_candidate(self, number: int, candidate_id: str) -> dict:
+        cid = self.resolve(candidate_id)
+        meta = self.candidates[cid]
+        source = (self.run_dir / meta["path"]).read_text(encoding="utf-8")
+        return {**{k: meta.get(k) for k in ("candidate_id", "parent", "strategy", "knobs", "notes")}, "source": source}
+
+    def _tool_history(self, number: int) -> dict:
+        return {"rows": self.history(), "best": self.best, "budget": self.budget, "budget_used": number}
+
+    # ---- evaluation -----------------------------------------------------------------------
+    def cached(self, cid: str, upto: str) -> dict | None:
+        """A result that answers (cid, upto): a pass at this stage or later, or a failure at or before it."""
+        want = STAGES.index(upto)
+        for (rid, rupto), result in self.results.items():
+            if rid != cid:
+                continue
+            if result.get("verdict") == "pass" and STAGES.index(rupto) >= want:
+                return result
+            stage = result.get("stage")
+            if result.get("verdict") == "fail" and (STAGES.index(stage) if stage in STAGES else 0) <= want:
+                return result
+        return None
+
+    def evaluate(self, cid: str, upto: str, *, call: int = 0) -> dict:
+        """Judge ``cid`` up to ``upto`` (or answer from the cache) and return the compact result."""
+        result = self.cached(cid, upto)
+        if result is not None:
+            return self.compact(cid, upto, result, cached=True)
+        return self.record(cid, upto, self.judge(self.run_dir / "candidates" / f"{cid}.py", upto), call=call)
+
+    def judge(self, path: Path, upto: str) -> dict:
+        """The judge's result for one file; a failure of the judge itself is a failed verdict."""
+        try:
+            result = self._evaluate(self.problem.name, str(Path(path).resolve()), upto=upto, timeout_s=self.eval_timeout)
+            if not isinstance(result, dict) or result.get("verdict") not in ("pass", "fail"):
+                raise TypeError(f"the judge returned {type(result).__name__} without a pass/fail verdict")
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # the judge is a child-process boundary; its own failure is a verdict too
+            result = {"verdict": "fail", "stage": "judge", "reasons": [f"the judge itself failed: {type(exc).__name__}: {exc}"]}
+        return result
+
+    def record(self, cid: str, upto: str, result: dict, *, call: int = 0) -> dict:
+        """Keep a judge result (evals/ file, cache, ``verdict`` event, best) and return it compact."""
+        judged = result.get("stage") != "judge"  # a judge failure is logged, not cached
+        result_path = f"evals/{cid}-{upto}.json" if judged else None
+        if judged:
+            atomic_write(self.run_dir / result_path, dumps(result) + "\n")
+            self.results[(cid, upto)] = result
+        compact = self.compact(cid, upto, result, cached=False)
+        self._emit(
+            "verdict", candidate_id=cid, upto=upto, verdict=result["verdict"], stage=result.get("stage"),
+            reasons=compact["reasons"], candidate_us=compact.get("candidate_us"), speedup=compact.get("speedup"),
+            vs_baseline=compact.get("vs_baseline"), errors=compact.get("errors", []), result_path=result_path, call=call,
+        )
+        self._update_best(cid, compact, call)
+        return compact
+
+    def note(self, text: str) -> dict:
+        """An agent's note in the log (free)."""
+        return self._emit("note", text=str(text))
+
+    def _update_best(self, cid: str, compact: dict, call: int) -> None:
+        us = compact.get("candidate_us")
+        if compact["verdict"] != "pass" or us is None or us <= 0:
+            return
+        if self.best is not None and us >= self.best["candidate_us"]:
+            return
+        self.best = {"candidate_id": cid, "candidate_us": us, "speedup": compact.get("speedup"), "vs_baseline": compact.get("vs_baseline"), "call": call}
+        self._emit("best", **self.best)
+
+    def compact(self, cid: str, upto: str, result: dict, *, cached: bool) -> dict:
+        """What the agent sees of a judge result (the whole one is in evals/)."""
+        out: dict[str, Any] = {
+            "candidate_id": cid, "upto": upto, "verdict": result.get("verdict"), "stage": result.get("stage"),
+            "reasons": [str(r)[:800] for r in (result.get("reasons") or [])[:6]], "cached": cached,
+        }
+        errors = result.get("errors") or []
+        bad = [e for e in errors if isinstance(e, dict) and not e.get("ok", True)]
+        if errors:
+            out["errors"] = (bad or errors)[:6]
+        timings = _timings(result)
+        us = _number(timings.get("candidate_us"))
+        if us is not None:
+            out["candidate_us"] = us
+            out["speedup"] = _number(result.get("speedup"))
+            out["vs_baseline"] = self.baseline_us / us if self.baseline_us and us > 0 else None
+            out["baselines_us"] = timings.get("baselines")
+            out["case"] = timings.get("case")
+        if isinstance(result.get("roofline"), dict):
+            out["roofline"] = result["roofline"]
+        kernels = ((result.get("profile") or {}).get("kernels")) if isinstance(result.get("profile"), dict) else None
+        if kernels:
+            out["profile"] = sorted(kernels, key=lambda k: -(_number(k.get("us")) or 0))[:8]
+        return out
+
+    # ---- the run so far -------------------------------------------------------------------
+    def history(self) -> list[dict]:
+        """One compact row per candidate, in order of writing (free: no budget charged)."""
+        rows = []
+        for cid, meta in self.candidates.items():
+            row = {k: meta.get(k) for k in ("candidate_id", "parent", "strategy", "knobs")}
+            row["notes"] = (meta.get("notes") or "")[:200]
+            deepest = None
+            for upto in STAGES:
+                result = self.results.get((cid, upto))
+                if result is not None:
+                    deepest = (upto, result)
+            if deepest is None:
+                row.update(verdict=None, stage=None)
+            else:
+                upto, result = deepest
+                compact = self.compact(cid, upto, result, cached=True)
+                row.update({k: compact.get(k) for k in ("verdict", "stage", "candidate_us", "speedup", "vs_baseline")})
+                row["upto"] = upto
+                row["reason"] = compact["reasons"][0][:300] if compact["reasons"] else ""
+            rows.append(row)
+        return rows

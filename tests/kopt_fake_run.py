@@ -1,0 +1,143 @@
+"""A fast stand-in world for loop tests: a fake problem, two fake families, a fake judge.
+
+The judge here reads a candidate's knobs and returns a deterministic verdict and time, so a
+run's course depends only on the seed: a resumed run can be compared with an uninterrupted one.
+Run as a script it is the child process the kill-and-resume tests start and kill::
+
+    python tests/kopt_fake_run.py RUN_DIR BUDGET [--resume] [--seed N] [--delay S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pytest_kopt.families import parse_family  # noqa: E402
+
+SLOW = '''"""Fake family: the slow baseline."""
+# kopt:knobs-begin
+KNOBS = {"BLOCK": 32, "num_warps": 4}
+# kopt:knobs-end
+SPACE = {"BLOCK": [16, 32, 64, 128], "num_warps": [1, 2, 4, 8]}
+
+
+def kernel(x):
+    return x
+'''
+
+FAST = '''"""Fake family: a faster pipeline with a chunk size."""
+# kopt:knobs-begin
+KNOBS = {"CHUNK": 64, "num_warps": 4, "fuse": False}
+# kopt:knobs-end
+SPACE = {"CHUNK": [16, 32, 64, 128], "num_warps": [2, 4, 8], "fuse": [False, True]}
+
+
+def kernel(x):
+    return x
+'''
+
+BROKEN = '''"""Fake family with a syntax error in its kernel (fails to compile)."""
+# kopt:knobs-begin
+KNOBS = {"BLOCK": 32}
+# kopt:knobs-end
+SPACE = {"BLOCK": [16, 32]}
+
+
+def kernel(x) return x
+'''
+
+
+def fake_time(source: str) -> tuple[str, str, float | None]:
+    """(verdict, stage, us) of a candidate, from its knobs alone."""
+    try:
+        fam = parse_family(source)
+    except Exception:
+        return "fail", "compile", None
+    k = fam.knobs
+    if "CHUNK" in k:
+        if k["CHUNK"] == 128 and k["num_warps"] == 2:
+            return "fail", "correctness", None  # "the kernel cannot serve this combination"
+        return "pass", "benchmark", 100.0 + abs(k["CHUNK"] - 32) * 1.5 + (8 - k["num_warps"]) * 3 - (7.0 if k["fuse"] else 0.0)
+    if "BLOCK" in k and "num_warps" in k:
+        if k["BLOCK"] == 128 and k["num_warps"] == 1:
+            return "fail", "correctness", None
+        return "pass", "benchmark", 1000.0 - k["BLOCK"] * 2 + k["num_warps"] * 5
+    return "fail", "compile", None
+
+
+class FakeJudge:
+    """Deterministic judge; counts its calls; ``delay`` seconds per evaluation."""
+
+    def __init__(self, delay: float = 0.0):
+        self.delay = delay
+        self.calls: list[tuple[str, str]] = []
+
+    def __call__(self, problem_name: str, candidate_path: str, *, upto: str = "profile", timeout_s: float = 900.0, **_: object) -> dict:
+        source = Path(candidate_path).read_text()
+        self.calls.append((Path(candidate_path).stem, upto))
+        if self.delay:
+            time.sleep(self.delay)
+        verdict, stage, us = fake_time(source)
+        if verdict == "fail":
+            return {"verdict": "fail", "stage": stage, "reasons": [f"fake {stage} failure"], "errors": [{"case": "c", "output": "o", "rel_rms": float("inf"), "tolerance": 0.01, "ok": False}] if stage == "correctness" else []}
+        result = {"verdict": "pass", "stage": "correctness", "reasons": [], "errors": [{"case": "c", "output": "o", "rel_rms": 1e-4, "tolerance": 0.01, "ok": True}]}
+        if upto in ("benchmark", "profile"):
+            result.update(stage="benchmark", timings={"case": "fake B1", "candidate_us": us, "baselines": {"eager": 500.0}, "reference_us": 2000.0, "compile_s": 0.1}, speedup=500.0 / us, roofline={"floor_us": 50.0, "floor_fraction": 50.0 / us})
+        if upto == "profile":
+            result.update(stage="profile", profile={"kernels": [{"name": "k", "us": us, "calls": 1}]})
+        return result
+
+
+class FakeProblem:
+    """Just what the loop and the search agent read from a problem (no torch import)."""
+
+    name = "fake"
+
+    def __init__(self, directory: Path, broken: bool = False):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "slow.py").write_text(SLOW)
+        (directory / "fast.py").write_text(FAST)
+        (directory / "broken.py").write_text(BROKEN)
+        (directory / "reference.py").write_text("def reference(x):\n    return x\n")
+        self.baseline_candidate_path = directory / "slow.py"
+        self.reference_path = directory / "reference.py"
+        names = ["slow", "fast"] + (["broken"] if broken else [])
+        self.families = tuple(str(directory / f"{n}.py") for n in names)
+
+    def summary(self) -> dict:
+        return {"problem": self.name, "description": "a fake problem", "signature": "kernel(x)", "outputs": [], "headline": ["fake B1"], "rules": []}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("budget", type=int)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--delay", type=float, default=0.0)
+    args = parser.parse_args(argv)
+
+    from pytest_kopt.agents.search import SearchAgent
+    from pytest_kopt.progress import Progress
+    from pytest_kopt.run import Run, RunOptions
+
+    problem = FakeProblem(args.run_dir.parent / "fake-problem", broken=True)
+    options = RunOptions(problem="fake", budget=args.budget, run_dir=args.run_dir, resume=args.resume, seed=args.seed)
+    try:
+        with Run(options, problem=problem, evaluate=FakeJudge(args.delay)) as run:
+            run.tools.listeners.append(Progress(print, run.tools))
+            agent = SearchAgent(problem=problem, seed=run.options.seed)
+            outcome = run.execute(agent)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        return 130
+    print(f"outcome {outcome.status} {outcome.reason} {outcome.budget_used}/{outcome.budget}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
