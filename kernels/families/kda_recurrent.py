@@ -54,25 +54,33 @@ def _kda_recurrent_kernel(
     if USE_INITIAL_STATE:
         state += tl.load(h0_ptr + state_offs, mask=mask_state, other=0.0).to(tl.float32)
 
-    q_row = q_ptr + b * s_qb + h * s_qh
-    k_row = k_ptr + b * s_kb + h * s_kh
-    v_row = v_ptr + b * s_vb + h * s_vh
-    g_row = g_ptr + b * s_gb + h * s_gh
-    beta_row = beta_ptr + b * s_bb + h * s_bh
-    o_row = o_ptr + b * s_ob + h * s_oh
-    for t in range(0, T):
-        q = tl.load(q_row + t * s_qt + offs_k, mask=mask_k, other=0.0).to(tl.float32) * scale
-        k = tl.load(k_row + t * s_kt + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        g = tl.load(g_row + t * s_gt + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        v = tl.load(v_row + t * s_vt + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        beta = tl.load(beta_row + t * s_bt).to(tl.float32)
+    # Pointers to step 0, advanced by one time step per iteration (64-bit pointer arithmetic).
+    p_q = q_ptr + b * s_qb + h * s_qh + offs_k
+    p_k = k_ptr + b * s_kb + h * s_kh + offs_k
+    p_g = g_ptr + b * s_gb + h * s_gh + offs_k
+    p_v = v_ptr + b * s_vb + h * s_vh + offs_v
+    p_beta = beta_ptr + b * s_bb + h * s_bh
+    p_o = o_ptr + b * s_ob + h * s_oh + offs_v
+    for _ in range(0, T):
+        q = tl.load(p_q, mask=mask_k, other=0.0).to(tl.float32) * scale
+        k = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
+        g = tl.load(p_g, mask=mask_k, other=0.0).to(tl.float32)
+        v = tl.load(p_v, mask=mask_v, other=0.0).to(tl.float32)
+        beta = tl.load(p_beta).to(tl.float32)
 
         state = state * tl.exp(g)[:, None]
         recalled = tl.sum(state * k[:, None], axis=0)  # S^T k: what the state returns for k
         correction = beta * (v - recalled)
         state += k[:, None] * correction[None, :]
         o = tl.sum(state * q[:, None], axis=0)
-        tl.store(o_row + t * s_ot + offs_v, o.to(o_ptr.dtype.element_ty), mask=mask_v)
+        tl.store(p_o, o.to(o_ptr.dtype.element_ty), mask=mask_v)
+
+        p_q += s_qt
+        p_k += s_kt
+        p_g += s_gt
+        p_v += s_vt
+        p_beta += s_bt
+        p_o += s_ot
 
     if STORE_FINAL_STATE:
         tl.store(ht_ptr + state_offs, state, mask=mask_state)

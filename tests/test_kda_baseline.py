@@ -1,0 +1,114 @@
+"""The KDA baseline candidate (kernels/families/kda_recurrent.py) is correct under the Triton
+interpreter, at its default knobs and at every value its SPACE offers."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import uuid
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_kopt.problems import get_problem
+
+PROBLEM = get_problem("kda")
+FAMILY = PROBLEM.baseline_candidate_path
+BLOCK = re.compile(r"(# kopt:knobs-begin\n)(.*?)(# kopt:knobs-end)", re.S)
+
+
+def family_knobs() -> tuple[dict, dict]:
+    """KNOBS and SPACE read the way the search agent reads them: literal_eval, no import."""
+    tree = ast.parse(FAMILY.read_text())
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id in ("KNOBS", "SPACE"):
+            found[node.targets[0].id] = ast.literal_eval(node.value)
+    return found["KNOBS"], found["SPACE"]
+
+
+def render(knobs: dict, tmp_path) -> object:
+    """Write the family with its knob block replaced and import the result as a candidate."""
+    source = FAMILY.read_text()
+    assert len(BLOCK.findall(source)) == 1, "exactly one marked KNOBS block"
+    rendered = BLOCK.sub(lambda m: f"{m.group(1)}KNOBS = {knobs!r}\n{m.group(3)}", source)
+    path = tmp_path / f"kda_recurrent_{uuid.uuid4().hex[:8]}.py"
+    path.write_text(rendered)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.KNOBS == knobs
+    return module
+
+
+def check(kernel, case, seed, dtype):
+    x = PROBLEM.make_inputs(case, device="cpu", seed=seed, dtype=dtype)
+    want = PROBLEM.reference(**x)
+    got = kernel(**x)
+    errors = PROBLEM.compare(got, want)
+    assert all(e.ok for e in errors), [e.reason for e in errors if not e.ok]
+    o, final = got
+    dtypes = PROBLEM.expected_dtypes(x)
+    assert o.dtype == dtypes["o"]
+    if case["output_final_state"]:
+        assert final.dtype == dtypes["final_state"]
+    else:
+        assert final is None
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    spec = importlib.util.spec_from_file_location("kda_recurrent_baseline", FAMILY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_baseline_matches_reference(baseline, dtype):
+    @settings(max_examples=15, deadline=None)
+    @given(case=PROBLEM.case_strategy("cpu"), seed=st.integers(0, 2**31 - 1))
+    def run(case, seed):
+        check(baseline.kernel, case, seed, dtype)
+
+    run()
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"B": 1, "T": 1, "H": 1, "K": 16, "V": 16, "initial_state": True, "output_final_state": True},
+        {"B": 3, "T": 5, "H": 2, "K": 64, "V": 16, "initial_state": False, "output_final_state": True, "scale": 1.0},
+        {"B": 1, "T": 4, "H": 1, "K": 256, "V": 32, "initial_state": True, "output_final_state": False},
+        {"B": 1, "T": 3, "H": 1, "K": 16, "V": 256, "initial_state": True, "output_final_state": True},
+    ],
+    ids=lambda c: PROBLEM.describe(c),
+)
+def test_baseline_edge_shapes(baseline, case):
+    check(baseline.kernel, case, seed=5, dtype=torch.bfloat16)
+
+
+def test_every_space_value_renders_and_runs(tmp_path):
+    knobs, space = family_knobs()
+    assert set(knobs) == set(space)
+    assert all(knobs[name] in values for name, values in space.items()), "defaults lie inside SPACE"
+    case = {"B": 2, "T": 6, "H": 1, "K": 32, "V": 48, "initial_state": True, "output_final_state": True}
+    for name, values in space.items():
+        for value in values:
+            module = render({**knobs, name: value}, tmp_path)
+            check(module.kernel, case, seed=hash((name, value)) & 0xFFFF, dtype=torch.float32)
+
+
+def test_unservable_knobs_and_shapes_raise_value_error(tmp_path):
+    knobs, _ = family_knobs()
+    x = PROBLEM.make_inputs({"B": 1, "T": 2, "H": 1, "K": 16, "V": 16, "initial_state": False, "output_final_state": False}, device="cpu", seed=0)
+    with pytest.raises(ValueError, match="BV"):
+        render({**knobs, "BV": 24}, tmp_path).kernel(**x)
+    with pytest.raises(ValueError, match="num_warps"):
+        render({**knobs, "num_warps": 3}, tmp_path).kernel(**x)
+    big_k = PROBLEM.make_inputs({"B": 1, "T": 2, "H": 1, "K": 512, "V": 16, "initial_state": False, "output_final_state": False}, device="cpu", seed=0)
+    with pytest.raises(ValueError, match="K=512"):
+        render(knobs, tmp_path).kernel(**big_k)
