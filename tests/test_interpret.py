@@ -1,0 +1,62 @@
+"""The CPU interpreter fixes: without them every bf16 correctness result on CI is meaningless."""
+
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from pytest_kopt import interpret
+
+pytestmark = pytest.mark.skipif(not interpret.interpreter_enabled(), reason="checks the CPU interpreter")
+
+
+@triton.jit
+def _dot_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr):
+    rm, rn, rk = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
+    a = tl.load(a_ptr + rm[:, None] * K + rk[None, :])
+    b = tl.load(b_ptr + rk[:, None] * N + rn[None, :])
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], tl.dot(a, b))
+
+
+@triton.jit
+def _cast_kernel(x_ptr, implicit_ptr, explicit_ptr, N: tl.constexpr):
+    r = tl.arange(0, N)
+    x = tl.load(x_ptr + r)
+    tl.store(implicit_ptr + r, x)
+    tl.store(explicit_ptr + r, x.to(tl.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_dot_matches_float32_matmul(dtype):
+    a = torch.randn(16, 32).to(dtype)
+    b = torch.randn(32, 16).to(dtype)
+    c = torch.empty(16, 16)
+    _dot_kernel[(1,)](a, b, c, M=16, N=16, K=32)
+    want = a.double() @ b.double()
+    assert ((c.double() - want).norm() / want.norm()).item() < 1e-5
+
+
+def test_float32_to_bf16_rounds_to_nearest_even():
+    x = torch.randn(4096) * 10
+    x[:4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0])
+    implicit = torch.empty(4096, dtype=torch.bfloat16)
+    explicit = torch.empty_like(implicit)
+    _cast_kernel[(1,)](x, implicit, explicit, N=4096)
+    want = x.to(torch.bfloat16)  # torch rounds to nearest even, as the GPU does
+    for got in (implicit, explicit):
+        assert torch.isnan(got[0])
+        assert torch.equal(got[1:], want[1:])
+
+
+def test_rounding_helper_on_ties():
+    # 1 + 2**-8 lies exactly between two bf16 values: ties go to the even one (1.0).
+    values = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8)], dtype=np.float32)
+    got = interpret.bf16_bits_to_float32(interpret.float32_to_bf16_bits(values))
+    assert got.tolist() == [1.0, 1 + 2**-6, -1.0]
+
+
+def test_numpy_that_breaks_the_interpreter_is_refused(monkeypatch):
+    monkeypatch.setattr(np, "__version__", "2.3.0")
+    with pytest.raises(interpret.InterpreterUnusable, match="numpy<2.3"):
+        interpret.configure(force_interpreter=True)
