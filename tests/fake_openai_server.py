@@ -37,6 +37,7 @@ class Error:
 
     status: int
     headers: dict[str, str] = field(default_factory=dict)
+    message: str = ""
 
 
 @dataclass
@@ -126,12 +127,12 @@ class FakeOpenAI:
             self._send(h, 404, {"error": {"message": f"no route {h.path}"}})
             return
         index, step = self._next_step(body)
-        self.requests.append({"body": body, "headers": dict(h.headers.items()), "step": index})
+        self.requests.append({"body": body, "headers": {k.lower(): v for k, v in h.headers.items()}, "step": index})
         if isinstance(step, Hang):
             time.sleep(step.seconds)  # bounded: the client has long since given up
             self._send(h, 504, {"error": {"message": "hung"}})
         elif isinstance(step, Error):
-            self._send(h, step.status, {"error": {"message": f"scripted {step.status}", "type": "scripted"}}, step.headers)
+            self._send(h, step.status, {"error": {"message": step.message or f"scripted {step.status}", "type": "scripted"}}, step.headers)
         else:
             reply = step if isinstance(step, Reply) else Reply(content="(script finished) I have nothing more to try.")
             self._send(h, 200, self._completion(body, reply, index))

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import openai
 
+from ..events import read_events
 from .base import Agent
 from .memory import build_memory
 
@@ -49,6 +50,7 @@ CONTEXT_DEFAULTS = (
     ("mistral", 76_000),
 )
 FALLBACK_CONTEXT_TOKENS = 24_000  # unknown (often small, self-hosted) models
+DEFAULT_PAUSE_S = 30.0  # first pause once the client's own retries gave up; doubles, 4 pauses
 
 TOOL_DESCRIPTIONS = {
     "write_candidate": "Store a complete candidate file (Python source defining kernel(...) with @triton.jit kernels). "
@@ -150,7 +152,7 @@ def render_objective(objective: dict, best: dict | None, budget_used: int, budge
                      + (f", {x:.2f}x vs baseline" if isinstance(x, (int, float)) else "") + ". Beat it.")
     else:
         lines.append("Current best: none yet (no candidate has passed the tests and been timed).")
-    lines.append(f"Budget: {budget_used} of {budget} tool calls used, {max(budget - budget_used, 0)} left. Every tool call costs one.")
+    lines.append(f"Budget: {budget} tool calls in all, {_budget_left(budget, budget_used)} left. Every tool call costs one.")
     lines.append(
         "Work like a kernel engineer: write a complete, self-contained candidate file with write_candidate "
         "(imports only torch, triton, triton.language, math, typing, functools, dataclasses; math in @triton.jit kernels; "
@@ -158,6 +160,16 @@ def render_objective(objective: dict, best: dict | None, budget_used: int, budge
         "and state a prediction in the notes of each candidate."
     )
     return "\n".join(lines)
+
+
+def _budget_left(budget: int, used: int) -> str:
+    """Calls left, rounded down to a twentieth of the budget until the end is near: the system
+    message then changes rarely, which keeps providers' prompt caches warm."""
+    left = max(budget - used, 0)
+    step = max(budget // 20, 1)
+    if left < 2 * step:
+        return str(left)
+    return f"at least {left - left % step}"
 
 
 def _trim(text: str, limit: int) -> str:
@@ -198,7 +210,7 @@ class LLMAgent(Agent):
         request_timeout: float | str = 600.0,
         seed: int | None = None,
         max_retries: int = 3,
-        pause_s: float = 30.0,
+        pause_s: float | None = None,
         max_pauses: int = 4,
         max_idle_turns: int = 3,
         max_result_chars: int = 12_000,
@@ -217,7 +229,7 @@ class LLMAgent(Agent):
         self.base_url = base_url
         self.context_tokens = int(context_tokens or 0) or default_context_tokens(model)
         self.seed = seed
-        self.pause_s = float(pause_s)
+        self.pause_s = float(pause_s if pause_s is not None else os.environ.get("KOPT_LLM_PAUSE_S") or DEFAULT_PAUSE_S)
         self.max_pauses = int(max_pauses)
         self.max_idle_turns = int(max_idle_turns)
         self.max_result_chars = int(max_result_chars)
@@ -231,7 +243,7 @@ class LLMAgent(Agent):
         self._logged = 0  # messages[:_logged] are in the log already
         self._usage_tokens: int | None = None  # server-reported size of the conversation ...
         self._usage_at = 0  # ... when it was len(messages) long
-        self._pending: list[dict] = []  # tool calls of the last reply not yet dispatched
+        self._pending: list[tuple[dict, int | None]] = []  # the last reply's calls not yet answered
         self._idle = 0  # consecutive replies without a usable tool call
         self._system_logged: str | None = None
 
@@ -291,16 +303,15 @@ class LLMAgent(Agent):
                 open_calls[ev.get("call")] = ev.get("tool")
             elif ev.get("kind") == "tool_result" and ev.get("call") in open_calls:
                 results[ev.get("call")] = ev
-        started = [c for c in sorted(open_calls, key=lambda c: int(c or 0))]
+        started = sorted(open_calls, key=lambda c: int(c or 0))
         self._pending = []
         for c in calls:
             _, error = _parse_arguments((c.get("function") or {}).get("arguments"))
-            if error is None and started:
-                call_no = started.pop(0)
-                if call_no in results:
-                    self.messages.append(self._tool_message(c, results[call_no].get("result")))
-                    continue
-            self._pending.append(c)
+            call_no = started.pop(0) if error is None and started else None
+            if call_no in results:
+                self.messages.append(self._tool_message(c, results[call_no].get("result")))
+            else:
+                self._pending.append((c, call_no))  # call_no: in flight at the crash
         self._idle = 0 if self._usable_calls({"message": message}) else self._idle + 1
 
     # ---- one step -----------------------------------------------------------------------
@@ -325,12 +336,15 @@ class LLMAgent(Agent):
 
     def _dispatch(self, tools: Any) -> None:
         while self._pending:
-            c = self._pending[0]
+            c, in_flight = self._pending[0]
             fn = c.get("function") or {}
             name = fn.get("name") or ""
             args, error = _parse_arguments(fn.get("arguments"))
-            if error is not None:
-                result: Any = {"error": f"{name or 'tool call'}: {error}"}
+            redone = self._redone_result(tools, in_flight) if in_flight is not None else None
+            if redone is not None:
+                result: Any = redone  # the loop redid the call a crash interrupted: not charged again
+            elif error is not None:
+                result = {"error": f"{name or 'tool call'}: {error}"}
             else:
                 for hidden in HIDDEN_ARGS.get(name, ()):
                     args.pop(hidden, None)
@@ -339,6 +353,13 @@ class LLMAgent(Agent):
                 result = tools.call(name, **args)  # BudgetExhausted propagates: the loop ends the run
             self._pending.pop(0)
             self.messages.append(self._tool_message(c, result))
+
+    @staticmethod
+    def _redone_result(tools: Any, call_no: int) -> Any:
+        for ev in reversed(read_events(tools.log.path)):
+            if ev.get("kind") == "tool_result" and ev.get("call") == call_no:
+                return ev.get("result")
+        return None
 
     def _tool_message(self, call: dict, result: Any) -> dict:
         text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, sort_keys=True)
@@ -357,8 +378,6 @@ class LLMAgent(Agent):
 
     def compact(self, tools: Any, *, reason: str) -> str:
         """Replace the conversation by the log's compact memory, recorded as a ``compaction`` event."""
-        from ..events import read_events
-
         memory = build_memory(read_events(tools.log.path), tools.run_dir)
         tools.log.append(
             "compaction", memory=memory, source="log", reason=reason,

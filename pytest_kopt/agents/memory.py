@@ -23,6 +23,8 @@ MAX_FAILURES = 8  # distinct failure reasons kept
 MAX_LEADS = 8
 NOTE_CHARS = 110
 REASON_CHARS = 220
+LAST_RESULTS = 3  # tool results quoted verbatim (trimmed) at the end
+RESULT_CHARS = 1500
 
 
 @dataclass
@@ -262,6 +264,21 @@ def _lead_lines(d: RunDigest) -> list[str]:
     return leads[:MAX_LEADS]
 
 
+def _last_results(events: list[dict], n: int = LAST_RESULTS) -> list[str]:
+    """The last few tool calls and what they returned: where the conversation left off."""
+    calls = {ev.get("call"): ev for ev in events if ev.get("kind") == "tool_call"}
+    results = [ev for ev in events if ev.get("kind") == "tool_result"][-n:]
+    lines = []
+    for ev in results:
+        args = (calls.get(ev.get("call")) or {}).get("args") or {}
+        shown = ", ".join(f"{k}={json.dumps(v)[:60]}" for k, v in sorted(args.items()) if v not in (None, ""))
+        result = json.dumps(ev.get("result"), sort_keys=True, ensure_ascii=False)
+        if len(result) > RESULT_CHARS:
+            result = result[:RESULT_CHARS] + f"… [{len(result) - RESULT_CHARS} characters trimmed]"
+        lines.append(f"- call {ev.get('call')}: {ev.get('tool')}({shown}) -> {result}")
+    return lines
+
+
 def best_source(d: RunDigest, run_dir: Path | None) -> str | None:
     best_id = (d.best or {}).get("candidate_id")
     if not best_id:
@@ -283,6 +300,7 @@ def best_source(d: RunDigest, run_dir: Path | None) -> str | None:
 def build_memory(events: Iterable[dict], run_dir: str | Path | None = None) -> str:
     """The compact memory of a run, as Markdown text, from its events alone."""
     run_dir = Path(run_dir) if run_dir is not None else None
+    events = list(events)
     d = digest(events, run_dir)
     budget = f" of {d.budget}" if d.budget else ""
     out = [f"# Memory of run {d.run_id or '?'} ({d.problem or '?'}), after {d.budget_used}{budget} tool calls", ""]
@@ -306,6 +324,9 @@ def build_memory(events: Iterable[dict], run_dir: str | Path | None = None) -> s
     out += _failure_lines(d) or ["None."]
     out += ["", "## Open leads"]
     out += _lead_lines(d) or ["None recorded: pick the largest kernel in the profile of the best and attack it."]
+    last = _last_results(events)
+    if last:
+        out += ["", "## Last tool results"] + last
     return "\n".join(out) + "\n"
 
 

@@ -116,18 +116,28 @@ class ReplayAgent(Agent):
 
     name = "replay"
 
-    def __init__(self, *, replay_path: str | Path, **_options: Any):
+    def __init__(self, *, replay_path: str | Path | None = None):
         if not replay_path:
             raise ValueError("the replay agent needs a recorded run: --kopt-replay=RUN_DIR/events.jsonl")
         self.replay_path = Path(replay_path)
         self.steps = load_steps(self.replay_path)
         self.position = 0
+        self._in_flight = False
 
     def restore(self, events: list[dict]) -> None:
         """Skip the recorded calls this run has already completed."""
-        self.position = sum(1 for ev in events if ev.get("kind") == "tool_result" and ev.get("tool") in REPLAYED)
+        self.position = self._completed(events)
+        done = {ev.get("call") for ev in events if ev.get("kind") == "tool_result"}
+        self._in_flight = any(ev.get("kind") == "tool_call" and ev.get("tool") in REPLAYED and ev.get("call") not in done for ev in events)
+
+    @staticmethod
+    def _completed(events: list[dict]) -> int:
+        return sum(1 for ev in events if ev.get("kind") == "tool_result" and ev.get("tool") in REPLAYED)
 
     def act(self, tools: Any) -> bool:
+        if self._in_flight:  # the loop may have redone the interrupted call since restore()
+            self._in_flight = False
+            self.position = self._completed(read_events(tools.log.path))
         if self.position >= len(self.steps):
             return False
         step = self.steps[self.position]

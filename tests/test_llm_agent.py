@@ -1,0 +1,456 @@
+"""The LLM agent against a scripted chat-completions server on 127.0.0.1, through the real
+openai client: a working session, misbehaving models and endpoints, compaction, kill and
+resume, replay, and ``kopt memory``.
+
+Most tests use a fast fake judge (the Toolbox takes an injectable evaluator): a candidate's
+source says what the fake judge makes of it (``# fake: us=120``, ``compile-error``, ``wrong``,
+``hang``). The end-to-end tests at the bottom run pytest itself with the real judge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fake_openai_server import Error, FakeOpenAI, Hang, Reply, call, candidate_id
+from pytest_kopt import cli
+from pytest_kopt.agents import make_agent
+from pytest_kopt.agents.llm import NUDGE, EndpointError, EndpointUnavailable, LLMAgent
+from pytest_kopt.agents.memory import build_memory
+from pytest_kopt.agents.replay import ReplayAgent
+from pytest_kopt.events import EventLog, read_events
+from pytest_kopt.problems import get_problem
+from pytest_kopt.tools import MAX_SOURCE_CHARS, BudgetExhausted, Toolbox
+
+REPO = Path(__file__).resolve().parents[1]
+SECRET = "sk-test-7Hq2-not-a-real-key-31337"
+
+
+# ---- a fast fake judge ------------------------------------------------------------------
+def fake_evaluate(problem_name: str, candidate_path: str, *, upto: str = "profile", **_: object) -> dict:
+    """Reads ``# fake: MODE`` from the candidate; what a real judge would say about it."""
+    source = Path(candidate_path).read_text()
+    mode = (re.search(r"# fake: (\S+)", source) or [None, "us=100"])[1]
+    head = {"problem": problem_name, "candidate": candidate_path, "candidate_id": Path(candidate_path).stem, "device": "cpu", "duration_s": 0.01}
+    if mode == "hang" and os.environ.get("KOPT_FAKE_HANG") == "1":
+        time.sleep(60)  # killed long before this ends
+    if mode == "compile-error":
+        return {**head, "verdict": "fail", "stage": "compile", "reasons": ["CompilationError at 12:8: 'tl.dott' is not defined"]}
+    if mode == "wrong":
+        err = {"case": {"B": 1, "T": 3, "H": 1, "K": 16, "V": 16}, "output": "o", "rel_rms": 0.31, "tolerance": 5e-3, "ok": False}
+        return {**head, "verdict": "fail", "stage": "correctness", "errors": [err], "reasons": ["o: relative RMS error 0.31 > tolerance 0.005 at B1 T3 H1 K16 V16 (minimal failing shape)"]}
+    us = float(mode.split("=")[1]) if mode.startswith("us=") else 300.0
+    if upto == "correctness":
+        return {**head, "verdict": "pass", "stage": "correctness", "reasons": [], "errors": []}
+    result = {
+        **head, "verdict": "pass", "stage": upto, "reasons": [], "errors": [],
+        "timings": {"case": "B1 T8192 H16 K128 V128", "candidate_us": us, "baselines": {"kda_recurrent": 1000.0}, "reference_us": 5000.0, "compile_s": 0.1},
+        "speedup": 1000.0 / us,
+        "roofline": {"floor_us": 50.0, "achieved_GBps": 1.0, "achieved_TFLOPs": 0.1, "floor_fraction": 50.0 / us},
+    }
+    if upto == "profile":
+        result["profile"] = {"kernels": [{"name": "_kda_fwd_kernel", "us": us * 0.8, "calls": 1}, {"name": "_kda_prep", "us": us * 0.2, "calls": 1}]}
+    return result
+
+
+def source(tag: str, mode: str) -> str:
+    return f"# candidate {tag}\n# fake: {mode}\nimport triton\n\n\ndef kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):\n    return None, None\n"
+
+
+BROKEN, V1, V2 = source("v0", "compile-error"), source("v1", "us=500"), source("v2", "us=250")
+
+
+def objective() -> dict:
+    return {**get_problem("kda").summary(), "baseline_us": 1000.0, "floor_us": 50.0}
+
+
+def toolbox(run_dir: Path, budget: int = 100) -> Toolbox:
+    log = EventLog(run_dir / "events.jsonl", run_id=run_dir.name)
+    tools = Toolbox(get_problem("kda"), objective(), log, run_dir, budget, evaluate=fake_evaluate)
+    tools.restore(read_events(log.path))
+    return tools
+
+
+def agent(server: FakeOpenAI | str, **kw: object) -> LLMAgent:
+    base_url = server if isinstance(server, str) else server.base_url
+    settings = dict(model="fake-model", base_url=base_url, max_retries=1, pause_s=0.01, max_pauses=2, request_timeout=10)
+    settings.update(kw)
+    return LLMAgent(**settings)
+
+
+def drive(a: LLMAgent | ReplayAgent, tools: Toolbox, steps: int = 60) -> str:
+    """The loop, minus its bookkeeping: act until the agent or the budget stops."""
+    for _ in range(steps):
+        try:
+            if not a.act(tools):
+                return "done"
+        except BudgetExhausted:
+            return "budget"
+    raise AssertionError(f"the agent did not stop within {steps} steps")
+
+
+def events_of(run_dir: Path, kind: str) -> list[dict]:
+    return [e for e in read_events(run_dir / "events.jsonl") if e["kind"] == kind]
+
+
+def tool_messages(body: dict) -> list[str]:
+    return [m["content"] for m in body["messages"] if m["role"] == "tool"]
+
+
+SESSION = [
+    Reply([call("show_problem")]),
+    Reply([call("write_candidate", source=BROKEN, notes="v0: one program per head")], content="A first kernel."),
+    Reply([call("run_tests", candidate_id=candidate_id(BROKEN))]),
+    Reply([call("write_candidate", source=V1, notes="v1: fix tl.dot typo", parent=candidate_id(BROKEN)), call("run_tests", candidate_id=candidate_id(V1))]),
+    Reply([call("benchmark", candidate_id=candidate_id(V1))]),
+    Reply([call("write_candidate", source=V2, notes="v2: BV=64, predict 2x", parent=candidate_id(V1)), call("benchmark", candidate_id=candidate_id(V2))]),
+    Reply([call("profile", candidate_id=candidate_id(V2))]),
+    Reply([call("history")]),
+    Reply(content="I think this is as fast as it gets."),
+    Reply(content="Done."),
+    Reply(content="Done, really."),
+]
+
+
+# ---- a working session --------------------------------------------------------------------
+def test_scripted_session_fix_benchmark_improve(tmp_path: Path) -> None:
+    tools = toolbox(tmp_path)
+    with FakeOpenAI(SESSION) as server:
+        a = agent(server)
+        a.restore([])
+        assert drive(a, tools) == "done"
+    bodies = [r["body"] for r in server.requests]
+    assert len(bodies) == len(SESSION)
+
+    # the objective, the rules and the current best head every request
+    for body in bodies:
+        system = body["messages"][0]
+        assert system["role"] == "system"
+        assert "Problem: kda" in system["content"] and "Triton only" in system["content"]
+        assert "baseline_us: 1000.0" in system["content"]
+    assert "Current best: none yet" in bodies[4]["messages"][0]["content"]
+    assert f"Current best: {candidate_id(V1)}, 500.0 us" in bodies[5]["messages"][0]["content"]
+    assert f"Current best: {candidate_id(V2)}, 250.0 us" in bodies[-1]["messages"][0]["content"]
+
+    # tool specs come from the Toolbox, minus the search agent's arguments
+    specs = {t["function"]["name"]: t["function"] for t in bodies[0]["tools"]}
+    assert set(specs) == set(Toolbox.SCHEMAS)
+    assert set(specs["write_candidate"]["parameters"]["properties"]) == {"source", "notes", "parent"}
+
+    # the compile error reached the model; a reply without a tool call got a nudge
+    assert any("tl.dott" in m for m in tool_messages(bodies[3]))
+    assert bodies[9]["messages"][-1] == {"role": "user", "content": NUDGE}
+
+    assert tools.best["candidate_id"] == candidate_id(V2)
+    assert tools.budget_used == 10
+    cands = events_of(tmp_path, "candidate")
+    assert [c["candidate_id"] for c in cands] == [candidate_id(s) for s in (BROKEN, V1, V2)]
+    assert {c["strategy"] for c in cands} == {"llm"}
+    assert cands[2]["notes"] == "v2: BV=64, predict 2x" and cands[2]["parent"] == candidate_id(V1)
+
+    requests, responses = events_of(tmp_path, "llm_request"), events_of(tmp_path, "llm_response")
+    assert len(requests) == len(responses) == len(SESSION)
+    assert all(r["usage"]["prompt_tokens"] > 0 and r["usage"]["completion_tokens"] > 0 for r in responses)
+    logged = [r["system"] for r in requests if r["system"] is not None]  # logged when it changes
+    assert requests[0]["system"] is not None and len(logged) < len(requests)
+    assert all(x != y for x, y in zip(logged, logged[1:]))
+
+
+# ---- misbehaving models -------------------------------------------------------------------
+def test_malformed_and_hostile_tool_calls_get_errors_not_crashes(tmp_path: Path) -> None:
+    script = [
+        Reply([("write_candidate", '{"source": "x", notes: oops')]),
+        Reply([("run_tests", "[1, 2]")]),
+        Reply([call("run_tests", candidate_id="deadbeef0000")]),
+        Reply([call("write_candidate", source="#" * (MAX_SOURCE_CHARS + 1))]),
+        Reply([call("frobnicate", x=1)]),
+        Reply([call("run_tests")]),
+        Reply([call("write_candidate", source=V1), call("benchmark", candidate_id=candidate_id(V1))]),
+    ]
+    tools = toolbox(tmp_path)
+    with FakeOpenAI(script) as server:
+        a = agent(server)
+        a.restore([])
+        assert drive(a, tools) == "done"
+    # what the model got back, in the request after each of its replies
+    replies = [r["body"]["messages"][-1]["content"] for r in server.requests[1:]]
+    assert "not valid JSON" in replies[0]
+    assert "must be a JSON object" in replies[1]
+    assert "unknown candidate_id 'deadbeef0000'" in replies[2]
+    # 200k characters overflow a small model's context: the memory carries the error across
+    assert f"the limit is {MAX_SOURCE_CHARS}" in replies[3] and "## Last tool results" in replies[3]
+    assert "unknown tool 'frobnicate'" in replies[4]
+    assert "needs argument(s) candidate_id" in replies[5]
+    assert tools.best["candidate_id"] == candidate_id(V1)  # and the session went on working
+    # the two unparseable calls ran nothing and cost nothing; every other call cost one
+    assert tools.budget_used == 6
+    assert [e["tool"] for e in events_of(tmp_path, "tool_call")][0] == "run_tests"
+
+
+def test_replies_without_tool_calls_are_nudged_then_the_agent_stops(tmp_path: Path) -> None:
+    tools = toolbox(tmp_path)
+    with FakeOpenAI([Reply(content="Let me think."), Reply([call("history")]), Reply(content="Hmm.")]) as server:
+        a = agent(server, max_idle_turns=2)
+        a.restore([])
+        assert drive(a, tools) == "done"
+    assert len(server.requests) == 4  # the idle counter was reset by the history call
+    assert [m["content"] for m in server.requests[1]["body"]["messages"] if m["role"] == "user"][-1] == NUDGE
+    assert tools.budget_used == 1
+    assert "without a usable tool call" in events_of(tmp_path, "note")[-1]["text"]
+
+
+# ---- misbehaving endpoints ----------------------------------------------------------------
+def test_rate_limit_and_server_error_are_retried(tmp_path: Path) -> None:
+    fast = {"retry-after-ms": "20"}
+    script = [Error(429, fast), Reply([call("show_problem")]), Error(500, fast), Error(503, fast), Reply([call("history")])]
+    tools = toolbox(tmp_path)
+    with FakeOpenAI(script) as server:
+        a = agent(server, max_retries=1)  # the client retries once, then the agent pauses once
+        a.restore([])
+        assert a.act(tools) and a.act(tools)
+    assert len(server.requests) == 5 and server.remaining == 0
+    assert tools.budget_used == 2
+    errors = [e for e in events_of(tmp_path, "llm_response") if e.get("error")]
+    assert [e["status"] for e in errors] == [503]  # only what the client gave up on is logged
+
+
+def test_a_hung_request_times_out_and_is_retried(tmp_path: Path) -> None:
+    tools = toolbox(tmp_path)
+    with FakeOpenAI([Hang(2.0), Reply([call("show_problem")])]) as server:
+        a = agent(server, request_timeout=0.3, max_retries=0)
+        a.restore([])
+        assert a.act(tools)
+    assert tools.budget_used == 1
+    errors = [e for e in events_of(tmp_path, "llm_response") if e.get("error")]
+    assert len(errors) == 1 and "Timeout" in errors[0]["error"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dead_endpoint_stops_resumably_and_nothing_is_lost(tmp_path: Path) -> None:
+    tools = toolbox(tmp_path)
+    dead = agent(f"http://127.0.0.1:{free_port()}/v1", max_retries=0, pause_s=0.01, max_pauses=2)
+    dead.restore([])
+    with pytest.raises(EndpointUnavailable, match="can be resumed"):
+        dead.act(tools)
+    assert len([e for e in events_of(tmp_path, "llm_response") if e.get("error")]) == 3
+    assert tools.budget_used == 0
+
+    # the endpoint comes back; a new process picks up the same conversation
+    tools = toolbox(tmp_path)
+    with FakeOpenAI([Reply([call("show_problem")])]) as server:
+        again = agent(server)
+        again.restore(read_events(tmp_path / "events.jsonl"))
+        assert again.act(tools)
+    users = [m for m in server.requests[0]["body"]["messages"] if m["role"] == "user"]
+    assert len(users) == 1  # the opening message, once: nothing duplicated, nothing lost
+    assert tools.budget_used == 1
+
+
+def test_persistent_server_errors_end_in_endpoint_unavailable(tmp_path: Path) -> None:
+    tools = toolbox(tmp_path)
+    with FakeOpenAI([Error(500)] * 3) as server:
+        a = agent(server, max_retries=0, max_pauses=2)
+        a.restore([])
+        with pytest.raises(EndpointUnavailable):
+            a.act(tools)
+    assert len(server.requests) == 3
+
+
+def test_rejected_key_is_not_retried_and_never_logged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KOPT_TEST_KEY", SECRET)
+    tools = toolbox(tmp_path)
+    with FakeOpenAI([Error(401, message=f"Incorrect API key provided: {SECRET}")]) as server:
+        a = agent(server, api_key_env="KOPT_TEST_KEY")
+        a.restore([])
+        with pytest.raises(EndpointError, match="check the model name and API key") as info:
+            a.act(tools)
+    assert len(server.requests) == 1
+    assert server.requests[0]["headers"]["authorization"] == f"Bearer {SECRET}"  # it was used ...
+    assert SECRET not in str(info.value)
+    for path in tmp_path.rglob("*"):  # ... and written nowhere
+        if path.is_file():
+            assert SECRET not in path.read_text(errors="replace"), path
+
+
+def test_missing_model_or_key_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("KOPT_NO_SUCH_KEY", raising=False)
+    with pytest.raises(ValueError, match="--kopt-model"):
+        LLMAgent(model="", base_url="http://127.0.0.1:9/v1")
+    with pytest.raises(ValueError, match=r"\$KOPT_NO_SUCH_KEY"):
+        LLMAgent(model="m", api_key_env="KOPT_NO_SUCH_KEY")
+    # a self-hosted server needs no key
+    assert LLMAgent(model="m", base_url="http://127.0.0.1:9/v1", api_key_env="KOPT_NO_SUCH_KEY").base_url.startswith("http://127.0.0.1")
+
+
+def test_the_factory_builds_the_llm_agent_from_loop_settings() -> None:
+    a = make_agent("openai", problem=get_problem("kda"), seed=3, model="qwen2.5-coder-32b", base_url="http://127.0.0.1:9/v1",
+                   api_key_env="OPENAI_API_KEY", context_tokens="0", request_timeout="42", replay_path=None)
+    assert isinstance(a, LLMAgent) and a.seed == 3
+    assert a.context_tokens == 76_000  # the per-model default
+    assert a._client.timeout == 42.0
+
+
+# ---- compaction, memory, kill and resume ---------------------------------------------------
+def long_session(n: int) -> list[Reply]:
+    """Candidates that get faster (with a failure every third), each written then benchmarked."""
+    script = []
+    for i in range(n):
+        src = source(f"s{i}", "wrong" if i % 3 == 2 else f"us={900 - 50 * i}")
+        script.append(Reply([call("write_candidate", source=src, notes=f"idea {i}: unroll by {2 ** i}")], content=f"Plan {i}."))
+        script.append(Reply([call("benchmark", candidate_id=candidate_id(src))]))
+    return script
+
+
+def test_compaction_replaces_the_conversation_with_the_logged_memory(tmp_path: Path) -> None:
+    tools = toolbox(tmp_path)
+    with FakeOpenAI(long_session(6) + [Reply([call("history")])]) as server:
+        a = agent(server, context_tokens=1500, max_idle_turns=1)
+        a.restore([])
+        assert drive(a, tools) == "done"
+    compactions = events_of(tmp_path, "compaction")
+    assert compactions and all(c["source"] == "log" for c in compactions)
+    memory = compactions[-1]["memory"]
+    best = tools.best["candidate_id"]
+    assert f"{best}: 700.0 us" in memory and "# candidate s4" in memory  # the best and its source
+    assert "idea 2: unroll by 4" in memory and "FAILED at correctness" in memory  # tried, and why it failed
+    # the request right after a compaction: the objective, then the memory, nothing else
+    after = next(r["body"] for r in server.requests if any(memory in (m.get("content") or "") for m in r["body"]["messages"]))
+    assert after["messages"][0]["role"] == "system" and "Problem: kda" in after["messages"][0]["content"]
+    assert after["messages"][1]["content"].startswith(memory)
+    assert len(after["messages"]) == 2
+    # deterministic: the same log gives the same memory
+    events = read_events(tmp_path / "events.jsonl")
+    upto = [e for e in events if e["seq"] < compactions[-1]["seq"]]
+    assert build_memory(upto, tmp_path) == memory
+
+
+def test_restore_rebuilds_the_same_conversation(tmp_path: Path) -> None:
+    tools = toolbox(tmp_path)
+    with FakeOpenAI(long_session(4)) as server:
+        a = agent(server, context_tokens=1300)
+        a.restore([])
+        for _ in range(7):
+            a.act(tools)
+        b = agent(server, context_tokens=1300)
+        b.restore(read_events(tmp_path / "events.jsonl"))
+    assert events_of(tmp_path, "compaction")
+    assert b.messages == a.messages
+    assert b._idle == a._idle and b._pending == a._pending
+
+
+RESUME_DRIVER = """
+import sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from test_llm_agent import agent, drive, toolbox
+tools = toolbox(Path({run_dir!r}))
+a = agent({base_url!r}, context_tokens=1300, max_idle_turns=1)
+a.restore([])
+drive(a, tools)
+"""
+
+
+def test_kill_and_resume_keeps_memory_and_budget(tmp_path: Path) -> None:
+    """kill -9 while a run_tests is in flight, resume in a fresh process (this one): the model
+    sees exactly the conversation an uninterrupted run shows it, and no call is charged twice."""
+    slow = source("h", "hang")  # the judge hangs on it in the killed process only
+    script = long_session(3) + [
+        Reply([call("write_candidate", source=slow, notes="risky"), call("run_tests", candidate_id=candidate_id(slow))]),
+        Reply([call("benchmark", candidate_id=candidate_id(slow))]),
+    ]
+    with FakeOpenAI(script) as server:  # the uninterrupted run
+        tools = toolbox(tmp_path / "a" / "run")
+        a = agent(server, context_tokens=1300, max_idle_turns=1)
+        a.restore([])
+        assert drive(a, tools) == "done"
+    uninterrupted = [r["body"]["messages"] for r in server.requests]
+
+    run_dir = tmp_path / "b" / "run"
+    with FakeOpenAI(script) as server:
+        driver = RESUME_DRIVER.format(tests=str(Path(__file__).parent), run_dir=str(run_dir), base_url=server.base_url)
+        proc = subprocess.Popen([sys.executable, "-c", driver], cwd=REPO, env={**os.environ, "KOPT_FAKE_HANG": "1"}, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and proc.poll() is None:
+                log = run_dir / "events.jsonl"
+                if log.exists() and any(e["kind"] == "tool_call" and e["tool"] == "run_tests" for e in read_events(log)):
+                    break
+                time.sleep(0.1)
+            assert proc.poll() is None, "the driver ended before the in-flight call"
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        before = read_events(run_dir / "events.jsonl")
+        assert any(e["kind"] == "compaction" for e in before)  # the memory is part of what must survive
+        in_flight = [e for e in before if e["kind"] == "tool_call"][-1]
+        assert in_flight["tool"] == "run_tests" and not any(e["kind"] == "tool_result" and e["call"] == in_flight["call"] for e in before)
+
+        # resume, as the loop does: the toolbox redoes the in-flight call, the agent rebuilds itself
+        tools = toolbox(run_dir)
+        assert tools.budget_used == in_flight["call"] - 1
+        tools.redo_in_flight()
+        a = agent(server, context_tokens=1300, max_idle_turns=1)
+        a.restore(before)
+        assert drive(a, tools) == "done"
+    assert [r["body"]["messages"] for r in server.requests] == uninterrupted
+
+    results = [e for e in read_events(run_dir / "events.jsonl") if e["kind"] == "tool_result"]
+    assert sorted(e["call"] for e in results) == list(range(1, len(results) + 1))  # every unit charged once
+    assert tools.budget_used == len(results) == in_flight["call"] + 1
+
+
+# ---- kopt memory and replay ------------------------------------------------------------------
+def test_kopt_memory_prints_the_run_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tools = toolbox(tmp_path)
+    with FakeOpenAI(SESSION) as server:
+        a = agent(server)
+        a.restore([])
+        drive(a, tools)
+    assert cli.main(["memory", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{candidate_id(V2)}: 250.0 us, 4.00x" in out and "# candidate v2" in out
+    assert "_kda_fwd_kernel 200.0 us (80%" in out  # what the profiler said
+    assert "compile: CompilationError at 12:8" in out
+    assert cli.main(["memory", str(tmp_path), "--recorded"]) == 1  # never compacted
+    assert "not been compacted" in capsys.readouterr().err
+
+
+def test_replay_reissues_the_recorded_candidates(tmp_path: Path) -> None:
+    recorded = tmp_path / "recorded"
+    tools = toolbox(recorded)
+    with FakeOpenAI(SESSION) as server:
+        a = agent(server)
+        a.restore([])
+        drive(a, tools)
+    # only the log travels: sources come from the model's replies in it
+    lone = tmp_path / "elsewhere" / "events.jsonl"
+    lone.parent.mkdir()
+    lone.write_bytes((recorded / "events.jsonl").read_bytes())
+    replay_dir = tmp_path / "replayed"
+    tools = toolbox(replay_dir)
+    r = make_agent("replay", replay_path=str(lone), problem=get_problem("kda"), seed=0, model="")
+    assert isinstance(r, ReplayAgent)
+    r.restore([])
+    assert drive(r, tools) == "done"
+    then = [(e["candidate_id"], e["upto"], e["verdict"]) for e in events_of(recorded, "verdict")]
+    now = [(e["candidate_id"], e["upto"], e["verdict"]) for e in events_of(replay_dir, "verdict")]
+    assert now == then
+    assert tools.best["candidate_id"] == candidate_id(V2)
+    assert not events_of(replay_dir, "note")  # nothing differed
+    assert not events_of(replay_dir, "llm_request")  # and no endpoint was involved
