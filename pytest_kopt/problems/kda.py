@@ -73,7 +73,7 @@ class KDAProblem(Problem):
         k = F.normalize(randn(B, T, H, K), dim=-1).to(dtype)
         v = randn(B, T, H, V).to(dtype)
         beta = torch.sigmoid(randn(B, T, H)).to(dtype)
-        g = self._gates(B, T, H, K, randn, randint)
+        g = self._gates(B, T, H, K, randn, randint, device)
         initial_state = randn(B, H, K, V) if case.get("initial_state") else None
         return {
             "q": q, "k": k, "v": v, "g": g, "beta": beta,
@@ -83,12 +83,12 @@ class KDAProblem(Problem):
         }
 
     @staticmethod
-    def _gates(B: int, T: int, H: int, K: int, randn, randint) -> torch.Tensor:
+    def _gates(B: int, T: int, H: int, K: int, randn, randint, device: torch.device) -> torch.Tensor:
         """float32 log-decays: each key channel has its own strength, spread from mild
         (g ~ -0.001, long memory) to strong (g ~ -5); on top, runs of very strong decay
         (g ~ -10 per step, up to 32 steps) and isolated -1000 resets of whole heads and of
         single channels."""
-        strengths = torch.linspace(-5.0, 7.0, K, device=randn(1).device)
+        strengths = torch.linspace(-5.0, 7.0, K, device=device)
         centre = strengths[randn(H, K).argsort(dim=-1)]  # each head gets the spread, shuffled
         g = F.logsigmoid(centre + randn(B, T, H, K))
         if T >= 4:
