@@ -1,0 +1,311 @@
+"""The fast MLA families (kernels/families/mla_decode.py, mla_prefill.py) on the CPU interpreter.
+
+Every case is checked against the problem's float64 reference with the problem's tolerances:
+hypothesis shapes (Skv not a multiple of any block, Sq > 1 causal, B > 1, several H), every
+SPACE value of every knob, a seeded sample of whole knob combinations, float32 inputs (where
+only a wrong mask edge or a dropped key could show), strided inputs, and the ValueErrors.
+The kernels are also compiled for sm_90 (no GPU needed) so GPU-only compile errors show here.
+
+Interpreter note: Triton 3.6's interpreter converts float32 -> bfloat16 by truncation, while
+the GPU rounds to nearest even (cvt.rn.bf16.f32). Truncation biases every bf16 store and every
+bf16 P by ~2^-9, which alone pushes o past its 5e-3 tolerance when partials are bf16. The
+``_round_to_nearest_bf16`` fixture makes the interpreter round like the GPU for this module.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import random
+import re
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_kopt.problems.base import rel_rms
+from pytest_kopt.problems.mla import MLA, MLA_PREFILL
+from pytest_kopt.problems import mla as mla_problem
+
+FAMILIES = mla_problem.KERNELS_DIR / "families"
+DECODE = FAMILIES / "mla_decode.py"
+PREFILL = FAMILIES / "mla_prefill.py"
+KNOBS_BLOCK = re.compile(r"# kopt:knobs-begin\n(.*?)# kopt:knobs-end\n", re.S)
+ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "math", "typing", "functools", "dataclasses"}
+SEEDS = st.integers(0, 2**31 - 1)
+COMPILE_ONLY = {"num_warps", "num_stages"}  # no effect on the interpreter's arithmetic
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _round_to_nearest_bf16():
+    from triton import language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    original = builder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32)
+            rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
+            rounded = np.where(np.isnan(src.data), np.uint16(0x7FC0), rounded)
+            return interpreter.TensorHandle(rounded, dst_type.scalar)
+        return original(self, src, dst_type)
+
+    builder.cast_impl = cast_impl
+    yield
+    builder.cast_impl = original
+
+
+def read_knobs(path) -> tuple[dict, dict]:
+    """KNOBS and SPACE the way the search agent reads them: literal_eval, no import."""
+    source = path.read_text()
+    block = KNOBS_BLOCK.search(source)
+    assert block, f"{path.name}: marked KNOBS block missing"
+    knobs = ast.literal_eval(block.group(1).split("=", 1)[1].strip())
+    tree = ast.parse(source)
+    space = next(
+        ast.literal_eval(node.value) for node in tree.body
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SPACE" for t in node.targets)
+    )
+    return knobs, space
+
+
+_RENDERED: dict = {}
+
+
+def render(path, knobs: dict, tmp_dir):
+    """A candidate rendered with these knobs (the marked block replaced), imported once."""
+    key = (path.name, tuple(sorted(knobs.items())))
+    if key not in _RENDERED:
+        source = KNOBS_BLOCK.sub(lambda _: f"# kopt:knobs-begin\nKNOBS = {knobs!r}\n# kopt:knobs-end\n", path.read_text())
+        name = f"{path.stem}_{len(_RENDERED)}"
+        file = tmp_dir / f"{name}.py"
+        file.write_text(source)
+        spec = importlib.util.spec_from_file_location(name, file)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _RENDERED[key] = module
+    return _RENDERED[key]
+
+
+@pytest.fixture(scope="module")
+def tmp_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("mla_fast")
+
+
+def check(problem, kernel, case, seed, dtype=torch.bfloat16):
+    inputs = MLA.make_inputs(case, device="cpu", seed=seed, dtype=dtype)  # MLA's maker also serves prefill with Sq < Skv
+    o, lse = kernel(**inputs)
+    assert o.dtype == dtype and lse.dtype == torch.float32
+    assert o.shape == (case["B"], case["Sq"], case["H"], 512) and lse.shape == (case["B"], case["H"], case["Sq"])
+    errors = problem.compare((o, lse), problem.reference(**inputs))
+    assert all(e.ok for e in errors), (case, [e.reason for e in errors if not e.ok])
+
+
+def small_prefill_cases():
+    """Prefill shapes with Sq <= Skv (not only the problem's Sq == Skv), kept interpreter-sized."""
+
+    @st.composite
+    def cases(draw):
+        b, h = draw(st.integers(1, 2)), draw(st.sampled_from([1, 2, 3, 16]))
+        skv = draw(st.integers(1, 40 if h < 16 else 12))
+        return {"B": b, "Sq": draw(st.integers(1, skv)), "H": h, "Skv": skv}
+
+    return cases()
+
+
+# ---- the contract ---------------------------------------------------------------------------
+@pytest.mark.parametrize("path", [DECODE, PREFILL], ids=lambda p: p.stem)
+def test_family_file_follows_the_contract(path):
+    knobs, space = read_knobs(path)
+    assert set(knobs) == set(space)
+    assert all(knobs[k] in space[k] for k in knobs), "a default knob outside its SPACE"
+    tree = ast.parse(path.read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported <= ALLOWED_IMPORTS, imported - ALLOWED_IMPORTS
+
+
+# ---- decode / MTP ---------------------------------------------------------------------------
+@settings(max_examples=6, deadline=None)
+@given(case=MLA.case_strategy("cpu"), seed=SEEDS)
+def test_decode_matches_reference(tmp_dir, case, seed):
+    check(MLA, render(DECODE, read_knobs(DECODE)[0], tmp_dir).kernel, case, seed)
+
+
+@settings(max_examples=4, deadline=None)
+@given(case=MLA.case_strategy("cpu"), seed=SEEDS, splits=st.sampled_from([1, 2, 3, 5]), block_n=st.sampled_from([16, 32]))
+def test_decode_split_and_merge(tmp_dir, case, seed, splits, block_n):
+    """Explicit split counts, including one split (stage 1 writes o directly) and splits of
+    keys that some MTP rows cannot see (their partial lse is -inf)."""
+    knobs = {**read_knobs(DECODE)[0], "NUM_SPLITS": splits, "BLOCK_N": block_n, "BLOCK_H": 16}
+    check(MLA, render(DECODE, knobs, tmp_dir).kernel, case, seed)
+
+
+def test_decode_every_space_value(tmp_dir):
+    knobs, space = read_knobs(DECODE)
+    case = {"B": 2, "Sq": 3, "H": 8, "Skv": 45}  # 45 keys: a partial last block for every BLOCK_N
+    for name, values in space.items():
+        for value in values:
+            if name in COMPILE_ONLY and value != knobs[name]:
+                render(DECODE, {**knobs, name: value}, tmp_dir)  # renders and imports
+                continue
+            check(MLA, render(DECODE, {**knobs, name: value}, tmp_dir).kernel, case, seed=len(str(value)))
+
+
+# ---- prefill --------------------------------------------------------------------------------
+@settings(max_examples=5, deadline=None)
+@given(case=MLA_PREFILL.case_strategy("cpu"), seed=SEEDS)
+def test_prefill_matches_reference(tmp_dir, case, seed):
+    knobs = {**read_knobs(PREFILL)[0], "BLOCK_M": 32, "BLOCK_N": 16}  # smaller tiles: more tiles, masks and skips
+    check(MLA_PREFILL, render(PREFILL, knobs, tmp_dir).kernel, case, seed)
+
+
+@settings(max_examples=5, deadline=None)
+@given(case=small_prefill_cases(), seed=SEEDS, hpt=st.sampled_from([1, 2, 4]))
+def test_prefill_any_sq_up_to_skv(tmp_dir, case, seed, hpt):
+    knobs = {**read_knobs(PREFILL)[0], "BLOCK_M": 16, "BLOCK_N": 16, "HEADS_PER_TILE": hpt}
+    check(MLA_PREFILL, render(PREFILL, knobs, tmp_dir).kernel, case, seed)
+
+
+def test_prefill_every_space_value(tmp_dir):
+    knobs, space = read_knobs(PREFILL)
+    case = {"B": 1, "Sq": 13, "H": 3, "Skv": 37}  # Sq < Skv, 3 heads: partial head groups
+    for name, values in space.items():
+        for value in values:
+            if name in COMPILE_ONLY and value != knobs[name]:
+                render(PREFILL, {**knobs, name: value}, tmp_dir)
+                continue
+            check(MLA_PREFILL, render(PREFILL, {**knobs, name: value}, tmp_dir).kernel, case, seed=len(str(value)))
+
+
+# ---- both -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", [DECODE, PREFILL], ids=lambda p: p.stem)
+def test_random_knob_combinations(tmp_dir, path):
+    knobs, space = read_knobs(path)
+    rng = random.Random(path.stem)
+    case = {"B": 1, "Sq": 5, "H": 4, "Skv": 29}
+    for i in range(3):
+        combo = {name: rng.choice(values) for name, values in space.items()}
+        check(MLA, render(path, combo, tmp_dir).kernel, case, seed=i)
+
+
+@pytest.mark.parametrize("path", [DECODE, PREFILL], ids=lambda p: p.stem)
+def test_float32_inputs_are_exact(tmp_dir, path):
+    """No bf16 rounding to hide behind: a wrong mask edge or a dropped key shows far above 1e-5.
+    (The interpreter's float32 dot is exact; tf32 on a GPU would not be.)"""
+    knobs = {**read_knobs(path)[0], "BLOCK_N": 16}
+    if path is DECODE:
+        knobs.update(NUM_SPLITS=3, BLOCK_H=16)
+    else:
+        knobs.update(BLOCK_M=16)
+    module = render(path, knobs, tmp_dir)
+    for case in ({"B": 2, "Sq": 4, "H": 2, "Skv": 35}, {"B": 1, "Sq": 1, "H": 3, "Skv": 17}):
+        inputs = MLA.make_inputs(case, device="cpu", seed=11, dtype=torch.float32)
+        o, lse = module.kernel(**inputs)
+        want_o, want_lse = MLA.reference(**inputs)
+        assert o.dtype == torch.float32
+        assert rel_rms(o, want_o) < 1e-5 and rel_rms(lse, want_lse) < 1e-6, (case, rel_rms(o, want_o), rel_rms(lse, want_lse))
+
+
+@pytest.mark.parametrize("path", [DECODE, PREFILL], ids=lambda p: p.stem)
+def test_strided_inputs(tmp_dir, path):
+    """q and kv as views of larger buffers (paged or fused layouts) work through strides."""
+    gen = torch.Generator().manual_seed(7)
+    big_q = torch.randn(2, 5, 3, 640, generator=gen).to(torch.bfloat16)
+    big_kv = torch.randn(2, 41, 2, 576, generator=gen).to(torch.bfloat16)
+    q, kv = big_q[:, 1:4, :, :576], big_kv[:, :, 1]
+    assert not q.is_contiguous() and not kv.is_contiguous()
+    module = render(path, {**read_knobs(path)[0], "BLOCK_N": 16}, tmp_dir)
+    errors = MLA.compare(module.kernel(q, kv, 0.0721), MLA.reference(q=q, kv=kv, scale=0.0721))
+    assert all(e.ok for e in errors), [e.reason for e in errors if not e.ok]
+
+
+@pytest.mark.parametrize(
+    "path,bad",
+    [
+        (DECODE, {"BLOCK_N": 24}), (DECODE, {"BLOCK_H": 8}), (DECODE, {"PARTIAL_DTYPE": "float16"}), (DECODE, {"NUM_SPLITS": -1}),
+        (PREFILL, {"BLOCK_M": 48}), (PREFILL, {"BLOCK_N": 8}), (PREFILL, {"V_SPLIT": 3}), (PREFILL, {"HEADS_PER_TILE": 3}),
+    ],
+    ids=str,
+)
+def test_unservable_knobs_raise_value_error(tmp_dir, path, bad):
+    module = render(path, {**read_knobs(path)[0], **bad}, tmp_dir)
+    inputs = MLA.make_inputs({"B": 1, "Sq": 1, "H": 2, "Skv": 3}, device="cpu", seed=0)
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        module.kernel(**inputs)
+
+
+@pytest.mark.parametrize("path", [DECODE, PREFILL], ids=lambda p: p.stem)
+def test_unsupported_shapes_raise_value_error(tmp_dir, path):
+    module = render(path, read_knobs(path)[0], tmp_dir)
+    q = torch.randn(1, 4, 2, 576).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="Sq <= Skv"):
+        module.kernel(q, torch.randn(1, 3, 576).to(torch.bfloat16), 0.07)
+    with pytest.raises(ValueError, match="key width"):
+        module.kernel(q, torch.randn(1, 8, 512).to(torch.bfloat16), 0.07)
+    with pytest.raises(ValueError, match="dtypes differ"):
+        module.kernel(q, torch.randn(1, 8, 576), 0.07)
+
+
+def test_compiles_for_hopper():
+    """Build both families' main kernels at their default knobs for sm_90 (no GPU needed):
+    GPU-only compile errors show on CPU, and the defaults must fit in shared memory and lower
+    to wgmma. Strides of 1 and 16-byte alignment are specialised as Triton does at launch."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    def build(fn, constexprs, knobs, floats=("qk_scale",), f32_ptrs=("lse", "part_lse", "part_o")):
+        jit_fn = fn if isinstance(fn, JITFunction) else JITFunction(fn.fn)
+        signature, attrs, constexprs = {}, {}, dict(constexprs)
+        for i, name in enumerate(jit_fn.arg_names):
+            if name.startswith("stride") and name.endswith("d"):
+                constexprs[name] = 1
+            if name in constexprs:
+                signature[name] = "constexpr"
+            elif name in floats:
+                signature[name] = "fp32"
+            elif name in ("q", "kv", "o") or name in f32_ptrs:
+                signature[name] = "*fp32" if name in f32_ptrs else "*bf16"
+                attrs[(i,)] = [["tt.divisibility", 16]]
+            else:
+                signature[name] = "i32"
+                if name.startswith("stride") and name[-1] in "bsnh" and not name.startswith("stride_l"):
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        return triton.compile(
+            ASTSource(fn=jit_fn, signature=signature, constexprs=constexprs, attrs=attrs),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": knobs["num_warps"], "num_stages": knobs["num_stages"]},
+        )
+
+    def load_compiled(path):
+        """Import with the interpreter off, so that @triton.jit makes compilable functions."""
+        saved = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "0"
+        try:
+            spec = importlib.util.spec_from_file_location(f"{path.stem}_sm90", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        finally:
+            if saved is None:
+                os.environ.pop("TRITON_INTERPRET")
+            else:
+                os.environ["TRITON_INTERPRET"] = saved
+        return module
+
+    dec, pre = load_compiled(DECODE), load_compiled(PREFILL)
+    h100_smem = 232448  # bytes a block may opt into on sm_90
+    k = dec.KNOBS
+    c = build(dec._mla_decode_partial, dict(BLOCK_H=k["BLOCK_H"], BLOCK_N=k["BLOCK_N"], DN=512, DR=64, DIRECT=False), k)
+    assert "wgmma" in c.asm["ptx"] and c.metadata.shared <= h100_smem, c.metadata.shared
+    k = pre.KNOBS
+    c = build(pre._mla_prefill_fwd, dict(BLOCK_M=k["BLOCK_M"], BLOCK_N=k["BLOCK_N"], HEADS_PER_TILE=k["HEADS_PER_TILE"],
+                                          BV=512 // k["V_SPLIT"], DN=512, DR=64), k)
+    assert "wgmma" in c.asm["ptx"] and c.metadata.shared <= h100_smem, c.metadata.shared
