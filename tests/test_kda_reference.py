@@ -47,6 +47,19 @@ def test_chunked_matches_naive(case, seed, chunk):
             assert S is None and S_c is None
 
 
+def test_chunk_slabs_do_not_change_the_result(monkeypatch):
+    """Large problems expand the pairwise decays a few chunks at a time; that must be invisible."""
+    import kernels.reference.kda as ref
+
+    x = inputs_for({"B": 2, "T": 37, "H": 2, "K": 16, "V": 32, "initial_state": True, "output_final_state": True}, seed=5)
+    whole = ref.chunk_kda_reference(**x, chunk_size=4, accum_dtype=torch.float64)
+    for per_slab in (1, 3):
+        monkeypatch.setattr(ref, "_chunk_slab", lambda n_chunks, per_chunk, k=per_slab: k)
+        sliced = ref.chunk_kda_reference(**x, chunk_size=4, accum_dtype=torch.float64)
+        assert_close(sliced[0], whole[0], 1e-13, f"o, {per_slab} chunk(s) per slab")
+        assert_close(sliced[1], whole[1], 1e-13, f"final state, {per_slab} chunk(s) per slab")
+
+
 @settings(max_examples=15, deadline=None)
 @given(case=CASES.filter(lambda c: c["T"] >= 2), seed=SEEDS, data=st.data())
 def test_two_halves_with_carried_state_equal_one_run(case, seed, data):
