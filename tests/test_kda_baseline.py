@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import re
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -112,3 +115,39 @@ def test_unservable_knobs_and_shapes_raise_value_error(tmp_path):
     big_k = PROBLEM.make_inputs({"B": 1, "T": 2, "H": 1, "K": 512, "V": 16, "initial_state": False, "output_final_state": False}, device="cpu", seed=0)
     with pytest.raises(ValueError, match="K=512"):
         render(knobs, tmp_path).kernel(**big_k)
+
+
+COMPILE_FOR_HOPPER = """
+import importlib.util, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+spec = importlib.util.spec_from_file_location("kda_recurrent", sys.argv[1])
+family = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(family)
+fn = family._kda_recurrent_kernel
+signature = {name: "i32" for name in fn.arg_names}
+signature.update({name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "beta_ptr", "o_ptr")})
+signature.update({"g_ptr": "*fp32", "h0_ptr": "*fp32", "ht_ptr": "*fp32", "scale": "fp32"})
+constexprs = {"BK": 128, "BV": family.KNOBS["BV"], "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True}
+signature.update({name: "constexpr" for name in constexprs})
+compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                          target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": family.KNOBS["num_warps"], "num_stages": family.KNOBS["num_stages"]})
+assert "cvt.rn.bf16" in compiled.asm["ptx"], "o should be stored as bf16 with round-to-nearest"
+print("compiled for sm_90")
+"""
+
+
+def test_compiles_for_hopper(tmp_path):
+    """The interpreter never compiles: build the default kernel for sm_90 (no GPU needed) so a
+    GPU-only compile error shows up on CPU too. In a child process, since the interpreter
+    leaves triton.language patched in this one."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # compile for real, not from a cache
+    child = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, str(FAMILY)], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert "compiled for sm_90" in child.stdout
