@@ -1,7 +1,7 @@
 """``pytest --kopt-optimize=PROBLEM``: the optimization loop as a single pytest item.
 
 plugin.py registers ``OptimizePlugin`` when ``--kopt-optimize`` is given. It replaces collection
-with the one test below (``test_optimize``), so the loop runs inside pytest with its fixtures:
+with the one test in loop_item.py (``test_optimize``), so the loop runs inside pytest with its fixtures:
 
 - ``kopt_run``: the resolved ``RunOptions`` (problem, budget, run dir, seed, agent, ...);
 - ``kopt_problem``: the ``Problem``; ``kopt_evaluate``: the judge's ``evaluate``;
@@ -31,6 +31,7 @@ class OptimizePlugin:
     def __init__(self, config: pytest.Config):
         self.config = config
         self.lines: list[str] = []
+        config.pluginmanager.register(sys.modules[__name__], "kopt-optimize-fixtures")
         try:
             self.options = resolve(self.read_options(config))
         except RunError as exc:
@@ -56,37 +57,10 @@ class OptimizePlugin:
     # ---- collection: exactly one item ------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection(self, session: pytest.Session) -> bool:
-        session.perform_collect([str(Path(__file__).resolve())])
+        from . import loop_item
+
+        session.perform_collect([str(Path(loop_item.__file__).resolve())])
         return True
-
-    # ---- fixtures ---------------------------------------------------------------------------
-    @pytest.fixture(scope="session")
-    def kopt_run(self) -> RunOptions:
-        return self.options
-
-    @pytest.fixture(scope="session")
-    def kopt_problem(self, kopt_run: RunOptions) -> Any:
-        from .problems import get_problem
-
-        return get_problem(kopt_run.problem)
-
-    @pytest.fixture(scope="session")
-    def kopt_evaluate(self) -> Any:
-        from .judge import evaluate
-
-        return evaluate
-
-    @pytest.fixture
-    def kopt_agent(self, kopt_run: RunOptions, kopt_problem: Any) -> Any:
-        from .agents import make_agent
-
-        config = self.config
-        return make_agent(
-            kopt_run.agent, problem=kopt_problem, seed=kopt_run.seed, run_dir=kopt_run.run_dir,
-            model=option(config, "kopt_model"), base_url=option(config, "kopt_base_url") or None,
-            api_key_env=option(config, "kopt_api_key_env"), context_tokens=option(config, "kopt_context_tokens"),
-            request_timeout=option(config, "kopt_request_timeout"), replay_path=config.getoption("kopt_replay"),
-        )
 
     # ---- output -------------------------------------------------------------------------------
     def write(self, line: str) -> None:
@@ -103,27 +77,19 @@ class OptimizePlugin:
                 reporter.write_line(line)
 
     def execute(self, options: RunOptions, agent: Any, problem: Any, evaluate: Any) -> Any:
+        progress = Progress(self.write)
         try:
-            run = Run(options, problem=problem, evaluate=evaluate)
-            run.__enter__()
+            with Run(options, problem=problem, evaluate=evaluate, progress=progress) as run:
+                try:
+                    outcome = run.execute(agent)
+                finally:
+                    progress.close()
+                    if run.outcome is not None:
+                        self.lines = summary_lines(run.tools, run.outcome)
         except RunError as exc:
             pytest.fail(str(exc), pytrace=False)
-        progress = Progress(self.write, run.tools)
-        run.tools.listeners.append(progress)
-        self.write(f"kopt: {'resuming' if run.resumed else 'started'} run {run.run_dir} ({options.problem}, agent {options.agent}, seed {options.seed}); "
-                   f"{run.tools.budget_used}/{run.tools.budget} tool calls used; baseline {run.tools.objective.get('baseline_us')} us")
-        try:
-            outcome = run.execute(agent)
         except KeyboardInterrupt:
-            self.lines = summary_lines(run.tools, run.outcome)
-            pytest.exit(f"kopt run interrupted; continue it with --kopt-resume --kopt-run-dir={run.run_dir}", returncode=pytest.ExitCode.INTERRUPTED)
-        except BaseException:
-            self.lines = summary_lines(run.tools, run.outcome) if getattr(run, "outcome", None) else []
-            raise
-        finally:
-            progress.close()
-            run.__exit__(None, None, None)
-        self.lines = summary_lines(run.tools, outcome)
+            pytest.exit(f"kopt run interrupted; continue it with --kopt-resume --kopt-run-dir={options.run_dir}", returncode=pytest.ExitCode.INTERRUPTED)
         return outcome
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -133,9 +99,42 @@ class OptimizePlugin:
                 terminalreporter.write_line(line)
 
 
-def test_optimize(request: pytest.FixtureRequest, kopt_run: RunOptions, kopt_agent: Any, kopt_problem: Any, kopt_evaluate: Any) -> None:
-    """Run the optimization loop; pass when it finished with a verified best candidate."""
-    plugin: OptimizePlugin = request.config.pluginmanager.get_plugin("kopt-optimize")
-    outcome = plugin.execute(kopt_run, kopt_agent, kopt_problem, kopt_evaluate)
-    assert outcome.status == "finished", f"the run did not finish: {outcome.reason}"
-    assert outcome.best is not None, f"no candidate passed the judge in {outcome.budget_used} tool calls (see {outcome.run_dir}/events.jsonl)"
+
+# ---- fixtures (module level, so a conftest.py overrides any of them) ---------------------------
+def _plugin(config: pytest.Config) -> OptimizePlugin:
+    return config.pluginmanager.get_plugin("kopt-optimize")
+
+
+@pytest.fixture(scope="session")
+def kopt_run(pytestconfig: pytest.Config) -> RunOptions:
+    """The run's resolved options (problem, budget, run_dir, resume, agent, seed, ...)."""
+    return _plugin(pytestconfig).options
+
+
+@pytest.fixture(scope="session")
+def kopt_problem(kopt_run: RunOptions) -> Any:
+    from .problems import get_problem
+
+    return get_problem(kopt_run.problem)
+
+
+@pytest.fixture(scope="session")
+def kopt_evaluate() -> Any:
+    """The judge (``pytest_kopt.judge.evaluate``); override with a fake to test a loop quickly."""
+    from .judge import evaluate
+
+    return evaluate
+
+
+@pytest.fixture
+def kopt_agent(pytestconfig: pytest.Config, kopt_run: RunOptions, kopt_problem: Any) -> Any:
+    """The agent named by --kopt-agent (or the resumed run's); override to bring your own."""
+    from .agents import make_agent
+
+    config = pytestconfig
+    return make_agent(
+        kopt_run.agent, problem=kopt_problem, seed=kopt_run.seed, run_dir=kopt_run.run_dir,
+        model=option(config, "kopt_model"), base_url=option(config, "kopt_base_url") or None,
+        api_key_env=option(config, "kopt_api_key_env"), context_tokens=option(config, "kopt_context_tokens"),
+        request_timeout=option(config, "kopt_request_timeout"), replay_path=config.getoption("kopt_replay"),
+    )

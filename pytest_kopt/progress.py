@@ -18,7 +18,9 @@ EVALUATIONS = ("run_tests", "benchmark", "profile")
 def fmt_us(us: Any) -> str:
     if not isinstance(us, (int, float)):
         return "-"
-    return f"{us / 1000:.2f} ms" if us >= 10_000 else f"{us:.1f} us"
+    if us >= 10_000:
+        return f"{us / 1000:.2f} ms"
+    return f"{us:.1f} us" if us >= 1 else f"{us * 1000:.1f} ns"
 
 
 def fmt_x(x: Any) -> str:
@@ -35,9 +37,9 @@ def knobs_text(knobs: Any, limit: int = 48) -> str:
 class Progress:
     """Listener for ``Toolbox.listeners`` that writes one line per finished tool call."""
 
-    def __init__(self, write: Callable[[str], None], toolbox: Any, heartbeat_s: float = 60.0):
+    def __init__(self, write: Callable[[str], None], toolbox: Any = None, heartbeat_s: float = 60.0):
         self.write = write
-        self.tools = toolbox
+        self.tools = toolbox  # set by the loop once the toolbox exists
         self.heartbeat_s = heartbeat_s
         self._lock = threading.Lock()
         self._stop: threading.Event | None = None
@@ -47,12 +49,16 @@ class Progress:
         with self._lock:
             self.write(line)
 
+    def say(self, line: str) -> None:
+        self._say(line)
+
     def __call__(self, event: dict) -> None:
         kind = event.get("kind")
         if kind == "tool_call":
             self._started = time.monotonic()
             if event.get("tool") in EVALUATIONS:
-                self._beat(event)
+                args = event.get("args") or {}
+                self.waiting(f"[{event.get('call')}/{self.tools.budget}] {event.get('tool')} {args.get('candidate_id', '')}")
         elif kind == "tool_result":
             self._quiet()
             self._say(self.line(event))
@@ -84,16 +90,20 @@ class Progress:
             f"{outcome}  | {best_text}  ({event.get('duration_s', 0):.1f}s)"
         )
 
-    def _beat(self, event: dict) -> None:
+    def waiting(self, label: str) -> None:
+        """Say every ``heartbeat_s`` that ``label`` is still running, until the next line."""
         self._quiet()
+        self._started = time.monotonic()
         stop = self._stop = threading.Event()
-        label = f"[{event.get('call')}/{self.tools.budget}] {event.get('tool')} {(event.get('args') or {}).get('candidate_id', '')}"
 
         def run() -> None:
             while not stop.wait(self.heartbeat_s):
                 self._say(f"       … {label} still running ({time.monotonic() - self._started:.0f}s)")
 
         threading.Thread(target=run, name="kopt-heartbeat", daemon=True).start()
+
+    def done(self) -> None:
+        self._quiet()
 
     def _quiet(self) -> None:
         if self._stop is not None:

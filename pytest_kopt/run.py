@@ -27,6 +27,7 @@ from typing import Any, Callable
 from . import KERNELS_DIR, REPO_ROOT
 from .events import EventLog, dumps, read_events
 from .families import FamilyError, parse_family
+from .progress import Progress, fmt_us
 from .tools import BudgetExhausted, Toolbox, atomic_write, candidate_id
 
 DEFAULT_BUDGET = 100
@@ -190,7 +191,10 @@ class Run:
     ``evaluate``: tests inject a fake of either.
     """
 
-    def __init__(self, options: RunOptions, *, problem: Any = None, evaluate: Callable[..., dict] | None = None, promote_dir: Path | None = None):
+    def __init__(
+        self, options: RunOptions, *, problem: Any = None, evaluate: Callable[..., dict] | None = None,
+        promote_dir: Path | None = None, progress: Progress | None = None,
+    ):
         self.options = resolve(options)
         if problem is None:
             from .problems import get_problem
@@ -204,6 +208,8 @@ class Run:
         self.log: EventLog | None = None
         self.tools: Toolbox | None = None
         self.resumed = False
+        self.progress = progress
+        self.outcome: Outcome | None = None
 
     # ---- ownership --------------------------------------------------------------------------
     def __enter__(self) -> "Run":
@@ -229,6 +235,9 @@ class Run:
         started = next((e for e in events if e.get("kind") == "run_started"), None)
         objective = started["objective"] if started else {}
         self.tools = Toolbox(self.problem, objective, self.log, self.run_dir, int(opts.budget), evaluate=self.evaluate, eval_timeout=opts.eval_timeout)
+        if self.progress is not None:
+            self.progress.tools = self.tools
+            self.tools.listeners.append(self.progress)
         if started is None:
             self._start()
         elif not opts.resume:  # another process started it after we looked
@@ -249,7 +258,14 @@ class Run:
         cid = candidate_id(source)
         path = self.run_dir / "candidates" / f"{cid}.py"
         atomic_write(path, source)
-        result = tools.judge(path, "benchmark")
+        if self.progress:
+            self.progress.say(f"kopt: new run {self.run_dir}: timing the baseline candidate {cid} ({Path(problem.baseline_candidate_path).name}) to fix the objective")
+            self.progress.waiting(f"baseline {cid}")
+        try:
+            result = tools.judge(path, "benchmark")
+        finally:
+            if self.progress:
+                self.progress.done()
         timings = result.get("timings") if isinstance(result.get("timings"), dict) else {}
         roofline = result.get("roofline") if isinstance(result.get("roofline"), dict) else {}
         passed = result.get("verdict") == "pass"
@@ -282,6 +298,12 @@ class Run:
     def execute(self, agent: Any) -> Outcome:
         """Let ``agent`` act until the budget is spent or it is done; finish or record the interruption."""
         tools = self.tools
+        if self.progress:
+            obj = tools.objective
+            self.progress.say(
+                f"kopt: {'resumed' if self.resumed else 'started'} run {self.run_dir} ({self.problem.name}, agent {self.options.agent}, seed {self.options.seed}): "
+                f"{tools.budget_used}/{tools.budget} tool calls used; baseline {fmt_us(obj.get('baseline_us'))} on {obj.get('case') or '?'}"
+            )
         try:
             if self.resumed:
                 tools.redo_in_flight()
@@ -309,6 +331,7 @@ class Run:
             raise
         self.outcome = self._end("finished", reason)
         return self.outcome
+        # (the ``with`` block releases the lock; the progress listener stops with the run)
 
     def _end(self, status: str, reason: str) -> Outcome:
         tools = self.tools

@@ -413,23 +413,24 @@ class Toolbox:
 
     # ---- the run so far -------------------------------------------------------------------
     def history(self) -> list[dict]:
-        """One compact row per candidate, in order of writing (free: no budget charged)."""
+        """One compact row per candidate, in order of writing (free: no budget charged).
+
+        ``verdict``/``stage``/``upto`` are those of its deepest evaluation; ``candidate_us`` is
+        its fastest verified time, the same figure best-so-far is tracked by.
+        """
         rows = []
         for cid, meta in self.candidates.items():
             row = {k: meta.get(k) for k in ("candidate_id", "parent", "strategy", "knobs")}
             row["notes"] = (meta.get("notes") or "")[:200]
-            deepest = None
+            row.update(verdict=None, stage=None, upto=None, candidate_us=None, speedup=None, vs_baseline=None, reason="")
             for upto in STAGES:
                 result = self.results.get((cid, upto))
-                if result is not None:
-                    deepest = (upto, result)
-            if deepest is None:
-                row.update(verdict=None, stage=None)
-            else:
-                upto, result = deepest
+                if result is None:
+                    continue
                 compact = self.compact(cid, upto, result, cached=True)
-                row.update({k: compact.get(k) for k in ("verdict", "stage", "candidate_us", "speedup", "vs_baseline")})
-                row["upto"] = upto
-                row["reason"] = compact["reasons"][0][:300] if compact["reasons"] else ""
+                row.update(verdict=compact["verdict"], stage=compact["stage"], upto=upto, reason=compact["reasons"][0][:300] if compact["reasons"] else "")
+                us = compact.get("candidate_us")
+                if compact["verdict"] == "pass" and us is not None and (row["candidate_us"] is None or us < row["candidate_us"]):
+                    row.update({k: compact.get(k) for k in ("candidate_us", "speedup", "vs_baseline")})
             rows.append(row)
         return rows

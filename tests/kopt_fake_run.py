@@ -128,9 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     problem = FakeProblem(args.run_dir.parent / "fake-problem", broken=True)
     options = RunOptions(problem="fake", budget=args.budget, run_dir=args.run_dir, resume=args.resume, seed=args.seed)
     try:
-        with Run(options, problem=problem, evaluate=FakeJudge(args.delay)) as run:
-            run.tools.listeners.append(Progress(print, run.tools))
-            agent = SearchAgent(problem=problem, seed=run.options.seed)
+        with Run(options, problem=problem, evaluate=FakeJudge(args.delay), progress=Progress(lambda line: print(line, flush=True))) as run:
+            agent = SearchAgent(problem=problem, seed=run.options.seed, profile=True)
             outcome = run.execute(agent)
     except KeyboardInterrupt:
         print("interrupted", flush=True)

@@ -6,6 +6,8 @@ is the baseline candidate; each attempt then walks one pipeline, one tool call p
 
     write_candidate -> run_tests -> (pass) benchmark -> (pass, new best or within 5%) profile
 
+(no profile on Triton's CPU interpreter, where it would only repeat the benchmark slowly).
+
 The sampler is told the headline time of a benchmarked candidate and a penalty for a candidate
 that failed anywhere (a knob combination the kernel cannot serve teaches it too); a bad
 candidate never stops the search. A proposal that renders to a candidate already tried is told
@@ -25,6 +27,7 @@ log's candidates and verdicts with ``add_trial``, and unfinished candidates are 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,8 +75,13 @@ class SearchAgent(Agent):
 
     name = "search"
 
-    def __init__(self, *, problem: Any, seed: int | None = 0, families: list[Family] | None = None, startup_trials: int = 5):
+    def __init__(
+        self, *, problem: Any, seed: int | None = 0, families: list[Family] | None = None,
+        startup_trials: int = 5, profile: bool | None = None,
+    ):
         self.problem = problem
+        # profiles on Triton's CPU interpreter say nothing about a GPU and cost a whole evaluation
+        self.profile = (os.environ.get("TRITON_INTERPRET", "0") != "1") if profile is None else bool(profile)
         self.seed = int(seed or 0)
         self.startup_trials = startup_trials
         self.load_notes: list[str] = []
@@ -168,7 +176,7 @@ class SearchAgent(Agent):
         us = r["benchmark"].get("candidate_us")
         if r["benchmark"].get("verdict") != "pass" or us is None:
             return None
-        if "profile" not in r and (self.best is None or us <= self.best[0] * (1 + PROFILE_WITHIN)):
+        if self.profile and "profile" not in r and (self.best is None or us <= self.best[0] * (1 + PROFILE_WITHIN)):
             return "profile"
         return None
 

@@ -1,0 +1,195 @@
+"""The Toolbox: one unit of budget per call, every call logged, evaluations cached, best tracked."""
+
+from __future__ import annotations
+
+import pytest
+from kopt_fake_run import FAST, SLOW, FakeJudge, FakeProblem
+
+from pytest_kopt.events import EventLog, read_events
+from pytest_kopt.families import parse_family
+from pytest_kopt.tools import SCHEMAS, BudgetExhausted, Toolbox, candidate_id
+
+GOOD = parse_family(FAST, "fast").render({"CHUNK": 32, "num_warps": 8, "fuse": True})  # 93 us
+BAD = parse_family(FAST, "fast").render({"CHUNK": 128, "num_warps": 2})  # fails correctness
+
+
+def make(tmp_path, budget=20, judge=None):
+    problem = FakeProblem(tmp_path / "problem")
+    log = EventLog(tmp_path / "run" / "events.jsonl", "run")
+    judge = judge or FakeJudge()
+    tools = Toolbox(problem, {"problem": "fake", "baseline_us": 956.0}, log, tmp_path / "run", budget, evaluate=judge)
+    return tools, judge
+
+
+def calls_and_results(path):
+    events = read_events(path)
+    return [e for e in events if e["kind"] == "tool_call"], [e for e in events if e["kind"] == "tool_result"]
+
+
+def test_every_call_costs_one_unit_and_is_logged_as_a_pair(tmp_path):
+    tools, _ = make(tmp_path)
+    cid = tools.call("write_candidate", source=GOOD, notes="try", strategy="fast")["candidate_id"]
+    assert cid == candidate_id(GOOD)
+    tools.call("run_tests", candidate_id=cid)
+    tools.call("benchmark", candidate_id=cid)
+    tools.call("show_problem")
+    tools.call("history")
+    assert tools.budget_used == 5 and tools.budget_left == 15
+    calls, results = calls_and_results(tools.log.path)
+    assert [c["call"] for c in calls] == [r["call"] for r in results] == [1, 2, 3, 4, 5]
+    assert [c["tool"] for c in calls] == ["write_candidate", "run_tests", "benchmark", "show_problem", "history"]
+    # sources never go into the log, only their ids (the file is in candidates/)
+    assert "source" not in calls[0]["args"] and calls[0]["args"]["candidate_id"] == cid
+    assert (tools.run_dir / "candidates" / f"{cid}.py").read_text() == GOOD
+
+
+@pytest.mark.parametrize(
+    "tool, args, message",
+    [
+        ("compile_everything", {}, "unknown tool"),
+        ("run_tests", {}, "needs argument"),
+        ("run_tests", {"candidate_id": 5}, "must be string"),
+        ("run_tests", {"candidate_id": "abc", "fast": True}, "takes no argument"),
+        ("benchmark", {"candidate_id": "ffffffffffff"}, "unknown candidate_id"),
+        ("write_candidate", {"source": "   "}, "empty"),
+        ("write_candidate", {"source": GOOD, "parent": "nope-not-an-id"}, "unknown candidate_id"),
+    ],
+)
+def test_bad_calls_answer_an_error_and_still_cost_one(tmp_path, tool, args, message):
+    tools, judge = make(tmp_path)
+    result = tools.call(tool, **args)
+    assert message in result["error"]
+    assert tools.budget_used == 1 and judge.calls == []
+    _, results = calls_and_results(tools.log.path)
+    assert results[0]["result"]["error"] == result["error"]
+
+
+def test_budget_exhausted_refuses_without_logging(tmp_path):
+    tools, _ = make(tmp_path, budget=2)
+    tools.call("show_problem")
+    tools.call("show_reference")
+    size = tools.log.path.stat().st_size
+    with pytest.raises(BudgetExhausted):
+        tools.call("history")
+    assert tools.budget_used == 2 and tools.log.path.stat().st_size == size
+
+
+def test_evaluations_are_cached_but_still_charged(tmp_path):
+    tools, judge = make(tmp_path)
+    cid = tools.call("write_candidate", source=GOOD)["candidate_id"]
+    first = tools.call("benchmark", candidate_id=cid)
+    again = tools.call("benchmark", candidate_id=cid)
+    tests = tools.call("run_tests", candidate_id=cid)  # an earlier stage: answered by the benchmark
+    assert judge.calls == [(cid, "benchmark")]
+    assert not first["cached"] and again["cached"] and tests["cached"]
+    assert again["candidate_us"] == first["candidate_us"] == 93.0
+    assert tools.budget_used == 4
+    tools.call("profile", candidate_id=cid)  # a later stage needs the judge again
+    assert judge.calls[-1] == (cid, "profile")
+
+
+def test_a_failure_answers_every_later_stage(tmp_path):
+    tools, judge = make(tmp_path)
+    cid = tools.call("write_candidate", source=BAD)["candidate_id"]
+    tests = tools.call("run_tests", candidate_id=cid)
+    bench = tools.call("benchmark", candidate_id=cid)
+    assert tests["verdict"] == bench["verdict"] == "fail" and tests["stage"] == "correctness"
+    assert bench["cached"] and len(judge.calls) == 1
+    assert tests["errors"][0]["ok"] is False
+    assert tools.best is None
+
+
+def test_a_crashing_judge_is_a_failed_verdict_and_not_cached(tmp_path):
+    def broken(*args, **kwargs):
+        raise RuntimeError("sandbox exploded")
+
+    tools, _ = make(tmp_path, judge=broken)
+    cid = tools.call("write_candidate", source=GOOD)["candidate_id"]
+    for _ in range(2):
+        result = tools.call("run_tests", candidate_id=cid)
+        assert result["verdict"] == "fail" and result["stage"] == "judge"
+        assert "sandbox exploded" in result["reasons"][0] and not result["cached"]
+    verdicts = [e for e in read_events(tools.log.path) if e["kind"] == "verdict"]
+    assert len(verdicts) == 2 and verdicts[0]["result_path"] is None
+
+
+def test_best_so_far_changes_only_on_improvement(tmp_path):
+    tools, _ = make(tmp_path)
+    slow = tools.call("write_candidate", source=SLOW)["candidate_id"]
+    fast = tools.call("write_candidate", source=GOOD)["candidate_id"]
+    tools.call("benchmark", candidate_id=slow)
+    tools.call("benchmark", candidate_id=fast)
+    tools.call("benchmark", candidate_id=slow)
+    bests = [e for e in read_events(tools.log.path) if e["kind"] == "best"]
+    assert [b["candidate_id"] for b in bests] == [slow, fast]
+    assert tools.best["candidate_id"] == fast and tools.best["vs_baseline"] == pytest.approx(956.0 / 93.0)
+    assert tools.best["call"] == 4
+    rows = {r["candidate_id"]: r for r in tools.history()}
+    assert rows[fast]["candidate_us"] == 93.0 and rows[slow]["verdict"] == "pass"
+
+
+def test_ids_resolve_from_unique_prefixes(tmp_path):
+    tools, _ = make(tmp_path)
+    cid = tools.call("write_candidate", source=GOOD)["candidate_id"]
+    assert tools.call("show_candidate", candidate_id=cid[:6])["source"] == GOOD
+    assert "unknown" in tools.call("show_candidate", candidate_id=cid[:3])["error"]
+
+
+def test_restore_rebuilds_budget_candidates_cache_and_best(tmp_path):
+    tools, judge = make(tmp_path)
+    cid = tools.call("write_candidate", source=GOOD)["candidate_id"]
+    tools.call("benchmark", candidate_id=cid)
+    tools.call("show_reference")
+    tools.log.close()
+    log = EventLog(tools.log.path, "run")
+    again = Toolbox(tools.problem, tools.objective, log, tools.run_dir, 20, evaluate=judge)
+    again.restore(read_events(log.path))
+    assert again.budget_used == 3 and again.in_flight is None
+    assert again.best == tools.best and list(again.candidates) == [cid]
+    assert again.call("run_tests", candidate_id=cid)["cached"]
+    assert again.budget_used == 4 and len(judge.calls) == 1
+
+
+def test_a_call_in_flight_at_a_crash_is_redone_once_under_its_number(tmp_path):
+    class Interrupting(FakeJudge):
+        def __call__(self, *args, **kwargs):
+            if not self.calls:
+                self.calls.append(("interrupted", ""))
+                raise KeyboardInterrupt
+            return super().__call__(*args, **kwargs)
+
+    judge = Interrupting()
+    tools, _ = make(tmp_path, judge=judge)
+    cid = tools.call("write_candidate", source=GOOD)["candidate_id"]
+    with pytest.raises(KeyboardInterrupt):
+        tools.call("benchmark", candidate_id=cid)
+    assert tools.budget_used == 1  # not charged: it has no result
+    tools.log.close()
+    log = EventLog(tools.log.path, "run")
+    again = Toolbox(tools.problem, tools.objective, log, tools.run_dir, 20, evaluate=judge)
+    again.restore(read_events(log.path))
+    assert again.budget_used == 1 and again.in_flight["call"] == 2
+    redone = again.redo_in_flight()
+    assert redone["verdict"] == "pass" and again.budget_used == 2
+    calls, results = calls_and_results(log.path)
+    assert [c["call"] for c in calls] == [1, 2, 2] and calls[-1]["redo"] is True
+    assert [r["call"] for r in results] == [1, 2]
+    assert again.call("history")["budget_used"] == 3
+
+
+def test_an_in_flight_write_is_redone_from_the_stored_source(tmp_path):
+    tools, judge = make(tmp_path)
+    cid = candidate_id(GOOD)
+    (tools.run_dir / "candidates").mkdir(parents=True)
+    (tools.run_dir / "candidates" / f"{cid}.py").write_text(GOOD)
+    tools.log.append("tool_call", call=1, tool="write_candidate", args={"candidate_id": cid, "notes": "n"})
+    again = Toolbox(tools.problem, tools.objective, tools.log, tools.run_dir, 20, evaluate=judge)
+    again.restore(read_events(tools.log.path))
+    assert again.redo_in_flight() == {"candidate_id": cid, "new": True}
+    assert again.budget_used == 1 and list(again.candidates) == [cid]
+
+
+def test_schemas_cover_every_tool():
+    assert set(SCHEMAS) == {"write_candidate", "run_tests", "benchmark", "profile", "show_reference", "show_problem", "show_candidate", "history"}
+    for schema in SCHEMAS.values():
+        assert schema["type"] == "object" and schema["description"]
