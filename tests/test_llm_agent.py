@@ -454,3 +454,142 @@ def test_replay_reissues_the_recorded_candidates(tmp_path: Path) -> None:
     assert tools.best["candidate_id"] == candidate_id(V2)
     assert not events_of(replay_dir, "note")  # nothing differed
     assert not events_of(replay_dir, "llm_request")  # and no endpoint was involved
+
+
+# ---- end to end: pytest --kopt-optimize --kopt-agent=openai ---------------------------------
+TESTS = Path(__file__).resolve().parent
+TINY_BASE = (TESTS / "llm_tiny" / "baseline.py").read_text()
+
+
+def kopt_pytest(cwd: Path, *args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``pytest --kopt-optimize ...`` in a fresh process, with a key in its environment."""
+    full_env = {**os.environ, "OPENAI_API_KEY": SECRET, "KOPT_LLM_RETRIES": "0", "KOPT_LLM_PAUSE_S": "0.01", "KOPT_LLM_PAUSES": "1", **(env or {})}
+    full_env.pop("OPENAI_BASE_URL", None)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args]
+    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_secret_nowhere(*places: Path | str) -> None:
+    for place in places:
+        if isinstance(place, Path):
+            for path in [place] if place.is_file() else place.rglob("*"):
+                if path.is_file():
+                    assert SECRET not in path.read_text(errors="replace"), path
+        else:
+            assert SECRET not in place
+
+
+def test_end_to_end_session_with_the_real_judge(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The plugin, the real openai client and the real judge (CPU interpreter) on a tiny problem:
+    write, test, fix a compile error, benchmark, improve."""
+    (tmp_path / "conftest.py").write_text(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport llm_tiny.problem  # registers tiny-axpy\n")
+    broken = TINY_BASE.replace("BLOCK = 128", "BLOCK = 256").replace("tl.load(y_ptr", "tl.lod(y_ptr")
+    fixed = TINY_BASE.replace("BLOCK = 128", "BLOCK = 256")
+    bigger = TINY_BASE.replace("BLOCK = 128", "BLOCK = 1024")
+    ids = {name: candidate_id(s) for name, s in (("broken", broken), ("fixed", fixed), ("bigger", bigger))}
+    script = [
+        Reply([call("write_candidate", source=broken, notes="BLOCK=256"), call("run_tests", candidate_id=ids["broken"])]),
+        Reply([call("write_candidate", source=fixed, notes="fix tl.lod typo", parent=ids["broken"]), call("benchmark", candidate_id=ids["fixed"])]),
+        Reply([call("write_candidate", source=bigger, notes="BLOCK=1024: 4x fewer programs", parent=ids["fixed"]), call("benchmark", candidate_id=ids["bigger"])]),
+    ] + [Reply(content="That is all I have.")] * 3
+    run_dir = tmp_path / "run"
+    with FakeOpenAI(script) as server:
+        proc = kopt_pytest(tmp_path, "--kopt-optimize=tiny-axpy", "--kopt-budget=20", f"--kopt-run-dir={run_dir}",
+                           "--kopt-agent=openai", "--kopt-model=fake-coder", f"--kopt-base-url={server.base_url}")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert server.remaining == 0
+
+    events = read_events(run_dir / "events.jsonl")
+    kinds = [e["kind"] for e in events]
+    assert kinds[0] == "run_started" and kinds[-1] == "run_finished" and events[0]["agent"] == "openai"
+    verdicts = {(e["candidate_id"], e["upto"]): e for e in events if e["kind"] == "verdict"}
+    compile_failure = verdicts[(ids["broken"], "correctness")]
+    assert compile_failure["verdict"] == "fail" and compile_failure["stage"] == "compile"
+    assert "lod" in " ".join(compile_failure["reasons"])
+    assert any("lod" in m for m in tool_messages(server.requests[1]["body"]))  # the model saw why
+    for name in ("fixed", "bigger"):
+        assert verdicts[(ids[name], "benchmark")]["verdict"] == "pass" and verdicts[(ids[name], "benchmark")]["candidate_us"] > 0
+    best = events[-1]["best"]["candidate_id"]
+    assert f"Current best: {best}" in server.requests[-1]["body"]["messages"][0]["content"]
+    assert events[-1]["budget_used"] == 6
+    assert [e["kind"] for e in events].count("llm_request") == len(script)
+
+    # the key was sent to the endpoint and written nowhere
+    assert server.requests[0]["headers"]["authorization"] == f"Bearer {SECRET}"
+    assert_secret_nowhere(run_dir, output)
+
+    assert cli.main(["memory", str(run_dir)]) == 0
+    memory = capsys.readouterr().out
+    assert f"## Best so far\n{best}:" in memory and "FAILED at compile" in memory and "tl.lod" not in memory.split("## Strategies")[0]
+
+
+FAKE_JUDGE_CONFTEST = f"""
+import sys
+sys.path.insert(0, {str(TESTS)!r})
+import pytest
+from test_llm_agent import fake_evaluate
+
+
+@pytest.fixture(scope="session")
+def kopt_evaluate():
+    return fake_evaluate
+"""
+
+
+def test_end_to_end_kill_dead_endpoint_resume_and_replay(tmp_path: Path) -> None:
+    """Through pytest (fake judge): kill -9 mid-evaluation; resuming against a dead endpoint stops
+    resumably; resuming against a live one continues the conversation and the budget; then the
+    run is replayed with no endpoint."""
+    (tmp_path / "conftest.py").write_text(FAKE_JUDGE_CONFTEST)
+    slow = source("h", "hang")
+    script = long_session(2) + [
+        Reply([call("write_candidate", source=slow, notes="risky"), call("run_tests", candidate_id=candidate_id(slow))]),
+        Reply([call("benchmark", candidate_id=candidate_id(slow))]),
+    ] + [Reply(content="Nothing more.")] * 3
+    run_dir = tmp_path / "run"
+    common = ["--kopt-optimize=kda", f"--kopt-run-dir={run_dir}", "--kopt-agent=openai", "--kopt-model=fake-coder"]
+    with FakeOpenAI(script) as server:
+        env = {**os.environ, "OPENAI_API_KEY": SECRET, "KOPT_FAKE_HANG": "1"}
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *common, "--kopt-budget=30", f"--kopt-base-url={server.base_url}"]
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and proc.poll() is None:
+                log = run_dir / "events.jsonl"
+                if log.exists() and any(e["kind"] == "tool_call" and e["tool"] == "run_tests" for e in read_events(log)):
+                    break
+                time.sleep(0.1)
+            assert proc.poll() is None, "the run ended before the in-flight call"
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        before = read_events(run_dir / "events.jsonl")
+        seen = len(server.requests)
+        in_flight = [e for e in before if e["kind"] == "tool_call"][-1]["call"]
+
+        dead = kopt_pytest(tmp_path, *common, "--kopt-resume", f"--kopt-base-url=http://127.0.0.1:{free_port()}/v1")
+        assert dead.returncode != 0
+        stopped = read_events(run_dir / "events.jsonl")[-1]
+        assert stopped["kind"] == "run_interrupted" and "can be resumed" in stopped["reason"]
+        assert stopped["budget_used"] == in_flight  # the in-flight call was redone and charged once
+
+        live = kopt_pytest(tmp_path, *common, "--kopt-resume", f"--kopt-base-url={server.base_url}")
+        assert live.returncode == 0, (live.stdout + live.stderr)[-3000:]
+    events = read_events(run_dir / "events.jsonl")
+    assert events[-1]["kind"] == "run_finished"
+    results = [e["call"] for e in events if e["kind"] == "tool_result"]
+    assert sorted(results) == list(range(1, len(results) + 1)) == list(range(1, in_flight + 2))
+    # the conversation carried on: the first request after the restarts extends the last one before
+    last_before, first_after = server.requests[seen - 1]["body"]["messages"], server.requests[seen]["body"]["messages"]
+    assert first_after[1 : len(last_before)] == last_before[1:]
+    assert [m["role"] for m in first_after[len(last_before):]] == ["assistant", "tool", "tool"]
+    assert_secret_nowhere(run_dir)
+
+    replayed = tmp_path / "replayed"
+    proc = kopt_pytest(tmp_path, "--kopt-optimize=kda", f"--kopt-run-dir={replayed}", "--kopt-agent=replay",
+                       f"--kopt-replay={run_dir / 'events.jsonl'}", "--kopt-budget=30")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    verdicts = lambda d: [(e["candidate_id"], e["upto"], e["verdict"]) for e in read_events(d / "events.jsonl") if e["kind"] == "verdict"]  # noqa: E731
+    assert verdicts(replayed) == verdicts(run_dir)
+    assert not [e for e in read_events(replayed / "events.jsonl") if e["kind"] in ("note", "llm_request")]

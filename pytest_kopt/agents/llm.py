@@ -50,7 +50,13 @@ CONTEXT_DEFAULTS = (
     ("mistral", 76_000),
 )
 FALLBACK_CONTEXT_TOKENS = 24_000  # unknown (often small, self-hosted) models
-DEFAULT_PAUSE_S = 30.0  # first pause once the client's own retries gave up; doubles, 4 pauses
+# Retries: the openai client retries a failed request DEFAULT_RETRIES times with its own
+# backoff (0.5 s doubling to 8 s, or the server's Retry-After); when it gives up the agent pauses
+# DEFAULT_PAUSE_S, doubling, up to DEFAULT_PAUSES times (~8 minutes in all) before the run stops.
+# The environment variables KOPT_LLM_RETRIES, KOPT_LLM_PAUSE_S and KOPT_LLM_PAUSES override them.
+DEFAULT_RETRIES = 3
+DEFAULT_PAUSE_S = 30.0
+DEFAULT_PAUSES = 4
 
 TOOL_DESCRIPTIONS = {
     "write_candidate": "Store a complete candidate file (Python source defining kernel(...) with @triton.jit kernels). "
@@ -85,6 +91,12 @@ class EndpointError(RuntimeError):
 
 class EndpointUnavailable(EndpointError):
     """The endpoint stayed unreachable or overloaded through every retry and pause."""
+
+
+def _setting(value: Any, env: str, default: Any) -> Any:
+    if value is not None:
+        return value
+    return os.environ.get(env) or default
 
 
 def estimate_tokens(obj: Any) -> int:
@@ -209,9 +221,9 @@ class LLMAgent(Agent):
         context_tokens: int | str = 0,
         request_timeout: float | str = 600.0,
         seed: int | None = None,
-        max_retries: int = 3,
+        max_retries: int | None = None,
         pause_s: float | None = None,
-        max_pauses: int = 4,
+        max_pauses: int | None = None,
         max_idle_turns: int = 3,
         max_result_chars: int = 12_000,
         sleep: Callable[[float], None] = time.sleep,
@@ -229,12 +241,13 @@ class LLMAgent(Agent):
         self.base_url = base_url
         self.context_tokens = int(context_tokens or 0) or default_context_tokens(model)
         self.seed = seed
-        self.pause_s = float(pause_s if pause_s is not None else os.environ.get("KOPT_LLM_PAUSE_S") or DEFAULT_PAUSE_S)
-        self.max_pauses = int(max_pauses)
+        max_retries = int(_setting(max_retries, "KOPT_LLM_RETRIES", DEFAULT_RETRIES))
+        self.pause_s = float(_setting(pause_s, "KOPT_LLM_PAUSE_S", DEFAULT_PAUSE_S))
+        self.max_pauses = int(_setting(max_pauses, "KOPT_LLM_PAUSES", DEFAULT_PAUSES))
         self.max_idle_turns = int(max_idle_turns)
         self.max_result_chars = int(max_result_chars)
         self._sleep = sleep
-        self._client = openai.OpenAI(api_key=key, base_url=base_url, timeout=float(request_timeout), max_retries=int(max_retries))
+        self._client = openai.OpenAI(api_key=key, base_url=base_url, timeout=float(request_timeout), max_retries=max_retries)
         self._reset()
 
     # ---- state --------------------------------------------------------------------------
