@@ -307,5 +307,5 @@ def test_compiles_for_hopper():
     assert "wgmma" in c.asm["ptx"] and c.metadata.shared <= h100_smem, c.metadata.shared
     k = pre.KNOBS
     c = build(pre._mla_prefill_fwd, dict(BLOCK_M=k["BLOCK_M"], BLOCK_N=k["BLOCK_N"], HEADS_PER_TILE=k["HEADS_PER_TILE"],
-                                          BV=512 // k["V_SPLIT"], DN=512, DR=64), k)
+                                          BV=512 // k["V_SPLIT"], UNMASKED_LOOP=k["UNMASKED_LOOP"], DN=512, DR=64), k)
     assert "wgmma" in c.asm["ptx"] and c.metadata.shared <= h100_smem, c.metadata.shared

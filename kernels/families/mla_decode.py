@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {"NUM_SPLITS": 0, "BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 8, "num_stages": 2, "PARTIAL_DTYPE": "float32"}
+KNOBS = {"NUM_SPLITS": 0, "BLOCK_N": 32, "BLOCK_H": 64, "num_warps": 8, "num_stages": 2, "PARTIAL_DTYPE": "float32"}
 # kopt:knobs-end
 SPACE = {
     "NUM_SPLITS": [0, 8, 16, 32, 64, 128],  # 0 = auto from the SM count and the length

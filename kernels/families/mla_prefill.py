@@ -13,7 +13,8 @@ BLOCK_N keys: S = q_nope @ k_nope^T + q_rope @ k_rope^T (a 576-wide contraction 
 online softmax in base 2, acc += P @ V where V is the same tile's first 512 columns, or, when
 V_SPLIT > 1, a 512 / V_SPLIT column slice of it (the program then owns only that slice of the
 output and recomputes S: more FLOPs, a smaller accumulator). Key tiles entirely above the
-diagonal are never visited; tiles entirely below it run without a mask.
+diagonal are never visited; with UNMASKED_LOOP, tiles entirely below it run in a second loop
+without a mask (two copies of the loop body: more registers; at 64 x 512 it spilled on sm_90).
 
 Tiles are issued heaviest first (last queries first) to shorten the tail.
 Accumulator registers: BLOCK_M * 512 / V_SPLIT floats per program (64 x 512 = 32K: give it 8 warps).
@@ -26,13 +27,14 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {"BLOCK_M": 64, "BLOCK_N": 32, "HEADS_PER_TILE": 1, "V_SPLIT": 1, "num_warps": 8, "num_stages": 2}
+KNOBS = {"BLOCK_M": 64, "BLOCK_N": 32, "HEADS_PER_TILE": 1, "V_SPLIT": 1, "UNMASKED_LOOP": False, "num_warps": 8, "num_stages": 2}
 # kopt:knobs-end
 SPACE = {
     "BLOCK_M": [32, 64, 128],  # (query, head) rows per program
     "BLOCK_N": [16, 32, 64],  # keys per KV tile
     "HEADS_PER_TILE": [1, 2, 4, 16],  # heads per row tile (rows = queries x heads)
     "V_SPLIT": [1, 2, 4],  # value slices: each program writes 512 / V_SPLIT output columns
+    "UNMASKED_LOOP": [False, True],  # key tiles below the diagonal in a second, mask-free loop
     "num_warps": [4, 8],
     "num_stages": [1, 2, 3],
 }
@@ -89,7 +91,7 @@ def _mla_prefill_fwd(
     stride_lb, stride_lh, stride_ls,
     Sq, H, Skv, n_hgroups, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS_PER_TILE: tl.constexpr, BV: tl.constexpr,
-    DN: tl.constexpr, DR: tl.constexpr,
+    UNMASKED_LOOP: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr,
 ):
     QB: tl.constexpr = BLOCK_M // HEADS_PER_TILE  # queries per tile
     pid = tl.program_id(0)
@@ -121,6 +123,8 @@ def _mla_prefill_fwd(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BV], dtype=tl.float32)
     kv_b = kv + b * stride_kb
+    if not UNMASKED_LOOP:
+        full_end = 0  # one masked loop: less code, fewer registers (the mask is a compare and a select)
     for start in range(0, full_end, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, qn, qr, kv_b, stride_kn, stride_kd, start, limit, v0, qk_scale,
                                      BLOCK_N, DN, DR, BV, False)
@@ -189,7 +193,8 @@ def kernel(q, kv, scale):
             o.stride(0), o.stride(1), o.stride(2), o.stride(3),
             lse.stride(0), lse.stride(1), lse.stride(2),
             Sq, H, Skv, n_hgroups, float(scale) * LOG2E,
-            BLOCK_M=block_m, BLOCK_N=block_n, HEADS_PER_TILE=hpt, BV=bv, DN=D_NOPE, DR=D_ROPE,
+            BLOCK_M=block_m, BLOCK_N=block_n, HEADS_PER_TILE=hpt, BV=bv, UNMASKED_LOOP=bool(K["UNMASKED_LOOP"]),
+            DN=D_NOPE, DR=D_ROPE,
             num_warps=num_warps, num_stages=num_stages,
         )
     except Exception as exc:  # compile-time resource limits are a property of the knobs

@@ -1,0 +1,313 @@
+"""Build, check and time MLA family variants on one GPU in one call (developer script, issue 6).
+
+    PYTHONPATH=. python3 benchmarks/dev_mla.py [--only decode|prefill] [--budget-s 200] [--out DIR]
+
+For each variant (a family file with some knobs overridden, rendered the way the search agent
+renders it) and each headline case: fresh random inputs, the float32 reference, relative RMS of
+o and lse, the median time from triton.testing.do_bench (L2 flushed before every call), the
+eager bf16 PyTorch path timed in the same run, per-kernel times from the profiler (L2 flushed
+too), and the compiled kernels' registers, spills and shared memory. Variants are compiled first,
+in parallel worker processes that fill Triton's on-disk cache. Needs only torch and triton: the
+package itself need not be installed (kernels/ is found through PYTHONPATH=.).
+A short table is printed last; details go to OUT/dev_mla.json (OUT: --out, else $OUT, else .).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import multiprocessing as mp
+import os
+import re
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+FAMILIES = ROOT / "kernels" / "families"
+KNOBS_BLOCK = re.compile(r"# kopt:knobs-begin\n(.*?)# kopt:knobs-end\n", re.S)
+SCALE = 1.0 / math.sqrt(192)  # the problems' DeepSeek scale
+TOL = {"o": 5e-3, "lse": 5e-4}
+
+CASES = {
+    "decode": [
+        {"B": 1, "Sq": 1, "H": 64, "Skv": 8192},
+        {"B": 1, "Sq": 2, "H": 64, "Skv": 8192},
+        {"B": 1, "Sq": 4, "H": 64, "Skv": 8192},
+        {"B": 64, "Sq": 1, "H": 64, "Skv": 8192},
+    ],
+    "prefill": [{"B": 1, "Sq": 8192, "H": 64, "Skv": 8192}],
+}
+
+# (family, label, knob overrides on the family file's KNOBS)
+VARIANTS = [
+    ("decode", "default", {}),
+    ("decode", "BN64", {"BLOCK_N": 64}),
+    ("decode", "st3", {"num_stages": 3}),
+    ("decode", "bf16part", {"PARTIAL_DTYPE": "bfloat16"}),
+    ("decode", "S16", {"NUM_SPLITS": 16}),
+    ("decode", "S64", {"NUM_SPLITS": 64}),
+    ("decode", "S128bf16", {"NUM_SPLITS": 128, "PARTIAL_DTYPE": "bfloat16"}),
+    ("decode", "BH16", {"BLOCK_H": 16, "BLOCK_N": 64, "num_warps": 4}),
+    ("prefill", "default", {}),
+    ("prefill", "BN64", {"BLOCK_N": 64}),
+    ("prefill", "st3", {"num_stages": 3}),
+    ("prefill", "unmasked", {"UNMASKED_LOOP": True}),
+    ("prefill", "HT16", {"HEADS_PER_TILE": 16}),
+    ("prefill", "M128vs2", {"BLOCK_M": 128, "BLOCK_N": 16, "V_SPLIT": 2}),
+]
+
+
+def family_path(family: str) -> Path:
+    return FAMILIES / f"mla_{family}.py"
+
+
+def base_knobs(family: str) -> dict:
+    import ast
+
+    block = KNOBS_BLOCK.search(family_path(family).read_text())
+    return ast.literal_eval(block.group(1).split("=", 1)[1].strip())
+
+
+def render(family: str, label: str, overrides: dict, out_dir: Path) -> Path:
+    knobs = {**base_knobs(family), **overrides}
+    source = KNOBS_BLOCK.sub(lambda _: f"# kopt:knobs-begin\nKNOBS = {knobs!r}\n# kopt:knobs-end\n", family_path(family).read_text())
+    path = out_dir / f"mla_{family}__{label}.py"
+    path.write_text(source)
+    return path
+
+
+def load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_inputs(case: dict, seed: int, device="cuda"):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(case["B"], case["Sq"], case["H"], 576, generator=gen, device=device).to(torch.bfloat16)
+    kv = torch.randn(case["B"], case["Skv"], 576, generator=gen, device=device).to(torch.bfloat16)
+    return {"q": q, "kv": kv, "scale": SCALE}
+
+
+def cost(case: dict) -> tuple[float, float]:
+    """(bytes, FLOPs) as the problem counts them: q, kv read once, o, lse written once; QK (576) and
+    PV (512) over the (query, head, key) triples the causal mask keeps."""
+    B, Sq, H, Skv = case["B"], case["Sq"], case["H"], case["Skv"]
+    bytes_ = 2 * (B * Sq * H * 576 + B * Skv * 576 + B * Sq * H * 512) + 4 * B * H * Sq
+    visible = Sq * (Skv - Sq + 1) + Sq * (Sq - 1) // 2
+    return float(bytes_), float(2 * 1088 * B * H * visible)
+
+
+def describe(case: dict) -> str:
+    return f"B{case['B']} Sq{case['Sq']} H{case['H']} Skv{case['Skv']}"
+
+
+def rel_rms(out, ref) -> float:
+    out64, ref64 = out.double(), ref.double()
+    if not torch.isfinite(out64).all():
+        return math.inf
+    return ((out64 - ref64).norm() / ref64.norm()).item()
+
+
+def _compile_worker(job):
+    """Run one variant once on each of its cases (fills Triton's disk cache); report errors."""
+    path, family = job
+    t0 = time.time()
+    result = {"path": path, "errors": {}}
+    try:
+        module = load(Path(path))
+        for case in CASES[family]:
+            try:
+                module.kernel(**make_inputs(case, seed=0))
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 - reported, not hidden
+                result["errors"][describe(case)] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    except Exception as exc:  # noqa: BLE001
+        result["errors"]["load"] = traceback.format_exc()[-600:]
+    result["compile_s"] = time.time() - t0
+    return result
+
+
+def compiled_resources(module) -> list[dict]:
+    rows = []
+    for name in dir(module):
+        fn = getattr(module, name)
+        caches = getattr(fn, "device_caches", None)
+        if not caches:
+            continue
+        for dev_cache in caches.values():
+            kernels = dev_cache[0] if isinstance(dev_cache, tuple) else dev_cache
+            for compiled in getattr(kernels, "values", lambda: [])():
+                meta = getattr(compiled, "metadata", None)
+                rows.append({
+                    "kernel": name,
+                    "regs": getattr(compiled, "n_regs", None),
+                    "spills": getattr(compiled, "n_spills", None),
+                    "shared": getattr(meta, "shared", None),
+                    "num_warps": getattr(meta, "num_warps", None),
+                    "num_stages": getattr(meta, "num_stages", None),
+                })
+    return rows
+
+
+def profile_kernels(fn, flush, iters=10) -> dict:
+    """Mean device time per kernel name over `iters` calls, L2 flushed before each call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            flush.zero_()
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for evt in prof.key_averages():
+        t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
+        if t and "zero" not in evt.key.lower() and "fill" not in evt.key.lower():
+            out[evt.key[:60]] = {"us_per_call": t / iters, "calls": evt.count / iters}
+    return out
+
+
+def ceilings(triton_testing) -> dict:
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = triton_testing.do_bench(lambda: dst.copy_(src), return_mode="median")
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms_mm = triton_testing.do_bench(lambda: a @ b, return_mode="median")
+    del src, dst, a, b
+    return {"copy_TBps": 2 * n / ms / 1e9, "bf16_TFLOPs": 2 * 8192**3 / ms_mm / 1e9}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", choices=["decode", "prefill"])
+    parser.add_argument("--budget-s", type=float, default=200.0, help="stop timing new variants after this")
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny cases, wall-clock timing: checks this script")
+    args = parser.parse_args()
+    if args.smoke:
+        return smoke(args)
+    t_start = time.time()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    import triton
+    import triton.testing as tt
+
+    from kernels.reference.mla import mla_eager_bf16, mla_reference
+
+    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__, "rows": [], "compile": []}
+    variants = [v for v in VARIANTS if args.only in (None, v[0])]
+    render_dir = Path(tempfile.mkdtemp(prefix="dev_mla_"))
+    paths = {(fam, label): render(fam, label, ov, render_dir) for fam, label, ov in variants}
+
+    # 1. compile everything in parallel (fills ~/.triton/cache), report the knob errors
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(min(args.workers, len(paths))) as pool:
+        for res in pool.imap_unordered(_compile_worker, [(str(p), fam) for (fam, _), p in paths.items()]):
+            report["compile"].append(res)
+            print(f"compiled {Path(res['path']).stem} in {res['compile_s']:.1f}s {res['errors'] or ''}", flush=True)
+    failed = {r["path"]: r["errors"] for r in report["compile"] if r["errors"]}
+    print(f"[{time.time() - t_start:.0f}s] compile phase done", flush=True)
+
+    report["ceilings"] = ceilings(tt)
+    print(f"ceilings: {report['ceilings']}", flush=True)
+    bw, fl = report["ceilings"]["copy_TBps"] * 1e12, report["ceilings"]["bf16_TFLOPs"] * 1e12
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
+
+    for family in ("decode", "prefill"):
+        if args.only not in (None, family):
+            continue
+        for ci, case in enumerate(CASES[family]):
+            nbytes, flops = cost(case)
+            floor_us = max(nbytes / bw, flops / fl) * 1e6
+            inputs = make_inputs(case, seed=1000 + ci)
+            eager_us = tt.do_bench(lambda: mla_eager_bf16(**inputs), return_mode="median") * 1e3
+            del inputs
+            torch.cuda.empty_cache()
+            for fam, label, _ in variants:
+                if fam != family:
+                    continue
+                row = {"family": family, "variant": label, "case": describe(case), "eager_us": eager_us, "floor_us": floor_us}
+                report["rows"].append(row)
+                path = paths[(fam, label)]
+                if describe(case) in failed.get(str(path), {}):
+                    row["error"] = failed[str(path)][describe(case)]
+                    continue
+                if time.time() - t_start > args.budget_s:
+                    row["error"] = "skipped: time budget"
+                    continue
+                try:
+                    module = load(path)
+                    seed = abs(hash((label, ci))) % (2**31)
+                    inputs = make_inputs(case, seed=seed)  # fresh inputs for every check
+                    want_o, want_lse = mla_reference(**inputs)
+                    poison = torch.full((case["B"], case["Sq"], case["H"], 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+                    del poison  # the caching allocator hands this NaN block to the kernel's o
+                    o, lse = module.kernel(**inputs)
+                    torch.cuda.synchronize()
+                    row["rel_o"], row["rel_lse"] = rel_rms(o, want_o), rel_rms(lse, want_lse)
+                    row["ok"] = row["rel_o"] <= TOL["o"] and row["rel_lse"] <= TOL["lse"] and o.dtype == torch.bfloat16
+                    del o, lse, want_o, want_lse
+                    us = tt.do_bench(lambda: module.kernel(**inputs), return_mode="median") * 1e3
+                    row.update(us=us, speedup=eager_us / us, GBps=nbytes / us / 1e3, TFLOPs=flops / us / 1e6, floor_frac=floor_us / us)
+                    row["profile"] = profile_kernels(lambda: module.kernel(**inputs), flush)
+                    row["resources"] = compiled_resources(module)
+                    del inputs
+                    torch.cuda.empty_cache()
+                except Exception as exc:  # noqa: BLE001
+                    row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                print(f"[{time.time() - t_start:.0f}s] {family:7s} {label:10s} {describe(case):24s} "
+                      + (f"{row.get('us', float('nan')):9.1f} us  o {row.get('rel_o', float('nan')):.1e}  lse {row.get('rel_lse', float('nan')):.1e}"
+                         if "error" not in row else row["error"][:150]), flush=True)
+
+    (out_dir / "dev_mla.json").write_text(json.dumps(report, indent=1, default=str))
+    print(f"\n{report['gpu']}  torch {report['torch']}  triton {report['triton']}  "
+          f"copy {report['ceilings']['copy_TBps']:.2f} TB/s  bf16 {report['ceilings']['bf16_TFLOPs']:.0f} TFLOP/s")
+    print(f"{'family':7s} {'variant':10s} {'case':24s} {'us':>9s} {'eager':>9s} {'x':>6s} {'GB/s':>6s} {'TF/s':>5s} {'floor':>5s} {'ok':>3s}  kernels(us) regs/spills")
+    for r in report["rows"]:
+        if "us" not in r:
+            print(f"{r['family']:7s} {r['variant']:10s} {r['case']:24s} {'-':>9s} {r['eager_us']:9.1f}  {r.get('error', '')[:70]}")
+            continue
+        prof = " ".join(f"{k.split('(')[0][-14:]}={v['us_per_call']:.1f}" for k, v in r.get("profile", {}).items())
+        res = " ".join(f"{x['regs']}/{x['spills']}" for x in r.get("resources", []) if x.get("regs") is not None)
+        print(f"{r['family']:7s} {r['variant']:10s} {r['case']:24s} {r['us']:9.1f} {r['eager_us']:9.1f} {r['speedup']:6.1f} "
+              f"{r['GBps']:6.0f} {r['TFLOPs']:5.0f} {r['floor_frac']:5.2f} {'y' if r['ok'] else 'NO':>3s}  {prof} {res}")
+    print(f"total {time.time() - t_start:.0f}s")
+    return 0
+
+
+def smoke(args) -> int:
+    """Run every variant once on tiny cases under the CPU interpreter (no timing that means anything)."""
+    from pytest_kopt import interpret
+
+    interpret.configure()
+    from kernels.reference.mla import mla_reference
+
+    render_dir = Path(tempfile.mkdtemp(prefix="dev_mla_"))
+    tiny = {"decode": [{"B": 2, "Sq": 3, "H": 4, "Skv": 37}], "prefill": [{"B": 1, "Sq": 20, "H": 2, "Skv": 20}]}
+    for fam, label, ov in VARIANTS:
+        if args.only not in (None, fam):
+            continue
+        module = load(render(fam, label, ov, render_dir))
+        for case in tiny[fam]:
+            inputs = make_inputs(case, seed=1, device="cpu")
+            want_o, want_lse = mla_reference(**inputs)
+            t0 = time.time()
+            o, lse = module.kernel(**inputs)
+            print(f"{fam:7s} {label:10s} {describe(case):22s} o {rel_rms(o, want_o):.1e} lse {rel_rms(lse, want_lse):.1e} "
+                  f"{time.time() - t0:.2f}s bytes,flops={cost(case)} res={compiled_resources(module)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
