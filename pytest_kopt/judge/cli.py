@@ -1,0 +1,44 @@
+"""Judge one candidate: policy, compile, honesty checks, correctness, benchmark, profile.
+
+    kopt eval --problem PROBLEM CANDIDATE.py [--json OUT.json] [--quick] [--upto STAGE]
+              [--timeout S] [--seed N] [--benchmark-json PATH]
+
+Exit status 0 only when the candidate passes every stage up to ``--upto``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import STAGES, evaluate, summary
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("candidate", help="candidate file defining kernel(...)")
+    parser.add_argument("--problem", required=True, help="problem name (kda, mla, mla-prefill, ...) or package.module:attribute")
+    parser.add_argument("--json", dest="json_out", help="write the result JSON here")
+    parser.add_argument("--quick", action="store_true", help="few random shapes, no profile")
+    parser.add_argument("--upto", default="profile", choices=STAGES, help="last stage to run (default: profile)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds before the evaluation is killed (default 900)")
+    parser.add_argument("--seed", type=int, default=None, help="reproducible hidden input seeds (default: fresh secret seeds)")
+    parser.add_argument("--benchmark-json", help="also save the timings as pytest-benchmark JSON here")
+
+
+def run(args: argparse.Namespace) -> int:
+    if os.getcwd() not in sys.path:  # as ``python -m`` does: a module:attribute problem may live here
+        sys.path.insert(0, os.getcwd())
+    result = evaluate(args.problem, args.candidate, upto=args.upto, quick=args.quick, timeout_s=args.timeout,
+                      json_out=args.json_out, seed=args.seed)
+    print(summary(result))
+    if args.benchmark_json and result.get("benchmarks"):
+        from .timing import benchmark_json
+
+        path = Path(args.benchmark_json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(benchmark_json(result["benchmarks"]), indent=1))
+        print(f"pytest-benchmark JSON: {path}")
+    return 0 if result.get("verdict") == "pass" else 1

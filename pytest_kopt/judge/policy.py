@@ -1,0 +1,301 @@
+"""Static policy: what a candidate file may contain, decided from its AST before anything runs.
+
+Cheap and explicit, so the reason names the line. It is only the first gate: names can be
+computed at run time, which is why the child also watches what actually runs (checks.py).
+
+Rules (each violation is one reason, "line N: ..."):
+- imports only from ALLOWED_IMPORTS; kernel libraries, the project's own code and process or
+  loader machinery are refused by name, with a reason saying why;
+- host code (outside ``@triton.jit`` functions) calls no torch math: the names in
+  TORCH_COMPUTE are refused on anything but ``math`` and ``triton``/``triton.language``, and
+  so is the ``@`` operator;
+- no dynamic code or reflection: eval/exec/compile/open/__import__/globals/vars/setattr,
+  ``getattr`` with a computed name, dunder attributes, private torch attributes;
+- no patching: nothing may be assigned to or deleted from an imported module's attributes;
+- no streams, CUDA graphs or torch.compile: work must run on the caller's stream, as Triton;
+- at least one ``@triton.jit`` function and a module-level ``kernel`` function.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+ALLOWED_IMPORTS = frozenset({
+    "__future__", "math", "typing", "functools", "dataclasses", "itertools", "enum",
+    "torch", "triton", "triton.language",
+})
+# Submodules of an allowed package that are refused anyway (runtime internals, torch-based tools).
+REFUSED_SUBMODULES = ("triton.runtime", "triton.compiler", "triton.testing", "triton.tools", "triton.backends",
+                      "triton.knobs", "torch.utils", "torch.nn", "torch.linalg", "torch.fft", "torch.ops",
+                      "torch.library", "torch.compiler", "torch._")
+
+KERNEL_LIBRARIES = frozenset({
+    "fla", "flash_linear_attention", "flash_attn", "flash_attn_interface", "flashinfer", "xformers",
+    "flash_mla", "deep_gemm", "cutlass", "cuda", "tilelang", "thunderkittens", "apex", "transformer_engine",
+    "liger_kernel", "sgl_kernel", "vllm", "flashattn", "cupy", "numba", "jax", "tensorflow", "tvm",
+})
+PROJECT_MODULES = frozenset({"pytest_kopt", "kernels", "tests", "benchmarks"})
+MACHINERY = frozenset({
+    "importlib", "ctypes", "cffi", "subprocess", "os", "sys", "socket", "multiprocessing", "threading",
+    "concurrent", "asyncio", "shutil", "pathlib", "pickle", "marshal", "builtins", "gc", "inspect", "signal",
+    "runpy", "code", "codeop", "types", "urllib", "http", "requests", "io", "tempfile", "mmap", "resource",
+    "faulthandler", "atexit", "weakref", "numpy", "scipy", "pytest", "hypothesis", "time",
+})
+
+# Math a candidate must do in Triton. Refused as attribute names on anything except math/triton.
+TORCH_COMPUTE = frozenset({
+    "matmul", "mm", "bmm", "baddbmm", "addmm", "addbmm", "addmv", "addr", "mv", "einsum", "tensordot", "inner",
+    "outer", "dot", "vdot", "kron", "chain_matmul", "linear", "bilinear", "softmax", "log_softmax", "softmin",
+    "scaled_dot_product_attention", "multi_head_attention_forward", "cumsum", "cumprod", "cummax", "cummin",
+    "logcumsumexp", "logsumexp", "exp", "exp2", "expm1", "log", "log2", "log1p", "sigmoid", "logsigmoid", "tanh",
+    "relu", "silu", "gelu", "softplus", "norm", "normalize", "rms_norm", "layer_norm", "group_norm", "sum",
+    "nansum", "mean", "prod", "var", "std", "amax", "amin", "sqrt", "rsqrt", "reciprocal", "pow", "square",
+    "mul", "mul_", "div", "div_", "add", "add_", "sub", "sub_", "addcmul", "addcdiv", "lerp", "where",
+    "triu", "tril", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "baddbmm_",
+    "scatter", "scatter_add", "index_add", "gather", "segment_reduce", "sort", "topk", "cross", "diff",
+    "fft", "linalg", "special", "nn", "functional", "numpy", "from_numpy", "tolist",
+})
+# Escape hatches around the judge: other compilers and loaders, streams and graphs (work the
+# caller's stream would not wait for), launch hooks, reflection helpers that take names as strings.
+RUNTIME_HOOKS = frozenset({
+    "compile", "jit", "ops", "library", "load_inline", "cpp_extension", "load", "save", "hub", "package",
+    "distributed", "multiprocessing", "profiler", "autograd", "Stream", "stream", "set_stream", "ExternalStream",
+    "CUDAGraph", "graph", "graphs", "record_stream", "wait_stream", "knobs", "runtime", "add_pre_run_hook",
+    "pre_run_hooks", "launch_enter_hook", "launch_exit_hook", "attrgetter", "methodcaller", "get_type_hints",
+    "ForwardRef", "testing",
+    # frame and code objects reach the judge's own variables
+    "f_back", "f_locals", "f_globals", "f_builtins", "f_code", "tb_frame", "tb_next", "gi_frame", "gi_code",
+    "cr_frame", "cr_code", "ag_frame", "co_code", "co_consts",
+})
+REFUSED_BUILTINS = frozenset({
+    "__import__", "eval", "exec", "compile", "open", "globals", "locals", "vars", "setattr", "delattr",
+    "breakpoint", "input", "exit", "quit", "__builtins__", "help", "memoryview",
+})
+ALLOWED_DUNDERS = frozenset({"__name__", "__doc__", "__init__", "__post_init__", "__class_getitem__"})
+NEUTRAL_BASES = ("math", "triton", "triton.language")  # compute names are fine on these
+
+
+@dataclass
+class PolicyReport:
+    """The verdict of the static policy: ok when there is nothing in ``reasons``."""
+
+    reasons: list[str] = field(default_factory=list)
+    jit_functions: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.reasons
+
+
+def _root(module: str) -> str:
+    return module.split(".")[0]
+
+
+def _is_neutral(module: str | None) -> bool:
+    return module is not None and any(module == b or module.startswith(b + ".") for b in NEUTRAL_BASES)
+
+
+def _refused_submodule(module: str) -> bool:
+    return any(module == refused or module.startswith(refused if refused.endswith("_") else refused + ".")
+               for refused in REFUSED_SUBMODULES)
+
+
+def _import_reason(module: str) -> str | None:
+    root = _root(module)
+    if root in KERNEL_LIBRARIES:
+        return f"imports {module}: third-party kernel libraries are not allowed (the kernel must be yours, in Triton)"
+    if root in PROJECT_MODULES:
+        return f"imports {module}: the project's own references and harness are off limits to a candidate"
+    if root in MACHINERY:
+        return f"imports {module}: process, loader and reflection machinery is not allowed"
+    if _refused_submodule(module):
+        return f"imports {module}: only torch (allocation and views) and triton/triton.language are allowed"
+    if module in ALLOWED_IMPORTS or (root == "triton" and module.startswith("triton.language.")):
+        return None
+    return f"imports {module}: not in the allow-list ({', '.join(sorted(ALLOWED_IMPORTS - {'__future__'}))})"
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of attributes on a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def _is_jit_decorator(node: ast.AST, aliases: dict[str, str]) -> bool:
+    if isinstance(node, ast.Call):
+        node = node.func
+    dotted = _dotted(node)
+    if dotted is None:
+        return False
+    head, _, rest = dotted.partition(".")
+    full = aliases.get(head, head) + ("." + rest if rest else "")
+    return full in ("triton.jit", "triton.runtime.jit.jit")
+
+
+def _is_triton_decorated(node: ast.AST, aliases: dict[str, str]) -> bool:
+    """autotune/heuristics wrap a jit function; count the function as jit when one is present."""
+    return any(_is_jit_decorator(d, aliases) for d in getattr(node, "decorator_list", ()))
+
+
+class _Checker(ast.NodeVisitor):
+    def __init__(self) -> None:
+        self.report = PolicyReport()
+        self.aliases: dict[str, str] = {}  # local name -> module it names (import torch as th -> th: torch)
+        self.jit_depth = 0
+        self.has_kernel = False
+        self.checked_calls: set[int] = set()  # getattr/hasattr names seen as direct calls
+
+    def refuse(self, node: ast.AST, text: str) -> None:
+        self.report.reasons.append(f"line {getattr(node, 'lineno', '?')}: {text}")
+
+    # ---- imports --------------------------------------------------------------------
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            reason = _import_reason(alias.name)
+            if reason:
+                self.refuse(node, reason)
+            local = alias.asname or _root(alias.name)
+            self.aliases[local] = alias.name if alias.asname else _root(alias.name)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            self.refuse(node, "relative imports are not allowed: a candidate is one self-contained file")
+            return
+        module = node.module or ""
+        reason = _import_reason(module)
+        for alias in node.names:
+            if reason is None and alias.name != "*":
+                neutral = _is_neutral(module)
+                if _refused_submodule(f"{module}.{alias.name}"):
+                    reason = _import_reason(f"{module}.{alias.name}")
+                elif alias.name in TORCH_COMPUTE and not neutral:
+                    reason = f"imports {alias.name} from {module}: torch math is not allowed, do it in Triton"
+                elif alias.name in RUNTIME_HOOKS and not (neutral and alias.name == "jit"):
+                    reason = f"imports {alias.name} from {module}: other compilers, loaders, streams and hooks are not allowed"
+                elif alias.name in REFUSED_BUILTINS or alias.name.startswith("_"):
+                    reason = f"imports {alias.name}: dynamic code, reflection and private names are not allowed"
+            if alias.name == "*":
+                reason = reason or f"from {module} import *: import names explicitly"
+            self.aliases[alias.asname or alias.name] = f"{module}.{alias.name}"
+        if reason:
+            self.refuse(node, reason)
+
+    # ---- functions ------------------------------------------------------------------
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        is_jit = _is_triton_decorated(node, self.aliases)
+        if is_jit:
+            self.report.jit_functions.append(node.name)
+        if node.name == "kernel" and self.jit_depth == 0 and node.col_offset == 0:
+            self.has_kernel = True
+        for decorator in node.decorator_list:
+            self.visit(decorator)
+        self.visit(node.args)
+        self.jit_depth += is_jit
+        for stmt in node.body:
+            self.visit(stmt)
+        self.jit_depth -= is_jit
+
+    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+
+    # ---- names and attributes --------------------------------------------------------
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id in REFUSED_BUILTINS:
+            self.refuse(node, f"{node.id} is not allowed: no dynamic code, files or reflection")
+        elif node.id in ("getattr", "hasattr") and id(node) not in self.checked_calls:
+            self.refuse(node, f"{node.id} may only be called directly, with the attribute name written out")
+        self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        name = node.attr
+        base = _dotted(node.value)
+        full_base = None
+        if base is not None:
+            head, _, rest = base.partition(".")
+            full_base = self.aliases.get(head, head) + ("." + rest if rest else "")
+        before = len(self.report.reasons)
+        if name.startswith("__") and name.endswith("__") and name not in ALLOWED_DUNDERS:
+            self.refuse(node, f"attribute {name} is not allowed: no reflection on internals")
+        elif full_base is not None and _root(full_base) == "torch" and name.startswith("_"):
+            self.refuse(node, f"{full_base}.{name}: private torch internals are not allowed")
+        elif self.jit_depth == 0:
+            label = f"{base}.{name}" if base else name
+            neutral = _is_neutral(full_base)
+            if name in TORCH_COMPUTE and not neutral:
+                self.refuse(node, f"{label}: torch math is not allowed in host code; do the math in a @triton.jit kernel")
+            elif name in RUNTIME_HOOKS and not (neutral and name == "jit"):
+                self.refuse(node, f"{label}: other compilers, loaders, streams, graphs and launch hooks are not allowed")
+        if len(self.report.reasons) == before or not isinstance(node.value, (ast.Attribute, ast.Name)):
+            self.generic_visit(node)  # after a refusal, the rest of a.b.c would only repeat it
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in ("getattr", "hasattr"):
+            self.checked_calls.add(id(func))
+            if len(node.args) < 2 or not (isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+                self.refuse(node, f"{func.id} with a computed attribute name is not allowed (write the attribute out)")
+            else:
+                attr = node.args[1].value
+                if attr in TORCH_COMPUTE or attr in RUNTIME_HOOKS or (attr.startswith("_") and attr not in ALLOWED_DUNDERS):
+                    self.refuse(node, f"{func.id}(..., {attr!r}) is not allowed")
+        self.generic_visit(node)
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if isinstance(node.op, ast.MatMult) and self.jit_depth == 0:
+            self.refuse(node, "the @ operator (torch matmul) is not allowed in host code; use tl.dot in a kernel")
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        if isinstance(node.op, ast.MatMult) and self.jit_depth == 0:
+            self.refuse(node, "the @= operator (torch matmul) is not allowed in host code")
+        self._check_target(node.target)
+        self.generic_visit(node)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            self._check_target(target)
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self._check_target(node.target)
+        self.generic_visit(node)
+
+    def visit_Delete(self, node: ast.Delete) -> None:
+        for target in node.targets:
+            self._check_target(target)
+        self.generic_visit(node)
+
+    def _check_target(self, target: ast.AST) -> None:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            for elt in target.elts:
+                self._check_target(elt)
+            return
+        if isinstance(target, ast.Attribute):
+            dotted = _dotted(target.value)
+            if dotted is not None and dotted.split(".")[0] in self.aliases:
+                self.refuse(target, f"assigning to {dotted}.{target.attr}: patching modules is not allowed")
+
+    def visit_Global(self, node: ast.Global) -> None:
+        self.generic_visit(node)
+
+
+def check_source(source: str, filename: str = "<candidate>") -> PolicyReport:
+    """Apply the policy to a candidate's source text."""
+    try:
+        tree = ast.parse(source, filename=filename)
+    except SyntaxError as exc:
+        return PolicyReport([f"line {exc.lineno}: syntax error: {exc.msg}"])
+    checker = _Checker()
+    checker.visit(tree)
+    report = checker.report
+    if not report.jit_functions:
+        report.reasons.append("no @triton.jit function is defined: the math must be done in a Triton kernel in this file")
+    if not checker.has_kernel:
+        report.reasons.append("no module-level kernel(...) function: the judge calls kernel(...) with the reference's keywords")
+    return report
