@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from functools import partial
@@ -52,12 +53,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    storage = load_storage(str(args.storage), logger=Logger(Logger.QUIET), netrc="")
-    files = select_runs(storage, args.runs)
+    where = str(args.storage)
+    if "://" not in where and not Path(where).is_dir():
+        named = [Path(run) for run in args.runs if Path(run).is_file()]
+        if not args.runs or len(named) != len(args.runs):
+            print(f"kopt compare: no benchmark storage at {where} (save runs there with "
+                  f"pytest benchmarks --benchmark-storage={where} --benchmark-autosave)", file=sys.stderr)
+            return 2
+        where = os.path.commonpath([str(path.resolve().parent) for path in named])  # only files were named
+    storage = load_storage(where, logger=Logger(Logger.QUIET), netrc="")
+    try:
+        files = select_runs(storage, args.runs)
+    except ValueError as exc:  # pytest-benchmark's word on a malformed glob
+        print(f"kopt compare: {exc}", file=sys.stderr)
+        return 2
     if len(files) < 2:
         found = ", ".join(str(f) for f in files) or "none"
-        print(f"kopt compare: need at least two saved runs in {storage} (found: {found}); save one with "
-              f"pytest benchmarks --benchmark-storage={args.storage} --benchmark-autosave", file=sys.stderr)
+        print(f"kopt compare: need at least two saved runs in {storage} (found: {found})", file=sys.stderr)
         return 2
     benches = load(storage, files)
     if args.filter_expr:
