@@ -205,6 +205,9 @@ def test_compare_takes_the_first_run_named_as_reference(histories, capsys):
     assert "test_dropped" not in text
 
 
-def test_compare_needs_two_runs(tmp_path, capsys):
-    assert cli.main(["compare", "--storage", str(tmp_path / "empty")]) == 2
+def test_compare_needs_a_storage_with_two_runs(histories, tmp_path, capsys):
+    assert cli.main(["compare", "--storage", str(tmp_path / "absent")]) == 2
+    assert "no benchmark storage at" in capsys.readouterr().err
+    assert not (tmp_path / "absent").exists()  # looking does not create it
+    assert cli.main(["compare", "--storage", str(histories), "0001"]) == 2
     assert "need at least two saved runs" in capsys.readouterr().err
