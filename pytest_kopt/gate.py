@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from . import KERNELS_DIR
-from .problems import Problem, get_problem
+from .problems import Problem, available_problems, get_problem
 
 BEST_DIR = KERNELS_DIR / "best"
 _counter = itertools.count()
@@ -30,8 +30,15 @@ class KernelIncorrect(AssertionError):
 
 
 def best_kernels(directory: Path = BEST_DIR) -> list[tuple[str, Path]]:
-    """(problem name, path) for every ``<problem>.py`` promoted into ``kernels/best/``."""
-    return [(path.stem, path) for path in sorted(Path(directory).glob("*.py")) if not path.name.startswith("_")]
+    """(problem name, path) for every kernel promoted into ``kernels/best/``: the file is named
+    after its problem, with ``_`` for ``-`` allowed (``mla_prefill.py`` is ``mla-prefill``)."""
+    known = set(available_problems())
+    found = []
+    for path in sorted(Path(directory).glob("*.py")):
+        if not path.name.startswith("_"):
+            name = path.stem if path.stem in known else path.stem.replace("_", "-")
+            found.append((name if name in known else path.stem, path))
+    return found
 
 
 def load_kernel(path: Path | str) -> Callable[..., Any]:

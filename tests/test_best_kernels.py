@@ -34,7 +34,7 @@ def test_kernel_matches_reference(problem, path):
 def test_every_best_kernel_names_a_problem():
     known = set(available_problems())
     for name, path in best_kernels():
-        assert name in known, f"{path}: kernels/best/<problem>.py must be named after a problem ({', '.join(sorted(known))})"
+        assert name in known, f"{path}: kernels/best/<problem>.py must be named after a problem (- may be written _): {sorted(known)}"
 
 
 KDA_BASELINE = get_problem("kda").baseline_candidate_path
