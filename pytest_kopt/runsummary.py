@@ -15,29 +15,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from .events import read_events
+
 STAGES = ("policy", "compile", "correctness", "benchmark", "profile")
-
-
-def read_events(path: Path) -> list[dict]:
-    """The run's events; a torn last line (a crash mid-write) is dropped."""
-    try:
-        from pytest_kopt.events import read_events as read_log
-    except ImportError:  # the event log module is not built yet
-        read_log = None
-    if read_log is not None:
-        return list(read_log(path))
-    events = []
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    for number, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number == len(lines) - 1:
-                break
-            raise
-    return events
 
 
 def _seconds(stamp: Any) -> float | None:
