@@ -46,7 +46,7 @@ def progress(runs: list[RunSummary], path: Path) -> Path:
         ax.plot(calls, values, "o", color=line.get_color(), markersize=5)
         speedups.extend(values)
     ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1)
-    ax.annotate("baseline", xy=(0, 1.0), xycoords=("axes fraction", "data"), xytext=(4, 3),
+    ax.annotate("baseline candidate", xy=(0, 1.0), xycoords=("axes fraction", "data"), xytext=(4, 3),
                 textcoords="offset points", color="0.4", fontsize=8)
     if max(speedups) / min(speedups) > 4:
         ax.set_yscale("log")
@@ -55,7 +55,7 @@ def progress(runs: list[RunSummary], path: Path) -> Path:
     ax.yaxis.set_major_formatter(FuncFormatter(_times_formatter))
     ax.set_xlim(left=0)
     ax.set_xlabel("tool calls (budget units)")
-    ax.set_ylabel("best verified speedup over baseline")
+    ax.set_ylabel("best verified speedup over the baseline candidate")
     problems = sorted({r.problem for r in runs if r.problem})
     ax.set_title(f"Best speedup against budget spent ({', '.join(problems) or 'runs'})")
     ax.grid(True, which="major", alpha=0.3)
@@ -101,7 +101,7 @@ def candidates(run: RunSummary, path: Path, floor_us: float | None = None) -> Pa
     else:
         ax.text(0.5, 0.5, "no candidate has been timed yet", transform=ax.transAxes, ha="center", color="0.4")
     if run.baseline_us:
-        ax.axhline(run.baseline_us, color="0.3", linestyle="--", linewidth=1, label=f"baseline ({run.baseline_us:.4g} µs)")
+        ax.axhline(run.baseline_us, color="0.3", linestyle="--", linewidth=1, label=f"baseline candidate ({run.baseline_us:.4g} µs)")
     if floor_us:
         ax.axhline(floor_us, color="tab:purple", linestyle=":", linewidth=1.5, label=f"roofline floor ({floor_us:.4g} µs)")
     if levels:

@@ -56,7 +56,7 @@ def render(runs: list[RunSummary]) -> str:
     """The whole report as Markdown; plot files are referenced by their names in the same folder."""
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# kopt report: {len(runs)} run{'s' if len(runs) != 1 else ''}", "", f"_Generated {now}._", ""]
-    lines += _table(["run", "problem", "agent", "status", "budget used", "wall time", "candidates (pass/fail)", "best speedup"],
+    lines += _table(["run", "problem", "agent", "status", "budget used", "wall time", "candidates (pass/fail)", "best speedup over baseline candidate"],
                     [[r.run_id, r.problem or "?", _agent(r), r.status, _budget(r), _duration(r.wall_s),
                       f"{len(r.candidates)} ({r.counts_by_verdict()['pass']}/{r.counts_by_verdict()['fail']})",
                       _times(r.best_speedup)] for r in runs])
@@ -122,10 +122,9 @@ def _best_section(run: RunSummary) -> list[str]:
              + (f", {result['device']}" if result.get("device") else ""), ""]
     best_us = _num(timings.get("candidate_us")) or run.best_us
     rows = [["this candidate", _us(best_us), "—"]]
-    baselines = timings.get("baselines") or {}
-    if not baselines and run.baseline_us:
-        baselines = {"baseline": run.baseline_us}
-    for name, us in baselines.items():
+    if run.baseline_us:
+        rows.append(["the run's baseline candidate", _us(run.baseline_us), _ratio(run.baseline_us, best_us, "faster")])
+    for name, us in (timings.get("baselines") or {}).items():
         rows.append([f"baseline: {name}", _us(_num(us)), _ratio(_num(us), best_us, "faster")])
     if _num(timings.get("reference_us")):
         rows.append(["PyTorch reference", _us(timings["reference_us"]), _ratio(timings["reference_us"], best_us, "faster")])

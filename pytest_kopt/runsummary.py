@@ -17,7 +17,7 @@ from typing import Any
 
 from .events import read_events
 
-STAGES = ("policy", "compile", "correctness", "benchmark", "profile")
+STAGES = ("policy", "compile", "correctness", "benchmark", "profile", "judge")  # "judge": the judge itself failed
 
 
 def _seconds(stamp: Any) -> float | None:
@@ -50,8 +50,8 @@ class Candidate:
     upto: str | None = None
     stage: str | None = None
     reasons: list[str] = field(default_factory=list)
-    candidate_us: float | None = None
-    speedup: float | None = None
+    candidate_us: float | None = None  # its fastest verified time
+    speedup: float | None = None  # over the run's baseline candidate (the log's vs_baseline)
     result_path: str | None = None
 
 
@@ -71,11 +71,13 @@ class RunSummary:
     wall_s: float | None = None
     resumes: int = 0
     candidates: dict[str, Candidate] = field(default_factory=dict)
-    progress: list[tuple[int, float, str]] = field(default_factory=list)  # (call, best speedup, candidate id)
+    # (call, best speedup, candidate id); speedups are over the run's baseline candidate, the
+    # objective's baseline_us, when the log has them (vs_baseline), else the judge's first baseline
+    progress: list[tuple[int, float, str]] = field(default_factory=list)
     best_id: str | None = None
     best_us: float | None = None
     best_speedup: float | None = None
-    baseline_us: float | None = None  # what speedups are measured against, as the judge timed it
+    baseline_us: float | None = None  # what speedups are measured against
     best_result: dict | None = None  # the judge's full result JSON for the best candidate
 
     @property
@@ -126,6 +128,7 @@ def summarise(run_dir: Path | str) -> RunSummary:
         if kind == "run_started":
             summary.problem = event.get("problem", summary.problem)
             summary.objective = event.get("objective") or {}
+            summary.baseline_us = _number(summary.objective.get("baseline_us"))
             summary.environment = event.get("environment") or {}
             summary.budget = event.get("budget", summary.budget)
             summary.agent = event.get("agent", summary.agent)
@@ -141,12 +144,13 @@ def summarise(run_dir: Path | str) -> RunSummary:
             if cid:
                 cand = summary.candidates.setdefault(cid, Candidate(cid))
                 cand.strategy = event.get("strategy", cand.strategy)
-                cand.written_at = cand.written_at or call
+                at = event.get("call")
+                cand.written_at = cand.written_at if cand.written_at is not None else int(at if isinstance(at, int) else call)
         elif kind == "verdict":
-            _apply_verdict(summary, event, call)
+            _apply_verdict(summary, event, event.get("call") if isinstance(event.get("call"), int) else call)
         elif kind == "best":
-            speedup = _number(event.get("speedup"))
-            at = int(event.get("call") or call)
+            speedup = _speedup(event)
+            at = event.get("call") if isinstance(event.get("call"), int) else call
             if speedup is not None:
                 summary.progress.append((at, speedup, event.get("candidate_id", "")))
             summary.best_id = event.get("candidate_id", summary.best_id)
@@ -166,6 +170,12 @@ def summarise(run_dir: Path | str) -> RunSummary:
     return summary
 
 
+def _speedup(event: dict) -> float | None:
+    """Over the run's baseline candidate when logged (vs_baseline), else over the judge's first baseline."""
+    vs_baseline = _number(event.get("vs_baseline"))
+    return vs_baseline if vs_baseline is not None else _number(event.get("speedup"))
+
+
 def _apply_verdict(summary: RunSummary, event: dict, call: int) -> None:
     cid = event.get("candidate_id")
     if not cid:
@@ -177,11 +187,9 @@ def _apply_verdict(summary: RunSummary, event: dict, call: int) -> None:
     cand.stage = event.get("stage")
     cand.reasons = list(event.get("reasons") or [])
     cand.result_path = event.get("result_path") or cand.result_path
-    us, speedup = _number(event.get("candidate_us")), _number(event.get("speedup"))
-    if us is not None:
-        cand.candidate_us = us
-    if speedup is not None:
-        cand.speedup = speedup
+    us, speedup = _number(event.get("candidate_us")), _speedup(event)
+    if cand.verdict == "pass" and us is not None and (cand.candidate_us is None or us < cand.candidate_us):
+        cand.candidate_us, cand.speedup = us, speedup
     if us is not None and speedup is not None and summary.baseline_us is None:
         summary.baseline_us = us * speedup  # speedup = baseline_us / candidate_us
 
@@ -215,6 +223,8 @@ def _load_best_result(summary: RunSummary) -> dict | None:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
+        if isinstance(data, dict) and isinstance(data.get("evaluation"), dict):  # best.json wraps the result
+            data = data["evaluation"]
         if isinstance(data, dict) and data.get("candidate_id", summary.best_id) == summary.best_id and "timings" in data:
             return data
     return None
