@@ -5,6 +5,9 @@ leaves a log that ends at the last thing that really happened, give or take one 
 ``read_events`` tolerates a torn last line; ``repair`` cuts it off (``EventLog`` repairs on
 open). A damaged line anywhere else is never skipped silently: it raises ``CorruptLog``.
 
+A line is written whole or (after a kill -9 or a power cut) torn at the end, never glued to
+the next: Ctrl-C and SIGTERM wait while a line is written.
+
 Values are written as strict JSON: non-finite floats (an infinite error, a NaN timing) become
 ``null``, paths become strings, numpy scalars become numbers.
 """
@@ -15,6 +18,9 @@ import dataclasses
 import json
 import math
 import os
+import signal
+import threading
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -112,6 +118,19 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+@contextmanager
+def _signals_deferred():
+    """Hold Ctrl-C/SIGTERM until a line is whole: a half-written line must never get a neighbour."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
@@ -138,9 +157,10 @@ class EventLog:
         if clash:
             raise ValueError(f"event fields may not be named {', '.join(clash)}")
         event = _plain({"seq": self.seq + 1, "time": now_iso(), "run_id": self.run_id, "kind": kind, **fields})
-        self._writer.write(event)
-        os.fsync(self._fp.fileno())
-        self.seq += 1
+        with _signals_deferred():
+            self._writer.write(event)
+            os.fsync(self._fp.fileno())
+            self.seq += 1
         return event
 
     def close(self) -> None:

@@ -40,14 +40,15 @@ def kernel(x):
     return x
 '''
 
-BROKEN = '''"""Fake family with a syntax error in its kernel (fails to compile)."""
+BROKEN = '''"""Fake family whose every candidate fails to compile (the fake judge says so)."""
 # kopt:knobs-begin
 KNOBS = {"BLOCK": 32}
 # kopt:knobs-end
 SPACE = {"BLOCK": [16, 32]}
 
 
-def kernel(x) return x
+def kernel(x):
+    raise SyntaxError("pretend this does not compile")
 '''
 
 

@@ -1,0 +1,108 @@
+"""The embedded search agent: learns from verdicts, never stops on a bad candidate, resumes exactly."""
+
+from __future__ import annotations
+
+from kopt_fake_run import FakeJudge, FakeProblem
+
+from pytest_kopt.agents import agent_class, make_agent
+from pytest_kopt.agents.search import SearchAgent
+from pytest_kopt.events import read_events
+from pytest_kopt.families import parse_family
+from pytest_kopt.run import Run, RunOptions
+
+TINY = '''# kopt:knobs-begin
+KNOBS = {"BLOCK": 32, "num_warps": 4}
+# kopt:knobs-end
+SPACE = {"BLOCK": [16, 32], "num_warps": [4, 8]}
+'''
+
+
+def run(tmp_path, budget, *, seed=0, problem=None, name="run", agent=None, resume=False):
+    problem = problem or FakeProblem(tmp_path / "problem", broken=True)
+    options = RunOptions(problem="fake", budget=budget, run_dir=tmp_path / name, seed=seed, resume=resume)
+    with Run(options, problem=problem, evaluate=FakeJudge()) as r:
+        agent = agent or SearchAgent(problem=problem, seed=r.options.seed, profile=True)
+        outcome = r.execute(agent)
+    return outcome, read_events(tmp_path / name / "events.jsonl"), agent
+
+
+def calls(events):
+    return [(e["call"], e["tool"], e["args"].get("candidate_id")) for e in events if e["kind"] == "tool_call"]
+
+
+def test_factory_builds_the_search_agent_by_name(tmp_path):
+    problem = FakeProblem(tmp_path / "p")
+    agent = make_agent("search", problem=problem, seed=3, model="ignored", replay_path=None)
+    assert isinstance(agent, SearchAgent) and agent.seed == 3
+    assert agent_class("search") is SearchAgent
+
+
+def test_starts_with_the_baseline_and_beats_it(tmp_path):
+    outcome, events, _ = run(tmp_path, 40)
+    baseline = next(e for e in events if e["kind"] == "run_started")["objective"]["baseline_candidate"]
+    first = calls(events)[:3]
+    assert [c[1] for c in first] == ["write_candidate", "run_tests", "benchmark"] and {c[2] for c in first} == {baseline}
+    assert outcome.status == "finished" and outcome.budget_used == 40
+    assert outcome.best["candidate_id"] != baseline and outcome.best["vs_baseline"] > 5
+    assert (tmp_path / "run" / "best.py").read_text() == (tmp_path / "run" / "candidates" / f"{outcome.best['candidate_id']}.py").read_text()
+
+
+def test_bad_candidates_teach_it_and_never_stop_it(tmp_path):
+    outcome, events, agent = run(tmp_path, 80, seed=4)
+    failed = {e["candidate_id"] for e in events if e["kind"] == "verdict" and e["verdict"] == "fail"}
+    strategies = {e["candidate_id"]: e["strategy"] for e in events if e["kind"] == "candidate"}
+    assert failed, "the fake space has failing candidates; the search should meet some"
+    assert any(strategies[c] == "broken" for c in failed)
+    assert outcome.budget_used == 80  # kept going after every failure
+    told = {cid: value for cid, value in agent.tried.items()}
+    assert all(told[c] >= 1e29 for c in failed)  # failures were told to the sampler as bad
+    # after its random start-up trials, TPE proposes the failing family less than uniformly would
+    late = [strategies[e["candidate_id"]] for e in events if e["kind"] == "candidate"][8:]
+    assert late.count("broken") < len(late) / 3
+
+
+def test_each_candidate_is_written_once_and_the_search_stops_when_the_space_is_exhausted(tmp_path):
+    problem = FakeProblem(tmp_path / "problem")
+    (tmp_path / "tiny.py").write_text(TINY)
+    problem.baseline_candidate_path = tmp_path / "tiny.py"
+    problem.families = (str(tmp_path / "tiny.py"),)
+    outcome, events, _ = run(tmp_path, 200, problem=problem)
+    written = [e["candidate_id"] for e in events if e["kind"] == "candidate"]
+    assert len(written) == len(set(written)) == 4
+    writes = [c for c in calls(events) if c[1] == "write_candidate"]
+    assert len(writes) == 4  # no candidate is written twice
+    assert outcome.status == "finished" and "nothing left" in outcome.reason and outcome.budget_used < 200
+
+
+def test_restore_replays_the_log_into_the_same_next_decision(tmp_path):
+    problem = FakeProblem(tmp_path / "problem", broken=True)
+    _, events, original = run(tmp_path, 23, problem=problem)
+    fresh = SearchAgent(problem=problem, seed=0, profile=True)
+    fresh.restore(events)
+    assert not any("rebuilt" in n for n in fresh.notes)  # replayed, not rebuilt
+    for _ in range(10):  # the next decisions agree (results fed identically to both)
+        a, b = original.next_action(), fresh.next_action()
+        assert (a.tool, a.candidate()) == (b.tool, b.candidate())
+        result = {"candidate_id": a.candidate(), "new": True} if a.tool == "write_candidate" else {"verdict": "pass", "candidate_us": 500.0}
+        original.observe(a, result)
+        fresh.observe(b, result)
+
+
+def test_a_log_from_another_seed_rebuilds_the_sampler_and_repeats_nothing(tmp_path):
+    problem = FakeProblem(tmp_path / "problem", broken=True)
+    _, events, _ = run(tmp_path, 30, seed=1, problem=problem)
+    outcome, events, agent = run(tmp_path, 60, seed=2, problem=problem, resume=True)
+    notes = [e["text"] for e in events if e["kind"] == "note"]
+    assert any("rebuilt" in n for n in notes)
+    written = [e["candidate_id"] for e in events if e["kind"] == "candidate"]
+    assert len(written) == len(set(written))
+    writes = [c[2] for c in calls(events) if c[1] == "write_candidate"]
+    assert len(writes) - len(set(writes)) <= 1  # at most the unfinished candidate is picked up again
+    assert outcome.budget_used == 60
+
+
+def test_rendered_candidates_are_ordinary_files_with_their_knobs(tmp_path):
+    _, events, _ = run(tmp_path, 15)
+    for e in (e for e in events if e["kind"] == "candidate" and e["strategy"] in ("slow", "fast")):
+        source = (tmp_path / "run" / e["path"]).read_text()
+        assert parse_family(source, e["strategy"]).knobs == e["knobs"]
