@@ -29,6 +29,7 @@ class Reply:
 
     calls: list[tuple[str, Any]] = field(default_factory=list)
     content: str | None = None
+    quirky: bool = False  # as a few self-hosted servers do: arguments as an object, no call ids
 
 
 @dataclass
@@ -140,8 +141,11 @@ class FakeOpenAI:
     def _completion(self, body: dict, reply: Reply, index: int) -> dict:
         tool_calls = []
         for n, (name, args) in enumerate(reply.calls):
-            arguments = args if isinstance(args, str) else json.dumps(args)
-            tool_calls.append({"id": f"call_{index}_{n}", "type": "function", "function": {"name": name, "arguments": arguments}})
+            arguments = args if isinstance(args, str) or reply.quirky else json.dumps(args)
+            tool_call = {"id": f"call_{index}_{n}", "type": "function", "function": {"name": name, "arguments": arguments}}
+            if reply.quirky:
+                del tool_call["id"]
+            tool_calls.append(tool_call)
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if tool_calls:
             message["tool_calls"] = tool_calls

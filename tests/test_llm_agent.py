@@ -197,6 +197,23 @@ def test_malformed_and_hostile_tool_calls_get_errors_not_crashes(tmp_path: Path)
     assert [e["tool"] for e in events_of(tmp_path, "tool_call")][0] == "run_tests"
 
 
+def test_quirky_server_replies_are_normalized(tmp_path: Path) -> None:
+    """Arguments sent as a JSON object instead of its text, and tool calls without ids."""
+    tools = toolbox(tmp_path)
+    with FakeOpenAI([Reply([call("write_candidate", source=V1), call("run_tests", candidate_id=candidate_id(V1))], quirky=True),
+                     Reply([call("history")])]) as server:
+        a = agent(server)
+        a.restore([])
+        assert a.act(tools) and a.act(tools)
+    assert tools.budget_used == 3
+    sent = server.requests[1]["body"]["messages"]
+    assistant = next(m for m in sent if m["role"] == "assistant")
+    ids = [c["id"] for c in assistant["tool_calls"]]
+    assert len(set(ids)) == 2 and all(ids)
+    assert json.loads(assistant["tool_calls"][0]["function"]["arguments"])["source"] == V1
+    assert [m["tool_call_id"] for m in sent if m["role"] == "tool"] == ids
+
+
 def test_replies_without_tool_calls_are_nudged_then_the_agent_stops(tmp_path: Path) -> None:
     tools = toolbox(tmp_path)
     with FakeOpenAI([Reply(content="Let me think."), Reply([call("history")]), Reply(content="Hmm.")]) as server:

@@ -411,6 +411,7 @@ class LLMAgent(Agent):
         """One chat completion, logged; pauses and retries on transient failure."""
         compacted_for_length = False
         pauses = 0
+        first_failure: float | None = None
         while True:
             system = self.system_message(tools)
             delta = self.messages[self._logged:]
@@ -450,10 +451,11 @@ class LLMAgent(Agent):
                         f"the endpoint {self.base_url or 'api.openai.com'} refused the request ({text}); "
                         "check the model name and API key, then resume the run"
                     ) from None
+                first_failure = started if first_failure is None else first_failure
                 if pauses >= self.max_pauses:
                     raise EndpointUnavailable(
-                        f"the endpoint {self.base_url or 'api.openai.com'} did not answer after "
-                        f"{pauses} pauses ({text}); the run stopped here and can be resumed"
+                        f"the endpoint {self.base_url or 'api.openai.com'} failed {pauses + 1} times in "
+                        f"{time.monotonic() - first_failure:.0f} s ({text}); the run stopped here and can be resumed"
                     ) from None
                 self._sleep(min(self.pause_s * 2**pauses, 600.0))
                 pauses += 1
@@ -467,11 +469,15 @@ class LLMAgent(Agent):
             m = choice.message
             message["content"] = self._scrub(m.content)
             calls = []
-            for tc in m.tool_calls or []:
+            for n, tc in enumerate(m.tool_calls or []):
                 fn = getattr(tc, "function", None)
+                arguments = getattr(fn, "arguments", None) or ""
+                if not isinstance(arguments, str):  # some servers send an object, not its JSON text
+                    arguments = json.dumps(arguments, ensure_ascii=False)
                 calls.append({
-                    "id": tc.id, "type": "function",
-                    "function": {"name": getattr(fn, "name", None) or "", "arguments": getattr(fn, "arguments", None) or ""},
+                    "id": getattr(tc, "id", None) or f"call_{tools.log.seq + 1}_{n}",  # a few servers omit ids
+                    "type": "function",
+                    "function": {"name": getattr(fn, "name", None) or "", "arguments": arguments},
                 })
             if calls:
                 message["tool_calls"] = calls
