@@ -42,7 +42,7 @@ def progress(runs: list[RunSummary], path: Path) -> Path:
         values = [s for _, s, _ in run.progress]
         end = max(run.budget_used, calls[-1])
         (line,) = ax.step(calls + [end], values + [values[-1]], where="post", linewidth=2,
-                          label=f"{run.label}  (best {values[-1]:.3g}×)")
+                          label=f"{run.label}{' [CPU interpreter]' if run.on_interpreter else ''}  (best {values[-1]:.3g}×)")
         ax.plot(calls, values, "o", color=line.get_color(), markersize=5)
         speedups.extend(values)
     ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1)
@@ -86,31 +86,37 @@ def candidates(run: RunSummary, path: Path, floor_us: float | None = None) -> Pa
     timed = [c for c in judged if c.verdict == "pass" and c.candidate_us]
     untimed = [c for c in judged if c.verdict == "pass" and not c.candidate_us]
     failed = [c for c in judged if c.verdict == "fail"]
+    floor_us = None if run.on_interpreter else floor_us  # a GPU's floor says nothing about the interpreter
     levels = [c.candidate_us for c in timed] + [v for v in (run.baseline_us, floor_us) if v]
+    unit, size = next(((u, k) for u, k in (("s", 1e6), ("ms", 1e3)) if levels and min(levels) >= k), ("µs", 1.0))
     if timed:
-        ax.plot([c.judged_at for c in timed], [c.candidate_us for c in timed], "o", color="tab:blue",
+        ax.plot([c.judged_at for c in timed], [c.candidate_us / size for c in timed], "o", color="tab:blue",
                 alpha=0.75, label=f"passed, timed ({len(timed)})")
         best_x, best_y, best = [], [], None
         for c in timed:
             best = c.candidate_us if best is None else min(best, c.candidate_us)
             best_x.append(c.judged_at)
-            best_y.append(best)
+            best_y.append(best / size)
         best_x.append(max(run.budget_used, best_x[-1]))
         best_y.append(best_y[-1])
-        ax.step(best_x, best_y, where="post", color="tab:green", linewidth=2, label=f"best so far ({best:.4g} µs)")
+        ax.step(best_x, best_y, where="post", color="tab:green", linewidth=2, label=f"best so far ({best / size:.4g} {unit})")
     else:
         ax.text(0.5, 0.5, "no candidate has been timed yet", transform=ax.transAxes, ha="center", color="0.4")
     if run.baseline_us:
-        ax.axhline(run.baseline_us, color="0.3", linestyle="--", linewidth=1, label=f"baseline candidate ({run.baseline_us:.4g} µs)")
+        ax.axhline(run.baseline_us / size, color="0.3", linestyle="--", linewidth=1,
+                   label=f"baseline candidate ({run.baseline_us / size:.4g} {unit})")
     if floor_us:
-        ax.axhline(floor_us, color="tab:purple", linestyle=":", linewidth=1.5, label=f"roofline floor ({floor_us:.4g} µs)")
+        ax.axhline(floor_us / size, color="tab:purple", linestyle=":", linewidth=1.5,
+                   label=f"roofline floor ({floor_us / size:.4g} {unit})")
     if levels:
         ax.set_yscale("log")
         lo, hi = ax.get_ylim()
         _plain_log_axis(ax.yaxis, lo, hi)
-    ax.set_ylabel("candidate time (µs, log scale)" if levels else "candidate time (µs)")
-    ax.set_title(f"Every candidate: {run.label}")
-    ax.grid(True, which="both", alpha=0.25)
+    ax.set_ylabel(f"candidate time ({unit}{', log scale' if levels else ''})")
+    where = " (CPU interpreter: indicative times)" if run.on_interpreter else ""
+    ax.set_title(f"Every candidate: {run.label}{where}")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.grid(True, which="minor", alpha=0.1)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
 
@@ -127,6 +133,6 @@ def candidates(run: RunSummary, path: Path, floor_us: float | None = None) -> Pa
     if not rows:
         strip.set_yticks([])
         strip.text(0.5, 0.5, "no failed candidates", transform=strip.transAxes, ha="center", va="center", color="0.4", fontsize=8)
-    strip.set_xlim(0, max([run.budget_used, 1] + [c.judged_at or 0 for c in judged]) + 1)
+    strip.set_xlim(-0.5, max([run.budget_used, 1] + [c.judged_at or 0 for c in judged]) + 1)
     strip.set_xlabel("tool call that judged the candidate")
     return _save(fig, path)

@@ -80,7 +80,9 @@ def _run_section(run: RunSummary) -> list[str]:
             facts.append(f"`{spec['name']}` within relative RMS {spec.get('tolerance', '?')}")
     facts += [f"agent: {_agent(run)}", f"seed: {run.seed}" if run.seed is not None else ""]
     env = run.environment
-    env_text = ", ".join(f"{k} {env[k]}" for k in ("gpu", "driver", "torch", "triton", "python", "commit") if env.get(k))
+    env_text = ", ".join(f"{k} {str(env[k])[:10] if k == 'commit' else env[k]}" for k in ("gpu", "driver", "torch", "triton", "python", "commit") if env.get(k))
+    if env.get("interpreter"):
+        env_text += ", Triton CPU interpreter"
     if env_text:
         facts.append(f"environment: {env_text}")
     status = run.status + (f" ({run.status_reason})" if run.status_reason else "")
@@ -129,12 +131,17 @@ def _best_section(run: RunSummary) -> list[str]:
     if _num(timings.get("reference_us")):
         rows.append(["PyTorch reference", _us(timings["reference_us"]), _ratio(timings["reference_us"], best_us, "faster")])
     floor = _floor_us(run)
-    if floor:
+    if floor and not run.on_interpreter:
         rows.append(["roofline floor", _us(floor), _ratio(best_us, floor, "the floor's time")])
     lines += _table(["", "time", "this candidate is"], rows)
+    if run.on_interpreter:
+        return lines + ["", "_Timed on Triton's CPU interpreter: the times are indicative only, and the roofline "
+                            "floor (a GPU's ceilings) does not apply. Time on a GPU for real figures._"]
     achieved = []
     if _num(roofline.get("floor_fraction")):
-        achieved.append(f"{roofline['floor_fraction']:.1%} of roofline (floor time / candidate time)")
+        ceilings = roofline.get("ceilings") if isinstance(roofline.get("ceilings"), dict) else {}
+        source = f", ceilings: {ceilings['source']}" if ceilings.get("source") else ""
+        achieved.append(f"{roofline['floor_fraction'] * 100:.3g}% of roofline (floor time / candidate time{source})")
     if _num(roofline.get("achieved_GBps")):
         achieved.append(f"{roofline['achieved_GBps']:.4g} GB/s")
     if _num(roofline.get("achieved_TFLOPs")):
@@ -162,7 +169,13 @@ def _num(value: Any) -> float | None:
 
 
 def _us(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:,.4g} µs"
+    """A time given in microseconds, in the unit that reads best."""
+    if value is None:
+        return "n/a"
+    for unit, size in (("s", 1e6), ("ms", 1e3)):
+        if value >= size:
+            return f"{value / size:.4g} {unit}"
+    return f"{value:.4g} µs"
 
 
 def _times(value: float | None) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 from .events import read_events
 
+_OWN_FILE = re.compile(r"^[0-9a-f]{12}\.py(?: line \d+)?:\s*")
 STAGES = ("policy", "compile", "correctness", "benchmark", "profile", "judge")  # "judge": the judge itself failed
 
 
@@ -86,6 +88,16 @@ class RunSummary:
         parts = [self.run_id, self.problem, agent]
         return " · ".join(str(p) for p in parts if p)
 
+    @property
+    def device(self) -> str | None:
+        """Where the best candidate was timed (the judge's word), else the run's GPU."""
+        return (self.best_result or {}).get("device") or self.environment.get("gpu")
+
+    @property
+    def on_interpreter(self) -> bool:
+        """Timed on Triton's CPU interpreter: times are indicative only, the roofline does not apply."""
+        return bool(self.environment.get("interpreter")) or "interpreter" in str(self.device or "")
+
     def counts_by_verdict(self) -> dict[str, int]:
         counts = {"pass": 0, "fail": 0, "not judged": 0}
         for cand in self.candidates.values():
@@ -107,6 +119,7 @@ class RunSummary:
         for cand in self.candidates.values():
             if cand.verdict == "fail":
                 reason = (cand.reasons[0] if cand.reasons else "no reason given").strip().splitlines()[0]
+                reason = _OWN_FILE.sub("", reason)  # "<id>.py line 12: " would make every reason unique
                 key = (cand.stage or "unknown", reason)
                 counts[key] = counts.get(key, 0) + 1
         return sorted(((s, r, n) for (s, r), n in counts.items()), key=lambda t: (-t[2], t[0], t[1]))

@@ -24,7 +24,7 @@ FLA_US = 90.0  # the judge's first baseline
 
 
 def make_run(run_dir: Path, *, run_id: str, agent: str, n_candidates: int, seed: int, finish: bool = True,
-             torn_tail: bool = False, minimal: bool = False) -> dict:
+             torn_tail: bool = False, minimal: bool = False, interpreter: bool = False) -> dict:
     """Write a plausible run: write/test/benchmark candidates, some failing; returns what was logged.
     ``minimal`` leaves out the optional fields (the objective's figures, vs_baseline, call)."""
     rng = random.Random(seed)
@@ -46,7 +46,8 @@ def make_run(run_dir: Path, *, run_id: str, agent: str, n_candidates: int, seed:
         objective={"problem": "kda", "description": "Gated delta rule forward (KDA)", "headline": ["B1 T8192 H16 K128 V128"],
                    "outputs": [{"name": "o", "tolerance": 0.02}, {"name": "final_state", "tolerance": 0.02}],
                    **({} if minimal else {"baseline_us": BASELINE_US, "floor_us": 25.0})},
-        environment={"gpu": "NVIDIA H200", "triton": "3.6.0", "torch": "2.13.0", "commit": "abc1234"})
+        environment={"gpu": None, "interpreter": True, "triton": "3.6.0"} if interpreter else
+                    {"gpu": "NVIDIA H200", "triton": "3.6.0", "torch": "2.13.0", "commit": "abc1234"})
     call, best, expected = 0, None, {"pass": 0, "fail": 0, "stages": {}, "best": None}
     us = BASELINE_US
     for i in range(n_candidates):
@@ -129,6 +130,13 @@ def test_report_writes_markdown_and_plots(tmp_path, capsys):
         assert f"]({name})" in md
         png = (out / name).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000  # a drawn chart, not an empty canvas
+
+
+def test_report_of_an_interpreter_run_leaves_out_the_roofline(tmp_path):
+    make_run(tmp_path / "cpu", run_id="cpu", agent="search", n_candidates=6, seed=3, interpreter=True)
+    md = write_report([tmp_path / "cpu"], tmp_path / "out").read_text()
+    assert "Triton CPU interpreter" in md and "indicative only" in md
+    assert "roofline floor" not in md and "the run's baseline candidate | 400 µs" in md
 
 
 def test_report_of_a_run_that_has_timed_nothing(tmp_path):
