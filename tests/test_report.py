@@ -136,7 +136,7 @@ def test_report_of_an_interpreter_run_leaves_out_the_roofline(tmp_path):
     make_run(tmp_path / "cpu", run_id="cpu", agent="search", n_candidates=6, seed=3, interpreter=True)
     md = write_report([tmp_path / "cpu"], tmp_path / "out").read_text()
     assert "Triton CPU interpreter" in md and "indicative only" in md
-    assert "roofline floor" not in md and "the run's baseline candidate | 400 µs" in md
+    assert "| roofline floor |" not in md and "| the run's baseline candidate | 400 µs |" in md
 
 
 def test_report_of_a_run_that_has_timed_nothing(tmp_path):
