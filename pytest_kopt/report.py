@@ -69,12 +69,15 @@ def render(runs: list[RunSummary]) -> str:
 def _run_section(run: RunSummary) -> list[str]:
     lines = [f"## Run {run.run_id}", ""]
     objective = run.objective
-    if objective.get("description"):
-        lines += [f"**Objective** ({run.problem}): {objective['description']}", ""]
+    if objective.get("description"):  # its first sentence; the whole statement is in the log
+        first = str(objective["description"]).split(". ")[0].rstrip(".")
+        lines += [f"**Objective** ({run.problem}): {first}.", ""]
     facts = []
     if objective.get("headline"):
         headline = objective["headline"]
         facts.append(f"headline shape: {headline[0] if isinstance(headline, list) else headline}")
+    if objective.get("case"):
+        facts.append(f"timed on: {objective['case']}")
     for spec in objective.get("outputs") or []:
         if isinstance(spec, dict) and "name" in spec:
             facts.append(f"`{spec['name']}` within relative RMS {spec.get('tolerance', '?')}")
