@@ -25,7 +25,7 @@ import pytest
 from fake_openai_server import Error, FakeOpenAI, Hang, Reply, call, candidate_id
 from pytest_kopt import cli
 from pytest_kopt.agents import make_agent
-from pytest_kopt.agents.llm import NUDGE, EndpointError, EndpointUnavailable, LLMAgent
+from pytest_kopt.agents.llm import CONTINUE, NUDGE, EndpointError, EndpointUnavailable, LLMAgent
 from pytest_kopt.agents.memory import build_memory
 from pytest_kopt.agents.replay import ReplayAgent
 from pytest_kopt.events import EventLog, read_events
@@ -369,6 +369,21 @@ def test_restore_rebuilds_the_same_conversation(tmp_path: Path) -> None:
     assert events_of(tmp_path, "compaction")
     assert b.messages == a.messages
     assert b._idle == a._idle and b._pending == a._pending
+
+
+def test_a_crash_right_after_compaction_resumes_from_the_memory(tmp_path: Path) -> None:
+    tools = toolbox(tmp_path)
+    with FakeOpenAI(long_session(3)) as server:
+        a = agent(server, context_tokens=1000)
+        a.restore([])
+        while not events_of(tmp_path, "compaction"):
+            a.act(tools)
+    events = read_events(tmp_path / "events.jsonl")
+    cut = next(i for i, e in enumerate(events) if e["kind"] == "compaction") + 1
+    b = agent("http://127.0.0.1:9/v1", context_tokens=1000)
+    b.restore(events[:cut])  # the process died before the next request
+    assert b.messages == [{"role": "user", "content": events[cut - 1]["memory"] + CONTINUE}]
+    assert b._pending == [] and b._idle == 0
 
 
 RESUME_DRIVER = """

@@ -70,6 +70,7 @@ TOOL_DESCRIPTIONS = {
     "show_candidate": "The source of a stored candidate.",
     "history": "A compact table of every attempt so far with its outcome.",
 }
+SOURCE_RESULT_CHARS = 80_000  # show_candidate / show_reference results (other results: max_result_chars)
 HIDDEN_ARGS = {"write_candidate": ("strategy", "knobs")}  # the search agent's, not the model's
 
 START = (
@@ -159,9 +160,11 @@ def render_objective(objective: dict, best: dict | None, budget_used: int, budge
     if best:
         cid = best.get("candidate_id") or best.get("id")
         us = best.get("candidate_us")
-        x = best.get("speedup")
+        x, vs = best.get("vs_baseline"), "the baseline candidate"
+        if not isinstance(x, (int, float)):
+            x, vs = best.get("speedup"), "the judge's baseline"
         lines.append(f"Current best: {cid}, " + (f"{us:.1f} us" if isinstance(us, (int, float)) else "? us")
-                     + (f", {x:.2f}x vs baseline" if isinstance(x, (int, float)) else "") + ". Beat it.")
+                     + (f", {x:.2f}x vs {vs}" if isinstance(x, (int, float)) else "") + ". Beat it.")
     else:
         lines.append("Current best: none yet (no candidate has passed the tests and been timed).")
     lines.append(f"Budget: {budget} tool calls in all, {_budget_left(budget, budget_used)} left. Every tool call costs one.")
@@ -263,21 +266,18 @@ class LLMAgent(Agent):
     def restore(self, events: list[dict]) -> None:
         """Rebuild the conversation from the log: last compaction, then requests and replies."""
         self._reset()
-        start = 0
-        for i, ev in enumerate(events):
-            if ev.get("kind") == "compaction":
-                start = i
         last_reply: dict | None = None
         after_reply: list[dict] = []  # tool_call/tool_result events after the last reply
-        for ev in events[start:]:
+        for ev in events:
             kind = ev.get("kind")
+            if kind in ("compaction", "llm_request") and last_reply is not None:
+                # the previous reply's turn was complete: its results are in this event's messages
+                self._idle = self._idle + 1 if not self._usable_calls(last_reply) else 0
+                last_reply, after_reply = None, []
             if kind == "compaction":
                 self.messages = [self._memory_message(ev.get("memory", ""))]
                 self._usage_tokens = None
             elif kind == "llm_request":
-                if last_reply is not None:
-                    self._idle = self._idle + 1 if not self._usable_calls(last_reply) else 0
-                last_reply, after_reply = None, []
                 self.messages.extend(ev.get("messages") or [])
                 if ev.get("system") is not None:
                     self._system_logged = ev["system"]
@@ -293,6 +293,9 @@ class LLMAgent(Agent):
         if last_reply is not None:
             # The crash came after the reply but before the next request: finish the turn.
             self._after_reply(last_reply["message"], after_reply)
+        if self._idle >= self.max_idle_turns:  # it had stopped; a resumed run gives it another turn
+            self._idle = 0
+            self.messages.append({"role": "user", "content": NUDGE})
 
     def _memory_message(self, memory: str) -> dict:
         return {"role": "user", "content": memory + CONTINUE}
@@ -375,8 +378,16 @@ class LLMAgent(Agent):
         return None
 
     def _tool_message(self, call: dict, result: Any) -> dict:
-        text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, sort_keys=True)
-        return {"role": "tool", "tool_call_id": call.get("id") or "", "content": _trim(text, self.max_result_chars)}
+        """A tool result as the model reads it: JSON, with any source file shown as code (a file
+        the model asked to see is trimmed only past SOURCE_RESULT_CHARS)."""
+        limit = self.max_result_chars
+        if isinstance(result, dict) and isinstance(result.get("source"), str):
+            rest = {k: v for k, v in result.items() if k != "source"}
+            text = json.dumps(rest, ensure_ascii=False, sort_keys=True) + "\nsource:\n```python\n" + result["source"] + "\n```"
+            limit = max(limit, SOURCE_RESULT_CHARS)
+        else:
+            text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, sort_keys=True)
+        return {"role": "tool", "tool_call_id": call.get("id") or "", "content": _trim(text, limit)}
 
     # ---- context ------------------------------------------------------------------------
     def system_message(self, tools: Any) -> str:

@@ -49,8 +49,8 @@ class Attempt:
         return self.timing.get("candidate_us") if self.timing else None
 
     @property
-    def speedup(self) -> float | None:
-        return self.timing.get("speedup") if self.timing else None
+    def speedup(self) -> str:
+        return _fmt_speedup(self.timing or {})
 
 
 @dataclass
@@ -64,7 +64,7 @@ class RunDigest:
     attempts: dict[str, Attempt] = field(default_factory=dict)
     best: dict | None = None
     profiles: dict[str, list[dict]] = field(default_factory=dict)  # candidate id -> kernels
-    notes: list[str] = field(default_factory=list)  # `note` events and assistant texts
+    notes: list[str] = field(default_factory=list)  # what the model wrote beside its tool calls
 
 
 def _short(text: Any, limit: int) -> str:
@@ -76,8 +76,13 @@ def _fmt_us(us: Any) -> str:
     return f"{us:.1f} us" if isinstance(us, (int, float)) else "?"
 
 
-def _fmt_x(x: Any) -> str:
-    return f"{x:.2f}x" if isinstance(x, (int, float)) else "?"
+def _fmt_speedup(ev: dict) -> str:
+    """Against the run's baseline candidate when known, else the judge's first baseline."""
+    for key, label in (("vs_baseline", "the baseline candidate"), ("speedup", "the judge's baseline")):
+        x = ev.get(key)
+        if isinstance(x, (int, float)):
+            return f"{x:.2f}x vs {label}"
+    return "speedup unknown"
 
 
 def _read_json(path: str | Path | None, run_dir: Path | None) -> dict | None:
@@ -156,8 +161,6 @@ def digest(events: Iterable[dict], run_dir: Path | None = None) -> RunDigest:
                 cid = (call.get("args") or {}).get("candidate_id") or (ev.get("result") or {}).get("candidate_id")
                 if kernels and cid:
                     d.profiles.setdefault(cid, kernels)
-        elif kind == "note" and ev.get("text"):
-            d.notes.append(str(ev["text"]))
         elif kind == "llm_response":
             content = (ev.get("message") or {}).get("content")
             if content and str(content).strip():
@@ -172,7 +175,7 @@ def _outcome(att: Attempt, attempts: dict[str, Attempt]) -> str:
         reasons = att.failure.get("reasons") or []
         return f"FAILED at {att.failure.get('stage', '?')}: {_short(reasons[0] if reasons else 'no reason given', REASON_CHARS)}"
     if att.timing is not None:
-        text = f"{_fmt_us(att.us)}, {_fmt_x(att.speedup)} vs baseline"
+        text = f"{_fmt_us(att.us)}, {att.speedup}"
         parent = attempts.get(att.parent or "")
         if parent is not None and parent.us and att.us:
             text += ", faster than parent" if att.us < parent.us else ", slower than parent"
@@ -310,7 +313,7 @@ def build_memory(events: Iterable[dict], run_dir: str | Path | None = None) -> s
     if d.best:
         b = d.best
         att = d.attempts.get(b.get("candidate_id"))
-        out.append(f"{b.get('candidate_id')}: {_fmt_us(b.get('candidate_us'))}, {_fmt_x(b.get('speedup'))} vs baseline" + (f" — {_strategy(att)}" if att else ""))
+        out.append(f"{b.get('candidate_id')}: {_fmt_us(b.get('candidate_us'))}, {_fmt_speedup(b)}" + (f" — {_strategy(att)}" if att else ""))
         src = best_source(d, run_dir)
         if src is not None:
             out += ["", "```python", src.rstrip(), "```"]

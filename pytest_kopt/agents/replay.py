@@ -142,8 +142,10 @@ class ReplayAgent(Agent):
             return False
         step = self.steps[self.position]
         if step.tool == "write_candidate":
+            # a parent this run never saw (say, another machine's baseline) would reject the write
+            parent = step.parent if step.parent in tools.candidates else None
             result = tools.call(
-                "write_candidate", source=step.source, notes=step.notes, parent=step.parent,
+                "write_candidate", source=step.source, notes=step.notes, parent=parent,
                 strategy=step.strategy, knobs=step.knobs,
             )
         else:
