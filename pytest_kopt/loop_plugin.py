@@ -15,6 +15,7 @@ a summary table follows the run. The test passes when the run finished with a ve
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,7 @@ class OptimizePlugin:
 
     def execute(self, options: RunOptions, agent: Any, problem: Any, evaluate: Any) -> Any:
         progress = Progress(self.write)
+        options = replace(options, agent=getattr(agent, "name", None) or options.agent)  # the log names the agent that ran
         try:
             with Run(options, problem=problem, evaluate=evaluate, progress=progress) as run:
                 try:

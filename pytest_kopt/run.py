@@ -5,8 +5,9 @@ A new run times the baseline candidate first (not charged: it fixes the objectiv
 objective and the environment in ``run_started``, then hands the toolbox to the agent. A resumed
 run repairs a torn log tail, rebuilds the toolbox and the agent from the log, and redoes the
 tool call that was in flight when the last process died (under its own call number, so it is
-charged once). Ctrl-C ends with ``run_interrupted`` and a summary; either way the run can be
-continued with ``--kopt-resume``. One process owns a run at a time: ``RUN_DIR/lock`` is held
+charged once). Ctrl-C (or SIGTERM, as sent by ``timeout``) ends with ``run_interrupted`` and a
+summary; either way the run can be continued with ``--kopt-resume``, which also starts the run
+when its directory holds none yet, so a long run can be driven by repeating one command. One process owns a run at a time: ``RUN_DIR/lock`` is held
 with ``fcntl.flock`` (released by the kernel when the owner dies, even by ``kill -9``).
 """
 
@@ -17,7 +18,9 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
+import threading
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from importlib import metadata
@@ -88,11 +91,9 @@ def _started(run_dir: Path) -> dict | None:
 def resolve(options: RunOptions) -> RunOptions:
     """Fill in the run directory, budget, agent and seed (from the log when resuming); check them."""
     run_dir = Path(options.run_dir) if options.run_dir else None
-    if options.resume:
+    if options.resume:  # a run directory with no run in it yet starts one: one command for every call
         if run_dir is None:
             raise RunError("--kopt-resume needs --kopt-run-dir=DIR (the run to continue)")
-        if not run_dir.is_dir():
-            raise RunError(f"--kopt-resume: no run directory {run_dir}")
     else:
         run_dir = run_dir or default_run_dir(options.problem, options.results_dir)
     started = _started(run_dir)
@@ -182,6 +183,17 @@ class RunLock:
                 pass
             os.close(self.fd)
             self.fd = None
+
+
+def _sigterm_as_ctrl_c() -> Any:
+    """Make SIGTERM (``timeout``, a scheduler) stop the loop like Ctrl-C; returns the old handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    return signal.signal(signal.SIGTERM, handler)
 
 
 class Run:
@@ -304,6 +316,7 @@ class Run:
                 f"kopt: {'resumed' if self.resumed else 'started'} run {self.run_dir} ({self.problem.name}, agent {self.options.agent}, seed {self.options.seed}): "
                 f"{tools.budget_used}/{tools.budget} tool calls used; baseline {fmt_us(obj.get('baseline_us'))} on {obj.get('case') or '?'}"
             )
+        previous = _sigterm_as_ctrl_c()
         try:
             if self.resumed:
                 tools.redo_in_flight()
@@ -323,12 +336,15 @@ class Run:
                     break
         except BudgetExhausted:
             reason = "budget exhausted"
-        except KeyboardInterrupt:
-            self.outcome = self._end("interrupted", "interrupted by the user (Ctrl-C)")
+        except KeyboardInterrupt as exc:
+            self.outcome = self._end("interrupted", "stopped by SIGTERM" if str(exc) == "SIGTERM" else "stopped by Ctrl-C")
             raise
         except BaseException as exc:
             self.outcome = self._end("interrupted", f"{type(exc).__name__}: {exc}")
             raise
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         self.outcome = self._end("finished", reason)
         return self.outcome
         # (the ``with`` block releases the lock; the progress listener stops with the run)

@@ -169,17 +169,18 @@ def test_an_evaluation_killed_in_flight_is_redone_and_charged_once(tmp_path, ref
     assert sum(1 for e in events if e["kind"] == "tool_result" and e["call"] == in_flight) == 1
 
 
-def test_ctrl_c_stops_cleanly_with_a_summary_and_resumes(tmp_path, reference):
+@pytest.mark.parametrize("sig, word", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
+def test_ctrl_c_or_sigterm_stops_cleanly_and_resumes(tmp_path, reference, sig, word):
     run_dir = tmp_path / "run"
     proc = launch(run_dir, delay=0.15)
     wait_for(lambda: sum(1 for e in read_events(run_dir / "events.jsonl") if e["kind"] == "tool_result") >= 6 if (run_dir / "events.jsonl").exists() else False)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert "interrupted" in out
     events = read_events(run_dir / "events.jsonl")
     end = events[-1]
-    assert end["kind"] == "run_interrupted" and "Ctrl-C" in end["reason"]
+    assert end["kind"] == "run_interrupted" and word in end["reason"]
     assert end["budget_used"] == sum(1 for e in events if e["kind"] == "tool_result")
     assert not (run_dir / "lock").exists()
     assert (run_dir / "best.py").exists() and (run_dir / "best.json").exists()
@@ -221,3 +222,5 @@ def test_a_new_run_refuses_a_directory_that_holds_one(tmp_path):
         resolve(RunOptions(problem="kda", run_dir=run_dir, resume=True))
     resolved = resolve(RunOptions(problem="fake", run_dir=run_dir, resume=True))
     assert resolved.budget == 5 and resolved.seed == 0 and resolved.agent == "search"
+    fresh = resolve(RunOptions(problem="fake", run_dir=tmp_path / "not-yet", resume=True, seed=7))
+    assert fresh.started is None and fresh.budget == 100 and fresh.seed == 7  # --kopt-resume starts it
