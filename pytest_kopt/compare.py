@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threshold", type=parse_compare_fail, default=parse_compare_fail(DEFAULT_THRESHOLD),
                         metavar="FIELD:LIMIT",
                         help="what counts as a regression, in --benchmark-compare-fail syntax: "
-                             f"median:10%% (relative) or min:0.000001 (seconds). Default {DEFAULT_THRESHOLD}")
+                             f"median:10%% (relative) or min:0.000001 (seconds). Default {DEFAULT_THRESHOLD.replace('%', '%%')}")
     parser.add_argument("--columns", type=parse_columns, default=["min", "median"],
                         help="statistics in the side-by-side table (default min,median)")
     parser.add_argument("--group-by", default="group", help="as pytest-benchmark's --benchmark-group-by (default group)")

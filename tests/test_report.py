@@ -226,3 +226,10 @@ def test_compare_needs_a_storage_with_two_runs(histories, tmp_path, capsys):
     assert not (tmp_path / "absent").exists()  # looking does not create it
     assert cli.main(["compare", "--storage", str(histories), "0001"]) == 2
     assert "need at least two saved runs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["report", "compare"])
+def test_help_renders(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main([command, "--help"])
+    assert done.value.code == 0 and f"usage: kopt {command}" in capsys.readouterr().out
