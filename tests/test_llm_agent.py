@@ -625,3 +625,45 @@ def test_end_to_end_kill_dead_endpoint_resume_and_replay(tmp_path: Path) -> None
     verdicts = lambda d: [(e["candidate_id"], e["upto"], e["verdict"]) for e in read_events(d / "events.jsonl") if e["kind"] == "verdict"]  # noqa: E731
     assert verdicts(replayed) == verdicts(run_dir)
     assert not [e for e in read_events(replayed / "events.jsonl") if e["kind"] in ("note", "llm_request")]
+
+
+def test_replay_resumes_where_it_stopped_and_notes_differences(tmp_path: Path) -> None:
+    recorded = tmp_path / "recorded"
+    tools = toolbox(recorded)
+    with FakeOpenAI(SESSION) as server:
+        a = agent(server)
+        a.restore([])
+        drive(a, tools)
+
+    replay_dir = tmp_path / "replayed"
+    tools = toolbox(replay_dir)
+    first = ReplayAgent(replay_path=recorded)
+    first.restore([])
+    assert first.act(tools) and first.act(tools)  # then the process stops
+
+    def stricter(problem_name: str, candidate_path: str, **kw: object) -> dict:  # this "machine" rejects v2
+        if "# candidate v2" in Path(candidate_path).read_text():
+            return {"verdict": "fail", "stage": "correctness", "reasons": ["o: relative RMS error 0.2 > tolerance 0.005"], "errors": []}
+        return fake_evaluate(problem_name, candidate_path, **kw)
+
+    log = EventLog(replay_dir / "events.jsonl", run_id="replayed")
+    tools = Toolbox(get_problem("kda"), objective(), log, replay_dir, 100, evaluate=stricter)
+    events = read_events(log.path)
+    tools.restore(events)
+    second = ReplayAgent(replay_path=recorded / "events.jsonl")
+    second.restore(events)
+    assert second.position == 2
+    assert drive(second, tools) == "done"
+    calls = [(e["tool"], e["args"].get("candidate_id")) for e in events_of(replay_dir, "tool_call")]
+    assert calls == [(s.tool, s.candidate_id) for s in second.steps]  # each recorded call once, in order
+    notes = [e["text"] for e in events_of(replay_dir, "note")]
+    assert notes and all(candidate_id(V2) in n and "recorded pass, now fail" in n for n in notes)
+    assert tools.best["candidate_id"] == candidate_id(V1)
+
+
+def test_replay_refuses_a_log_whose_sources_are_lost(tmp_path: Path) -> None:
+    tools = toolbox(tmp_path)
+    tools.call("write_candidate", source=V1, strategy="kda_recurrent")  # not an LLM run: no replies hold it
+    (tmp_path / "candidates" / f"{candidate_id(V1)}.py").unlink()
+    with pytest.raises(ValueError, match=f"no source for candidate.*{candidate_id(V1)}"):
+        ReplayAgent(replay_path=tmp_path / "events.jsonl")
