@@ -185,6 +185,14 @@ class RunLock:
             self.fd = None
 
 
+def _shown(path: Path) -> str:
+    """A path relative to the repository when it lies inside it (logs travel between machines)."""
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
 def _sigterm_as_ctrl_c() -> Any:
     """Make SIGTERM (``timeout``, a scheduler) stop the loop like Ctrl-C; returns the old handler."""
     if threading.current_thread() is not threading.main_thread():
@@ -286,7 +294,7 @@ class Run:
             "metric": "time of one kernel(...) call on the headline case, in microseconds (lower is better); only candidates that pass the judge's correctness checks count",
             "case": timings.get("case"),
             "baseline_candidate": cid,
-            "baseline_path": str(problem.baseline_candidate_path),
+            "baseline_path": _shown(Path(problem.baseline_candidate_path)),
             "baseline_us": timings.get("candidate_us") if passed else None,
             "baselines_us": timings.get("baselines"),
             "reference_us": timings.get("reference_us"),
@@ -328,7 +336,7 @@ class Run:
                     break
                 before = tools.budget_used
                 if not agent.act(tools):
-                    reason = f"agent {getattr(agent, 'name', '')} has nothing left to try".replace("  ", " ")
+                    reason = f"agent {getattr(agent, 'name', 'agent')} has nothing left to try"
                     break
                 idle = idle + 1 if tools.budget_used == before else 0
                 if idle >= IDLE_ACTS:
@@ -347,7 +355,6 @@ class Run:
                 signal.signal(signal.SIGTERM, previous)
         self.outcome = self._end("finished", reason)
         return self.outcome
-        # (the ``with`` block releases the lock; the progress listener stops with the run)
 
     def _end(self, status: str, reason: str) -> Outcome:
         tools = self.tools
@@ -373,14 +380,4 @@ class Run:
         record = {**best, "problem": self.problem.name, "run_id": self.log.run_id, "strategy": meta.get("strategy"), "knobs": meta.get("knobs"), "objective": tools.objective, "evaluation": evaluation}
         atomic_write(self.run_dir / "best.json", json.dumps(json.loads(dumps(record)), indent=2) + "\n")
         return self.run_dir / "best.py"
-
-
-def run_loop(options: RunOptions, agent: Any = None, **run_kwargs: Any) -> Outcome:
-    """Open (or resume) a run and execute it; ``agent`` defaults to the one the options name."""
-    with Run(options, **run_kwargs) as run:
-        if agent is None:
-            from .agents import make_agent
-
-            agent = make_agent(run.options.agent, problem=run.problem, seed=run.options.seed)
-        return run.execute(agent)
 

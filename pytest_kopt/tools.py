@@ -17,7 +17,9 @@ an agent takes costs exactly one unit, whatever it does and whatever comes back:
   free bookkeeping (``Toolbox.history()`` called as a method) cost nothing;
 - call ``n`` is logged as a ``tool_call`` before it runs and a ``tool_result`` after. A
   ``tool_call`` with no ``tool_result`` was in flight when the process died: on resume it is
-  redone under the same number ``n`` (``"redo": true``) and so is charged once.
+  redone under the same number ``n`` (``"redo": true``) and so is charged once. (A
+  ``write_candidate`` whose source had not been stored yet cannot be redone; the agent makes
+  its next call under that number instead: the later ``tool_call`` of a number is the real one.)
   ``budget_used`` is the number of distinct ``call`` numbers that have a ``tool_result``.
 
 When ``budget_used == budget``, ``call`` raises ``BudgetExhausted`` and the run ends.
@@ -41,6 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
 STAGES = ("policy", "compile", "correctness", "benchmark", "profile")
 UPTO = {"run_tests": "correctness", "benchmark": "benchmark", "profile": "profile"}
 MAX_SOURCE_CHARS = 200_000
+HISTORY_RECENT, HISTORY_FASTEST = 40, 10  # rows the history tool shows: the latest and the fastest
 
 Evaluate = Callable[..., dict]
 
@@ -322,7 +325,13 @@ class Toolbox:
         return {**{k: meta.get(k) for k in ("candidate_id", "parent", "strategy", "knobs", "notes")}, "source": source}
 
     def _tool_history(self, number: int) -> dict:
-        return {"rows": self.history(), "best": self.best, "budget": self.budget, "budget_used": number}
+        rows = self.history()
+        fastest = sorted((r for r in rows if r.get("candidate_us") is not None), key=lambda r: r["candidate_us"])[:HISTORY_FASTEST]
+        shown = {r["candidate_id"] for r in fastest + rows[-HISTORY_RECENT:]}
+        return {
+            "rows": [r for r in rows if r["candidate_id"] in shown], "candidates": len(rows),
+            "omitted": len(rows) - len(shown), "best": self.best, "budget": self.budget, "budget_used": number,
+        }
 
     # ---- evaluation -----------------------------------------------------------------------
     def cached(self, cid: str, upto: str) -> dict | None:

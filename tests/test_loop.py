@@ -12,7 +12,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 from kopt_fake_run import FakeJudge, FakeProblem
 
 from pytest_kopt import REPO_ROOT

@@ -193,3 +193,16 @@ def test_schemas_cover_every_tool():
     assert set(SCHEMAS) == {"write_candidate", "run_tests", "benchmark", "profile", "show_reference", "show_problem", "show_candidate", "history"}
     for schema in SCHEMAS.values():
         assert schema["type"] == "object" and schema["description"]
+
+
+def test_the_history_tool_shows_the_latest_and_the_fastest_of_a_long_run(tmp_path):
+    tools, _ = make(tmp_path, budget=200)
+    fam = parse_family(SLOW, "slow")
+    first = tools.call("write_candidate", source=GOOD)["candidate_id"]
+    tools.call("benchmark", candidate_id=first)  # the fastest, and the oldest
+    for i in range(60):
+        tools.call("write_candidate", source=fam.render({"BLOCK": 16}) + f"# variant {i}\n")
+    out = tools.call("history")
+    ids = [r["candidate_id"] for r in out["rows"]]
+    assert out["candidates"] == 61 and len(ids) == 41 and out["omitted"] == 20
+    assert first in ids and ids[-1] == tools.history()[-1]["candidate_id"]

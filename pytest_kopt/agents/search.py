@@ -155,12 +155,9 @@ class SearchAgent(Agent):
         for family in self.families.values():  # the sampler keeps repeating itself: walk the space
             for knobs in family.combinations():
                 if candidate_id(family.render(knobs)) not in self.tried:
-                    params = self._params(family, knobs)
-                    if params is not None:
-                        self.study.enqueue_trial(params)
-                        trial = self.study.ask(self._distributions(family))
-                        return self._attempt(family, knobs, trial, trial.params)
-                    return self._attempt(family, knobs, None, None)
+                    self.study.enqueue_trial(self._params(family, knobs))  # combinations lie in the space
+                    trial = self.study.ask(self._distributions(family))
+                    return self._attempt(family, knobs, trial, trial.params)
         return None
 
     def _next_step(self, attempt: Attempt) -> str | None:
