@@ -166,12 +166,31 @@ class Judge:
         finally:
             self.monitor.expected_stream = None
         seconds = time.perf_counter() - start
+        outputs, malformed = self.plain_outputs(outputs)
+        if outputs is None:
+            return None, malformed, seconds
         reasons = inspect_call(outputs=outputs, output_names=self.output_names, inputs=inputs, before=before, guard=guard,
                                monitor=self.monitor, expected_dtypes=self.problem.expected_dtypes(inputs), device=self.device)
         if mode_lost:
             reasons.append("the candidate switched off the judge's dispatch guard")
         reasons += self.tampered()
         return outputs, reasons, seconds
+
+    def plain_outputs(self, outputs: Any) -> tuple[Any, list[str]]:
+        """Outputs as a plain tuple of plain tensors (or None). A tensor subclass or a tuple
+        subclass could answer the judge's own arithmetic with anything, so neither is read."""
+        torch = self.torch
+        if type(outputs) is torch.Tensor:
+            outputs = (outputs,)
+        if type(outputs) not in (tuple, list):
+            return None, [f"kernel(...) returned a {type(outputs).__name__}: it must return a tuple of tensors ({', '.join(self.output_names)})"]
+        reasons = []
+        for name, out in zip(self.output_names, outputs):
+            if out is not None and type(out) is not torch.Tensor:
+                reasons.append(f"output {name} is of type {type(out).__name__}, not a plain torch.Tensor")
+        if reasons:
+            return None, reasons
+        return tuple(outputs), []
 
     def clone_outputs(self, outputs: Any) -> Any:
         torch = self.torch
@@ -221,6 +240,8 @@ class Judge:
         saved = self.clone_outputs(outputs)
         del outputs, first
         reasons = [f"{label}: {r}" for r in honesty]
+        if saved is None:
+            return reasons
         expected = self.problem.reference(**inputs)
         reasons += [f"{label}: {r}" for r in self.add_errors(label, self.problem.compare(saved, expected))]
         del expected, saved
@@ -237,13 +258,16 @@ class Judge:
         again = f"{label} (second call: new data at the same addresses)"
         outputs, honesty, _ = self.call(inputs)
         reasons += [f"{again}: {r}" for r in honesty]
-        reasons += [f"{again}: {r}" for r in self.add_errors(again, self.problem.compare(outputs, expected))]
+        if outputs is not None:
+            reasons += [f"{again}: {r}" for r in self.add_errors(again, self.problem.compare(outputs, expected))]
         return reasons
 
     def check_example(self, case: dict) -> list[str]:
         label = self.label(case)
         inputs = self.make(case)
         outputs, honesty, _ = self.call(inputs)
+        if outputs is None:
+            return honesty
         saved = self.clone_outputs(outputs)
         del outputs
         expected = self.problem.reference(**inputs)
@@ -348,7 +372,7 @@ class Judge:
                     live[key].copy_(value)
                 else:
                     live[key] = value
-        state: dict[str, Any] = {"round": 0, "set": 0, "out": None, "prev": None, "first": [None, None], "bad": []}
+        state: dict[str, Any] = {"round": 0, "set": 0, "out": None, "prev": (), "first": [None, None], "bad": []}
 
         def setup() -> None:
             which = state["round"] % 2
@@ -362,9 +386,14 @@ class Judge:
         def teardown() -> None:
             self.sync()
             out, which = state["out"], state["set"]
+            out, malformed = self.plain_outputs(out)
+            if out is None:
+                out = ()
+                if not state["bad"]:
+                    state["bad"].append(f"timed call {state['round'] + 1}: {'; '.join(malformed)}")
             if state["bad"]:
                 pass
-            elif out is state["prev"] and out is not None:
+            elif any(o is not None and any(o is p for p in state["prev"]) for o in out):
                 state["bad"].append(f"timed call {state['round'] + 1} returned the same object as the call before (cached result)")
             elif state["first"][which] is None:
                 errors = problem.compare(out, expected[which])

@@ -72,6 +72,7 @@ REFUSED_BUILTINS = frozenset({
     "__import__", "eval", "exec", "compile", "open", "globals", "locals", "vars", "setattr", "delattr",
     "breakpoint", "input", "exit", "quit", "__builtins__", "help", "memoryview",
 })
+REFUSED_METHODS = frozenset({"__torch_function__", "__torch_dispatch__", "__del__", "__getattr__", "__getattribute__"})
 ALLOWED_DUNDERS = frozenset({"__name__", "__doc__", "__init__", "__post_init__", "__class_getitem__"})
 NEUTRAL_BASES = ("math", "triton", "triton.language")  # compute names are fine on these
 
@@ -189,6 +190,8 @@ class _Checker(ast.NodeVisitor):
 
     # ---- functions ------------------------------------------------------------------
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        if node.name in REFUSED_METHODS:
+            self.refuse(node, f"defining {node.name} is not allowed: a tensor subclass could answer the judge's checks with anything")
         is_jit = _is_triton_decorated(node, self.aliases)
         if is_jit:
             self.report.jit_functions.append(node.name)

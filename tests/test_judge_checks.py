@@ -1,0 +1,165 @@
+"""The judge's building blocks, in process: the dispatch guard, poison, aliasing, tamper
+snapshot, the one timer, and the sandbox (process group kill, scrubbed environment)."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from pytest_kopt.judge import checks, sandbox, timing
+
+
+def test_guard_records_torch_math_but_not_allocation_views_and_copies() -> None:
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    with checks.CallGuard() as guard:
+        out = torch.empty(8, 8)
+        out.copy_(a.t().contiguous().view(64).view(8, 8))
+        torch.zeros_like(b).fill_(1.5)
+    assert not guard.forbidden
+    with checks.CallGuard() as guard:
+        torch.mm(a, b)
+        getattr(torch, "ein" + "sum")("ij,jk->ik", a, b)
+        a.softmax(-1)
+    assert "aten.mm" in guard.forbidden and "aten._softmax" in guard.forbidden, guard.forbidden
+    assert sum(guard.forbidden.values()) >= 3
+
+
+def test_fresh_empty_memory_is_poisoned_and_unwritten_elements_are_counted_exactly() -> None:
+    with checks.CallGuard() as guard:
+        out = torch.empty(5, 7, dtype=torch.bfloat16)
+        half = torch.empty(9, dtype=torch.float32)
+    assert checks.unwritten(out) == 35 and checks.unwritten(half) == 9
+    assert torch.isnan(out.float()).all()  # the pattern is a NaN: unwritten output never passes
+    out[1:3].copy_(torch.randn(2, 7))
+    half[:4] = torch.rand(4) + 1.0
+    assert checks.unwritten(out) == 21 and checks.unwritten(half) == 5
+    assert {checks._storage_key(out), checks._storage_key(half)} <= guard.fresh
+
+
+def test_outputs_from_before_the_call_are_not_fresh() -> None:
+    cached = torch.randn(16)
+    with checks.CallGuard() as guard:
+        view = cached.view(4, 4)
+        new = cached.clone()
+    assert checks._storage_key(view) not in guard.fresh
+    assert checks._storage_key(new) in guard.fresh
+
+
+def test_overlap_follows_views_and_strides() -> None:
+    base = torch.randn(4, 10)
+    assert checks.overlaps(base[1], base[1, 3:])
+    assert not checks.overlaps(base[0], base[1])
+    assert checks.overlaps(base.t(), base[3])
+    assert not checks.overlaps(base, torch.randn(4, 10))
+
+
+def test_inspect_call_names_every_dishonest_thing() -> None:
+    x, y = torch.randn(3, 5), torch.randn(3, 5)
+    inputs = {"x": x, "y": y}
+    before = checks.snapshot_inputs(inputs)
+    monitor = checks.LaunchMonitor()  # never installed: zero launches
+    with checks.CallGuard() as guard:
+        out = torch.empty(3, 5)
+        y.add_(1.0)
+    reasons = checks.inspect_call(outputs=(out, x[0]), output_names=["out", "x_alias"], inputs=inputs, before=before,
+                                  guard=guard, monitor=monitor, expected_dtypes={"out": torch.bfloat16}, device=torch.device("cpu"))
+    text = "\n".join(reasons)
+    for expected in ("no Triton kernel was launched", "aten.add_", "15 of 15 elements were never written",
+                     "output x_alias aliases input x", "not allocated during this call", "dtype torch.float32, expected torch.bfloat16",
+                     "input y was modified"):
+        assert expected in text, text
+
+
+def test_tamper_check_sees_replaced_and_deleted_entries_but_not_data() -> None:
+    module = types.ModuleType("fake_harness")
+    module.compare = lambda a, b: False
+    module.helper = len
+    module.counter = 0
+    snapshot = checks.TamperCheck([("fake_harness", module)])
+    module.counter = 5  # data may change
+    assert snapshot.changes() == []
+    module.compare = lambda a, b: True
+    del module.helper
+    assert sorted(snapshot.changes()) == ["fake_harness.compare was replaced", "fake_harness.helper was deleted"]
+
+
+def test_scrub_env_drops_anything_named_like_a_secret() -> None:
+    env = {"PATH": "/bin", "HOME": "/root", "OPENAI_API_KEY": "sk-1", "GITHUB_TOKEN": "t", "MY_SECRET": "s",
+           "DB_PASSWORD": "p", "AWS_REGION": "x", "HF_HOME": "h", "CUDA_VISIBLE_DEVICES": "0", "OPENAI_BASE_URL": "u"}
+    assert sandbox.scrub_env(env) == {"PATH": "/bin", "HOME": "/root", "CUDA_VISIBLE_DEVICES": "0"}
+
+
+def test_child_runs_in_scratch_without_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-should-not-leak")
+    monkeypatch.setenv("KOPT_TEST_PLAIN", "visible")
+    code = "import os; print(os.getcwd()); print(os.environ.get('OPENAI_API_KEY')); print(os.environ.get('KOPT_TEST_PLAIN'))"
+    run = sandbox.run_child(["-c", code], scratch=tmp_path, timeout_s=30)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(tmp_path), "None", "visible"]
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    code = textwrap.dedent(f"""
+        import subprocess, sys, time
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        open({str(pid_file)!r}, "w").write(str(p.pid))
+        time.sleep(120)
+    """)
+    run = sandbox.run_child(["-c", code], scratch=tmp_path, timeout_s=3)
+    assert run.timed_out and run.death() == "timed out"
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(grandchild)
+
+
+def _alive(pid: int) -> bool:
+    """Running or sleeping; a zombie waiting for its reaper is dead."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_death_by_signal_is_named(tmp_path: Path) -> None:
+    run = sandbox.run_child(["-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"], scratch=tmp_path, timeout_s=30)
+    assert "SIGSEGV" in run.death()
+
+
+def test_one_timer_on_cpu_goes_through_pytest_benchmark() -> None:
+    data = torch.randn(1000)
+    calls = []
+    meta = timing.benchmark(lambda: calls.append(data.sum()), device="cpu", name="sum", group="unit", rounds=4, warmup_rounds=2)
+    assert len(calls) == 6 and meta.stats.rounds == 4
+    assert 0 < meta.stats.min <= meta.stats.median <= meta.stats.max
+    document = timing.benchmark_json([meta.as_dict(include_data=True)], machine_info={}, commit_info={})
+    assert document["benchmarks"][0]["stats"]["data"] and document["benchmarks"][0]["group"] == "unit"
+    assert timing.timer_for("cpu") is timing.sync_perf_counter
+
+
+def test_rounds_are_clamped() -> None:
+    assert timing.rounds_for(1e-6, budget_s=1.0, lo=5, hi=200) == 200
+    assert timing.rounds_for(10.0, budget_s=1.0, lo=5, hi=200) == 5
+    assert timing.rounds_for(0.01, budget_s=1.0, lo=5, hi=200) == 100
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_event_clock_measures_device_time() -> None:
+    a = torch.randn(4096, 4096, device="cuda")
+    meta = timing.benchmark(lambda: a @ a, device="cuda", name="mm", group="unit", rounds=5, warmup_rounds=2)
+    host = timing.benchmark(lambda: None, device="cuda", name="noop", group="unit", rounds=5)
+    assert meta.stats.median > 10 * host.stats.median  # device time of a real matmul, not launch time

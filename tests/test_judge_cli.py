@@ -1,0 +1,79 @@
+"""The judge's two front doors: ``kopt eval`` and ``pytest --kopt-problem/--kopt-candidate``.
+Exit status 0 only on a pass; the result JSON and pytest-benchmark JSON are written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import judge_toy_problem
+from pytest_kopt.cli import main
+
+TESTS = Path(__file__).resolve().parent
+HOSTILE = TESTS / "hostile"
+TOY_REF = "judge_toy_problem:AXPY"  # module:attribute, importable because tests/ is on sys.path
+
+
+def test_kopt_eval_passes_an_honest_candidate_and_saves_both_jsons(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out, bench = tmp_path / "result.json", tmp_path / "bench.json"
+    code = main(["eval", "--problem", TOY_REF, str(HOSTILE / "good_axpy.py"), "--quick", "--upto", "benchmark",
+                 "--json", str(out), "--benchmark-json", str(bench)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert printed.startswith("PASS at benchmark  judge-toy-axpy")
+    result = json.loads(out.read_text())
+    assert result["verdict"] == "pass" and result["problem"] == judge_toy_problem.AXPY.name
+    assert result["timings"]["candidate_us"] > 0
+    saved = json.loads(bench.read_text())
+    assert {"machine_info", "commit_info", "benchmarks", "datetime", "version"} <= set(saved)
+    names = [b["name"] for b in saved["benchmarks"]]
+    assert names == ["candidate", "torch-eager", "reference"]
+    candidate = saved["benchmarks"][0]
+    assert candidate["stats"]["median"] * 1e6 == pytest.approx(result["timings"]["candidate_us"])
+    assert len(candidate["stats"]["data"]) == candidate["stats"]["rounds"] >= 2
+
+
+def test_kopt_eval_fails_with_the_reason_and_exit_status_1(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "result.json"
+    code = main(["eval", "--problem", "kda", str(HOSTILE / "calls_reference.py"), "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 1
+    assert "FAIL at policy" in printed and "kernels.reference.kda" in printed
+    result = json.loads(out.read_text())
+    assert (result["verdict"], result["stage"]) == ("fail", "policy")
+    assert result["candidate"].endswith("calls_reference.py") and len(result["candidate_id"]) == 12
+
+
+def test_unknown_problem_is_a_failure_not_a_crash(capsys: pytest.CaptureFixture) -> None:
+    assert main(["eval", "--problem", "no-such-problem", str(HOSTILE / "good_axpy.py")]) == 1
+    assert "unknown problem 'no-such-problem'" in capsys.readouterr().out
+
+
+def _pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_pytest_route_items_per_stage_and_pytest_benchmark_json(tmp_path: Path) -> None:
+    bench, out = tmp_path / "bench.json", tmp_path / "result.json"
+    run = _pytest(f"--kopt-problem={TOY_REF}", f"--kopt-candidate={HOSTILE / 'good_axpy.py'}", "--kopt-quick",
+                  f"--kopt-json={out}", f"--benchmark-json={bench}", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for stage in ("policy", "compile", "correctness", "benchmark"):
+        assert f"PASSED ::kopt[{TOY_REF}:good_axpy.py]::{stage}" in run.stdout, run.stdout
+    assert "4 passed" in run.stdout and "kopt judge" in run.stdout
+    assert json.loads(out.read_text())["verdict"] == "pass"
+    assert [b["name"] for b in json.loads(bench.read_text())["benchmarks"]] == ["candidate", "torch-eager", "reference"]
+
+
+def test_pytest_route_fails_at_the_stage_and_skips_the_rest(tmp_path: Path) -> None:
+    run = _pytest("--kopt-problem=kda", f"--kopt-candidate={HOSTILE / 'forbidden_import.py'}", cwd=tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "policy failed" in run.stdout and "third-party kernel libraries" in run.stdout
+    assert "1 failed, 4 skipped" in run.stdout, run.stdout

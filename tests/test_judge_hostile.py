@@ -1,0 +1,157 @@
+"""Hostile and broken candidates through the whole judge, each rejected for the right reason.
+
+Most are variations of ``tests/hostile/good_axpy.py`` on a toy problem registered by this
+module only (``judge_toy_problem``), which also proves the child finds a problem the parent
+registered. Every evaluation is an independent child process, so they run concurrently in one
+module-scoped fixture; the tests then read the results. ``*_runtime`` entries switch the static
+policy off to prove the runtime checks stand on their own (the policy is bypassable by
+computed names).
+"""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import judge_toy_problem
+from pytest_kopt.judge import STAGES, evaluate
+
+HOSTILE = Path(__file__).resolve().parent / "hostile"
+FAMILIES = Path(__file__).resolve().parent.parent / "kernels" / "families"
+TOY = judge_toy_problem.AXPY.name
+
+
+@dataclass(frozen=True)
+class Expect:
+    path: Path
+    stage: str
+    reasons: tuple[str, ...] = ()  # each must appear in the joined reasons
+    problem: str = TOY
+    options: dict = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        return "pass" if not self.reasons else "fail"
+
+
+def hostile(name: str, stage: str, *reasons: str, problem: str = TOY, **options) -> Expect:
+    return Expect(HOSTILE / f"{name}.py", stage, reasons, problem, options)
+
+
+EXPECT = {
+    # controls: honest candidates pass
+    "good_axpy": hostile("good_axpy", "benchmark", upto="benchmark"),
+    "kda_baseline": Expect(FAMILIES / "kda_recurrent.py", "correctness", problem="kda"),
+    "mla_baseline": Expect(FAMILIES / "mla_naive.py", "correctness", problem="mla"),
+    # static policy
+    "forbidden_import": hostile("forbidden_import", "policy", "flash_attn", "third-party kernel libraries"),
+    "calls_reference": hostile("calls_reference", "policy", "kernels.reference.kda", "project's own references", problem="kda"),
+    "getattr_einsum": hostile("getattr_einsum", "policy", "line 19", "computed attribute name"),
+    "patches_harness": hostile("patches_harness", "policy", "assigning to torch.allclose"),
+    "tensor_subclass": hostile("tensor_subclass", "policy", "defining __torch_function__ is not allowed"),
+    # runtime honesty checks
+    "pure_torch": hostile("pure_torch", "correctness", "no Triton kernel was launched", "torch computed during the call (aten.mul"),
+    "empty_output": hostile("empty_output", "correctness", "200 of 200 elements were never written (uninitialised memory)"),
+    "caches_results": hostile("caches_results", "correctness", "second call: new data at the same addresses", "not allocated during this call"),
+    "mutates_inputs": hostile("mutates_inputs", "correctness", "input y was modified"),
+    "returns_nan": hostile("returns_nan", "correctness", "out: contains NaN or Inf"),
+    "fast_later": hostile("fast_later", "benchmark", "timed call", "outputs of timed calls are checked too", upto="benchmark"),
+    "small_shapes_only": hostile("small_shapes_only", "correctness", "minimal failing shape found by hypothesis", quick=False),
+    # runtime checks without the policy's help
+    "getattr_einsum_runtime": hostile("getattr_einsum", "correctness", "torch computed during the call (aten.mul", static_policy=False),
+    "patches_harness_runtime": hostile("patches_harness", "compile", "torch.allclose was replaced", "torch.Tensor.norm was replaced", static_policy=False),
+    "tensor_subclass_runtime": hostile("tensor_subclass", "correctness", "output out is of type Agreeable, not a plain torch.Tensor", static_policy=False),
+    # writes a passing result file, then os._exit(0) before the judge writes its own
+    "forges_result_runtime": hostile("forges_result", "compile", "forged result", static_policy=False),
+    # faults: the harness carries on
+    "hangs": hostile("hangs", "compile", "timed out after 8 s", "process group was killed", timeout_s=8.0),
+    "crashes": hostile("crashes", "compile", "SIGSEGV", "candidate line 12"),
+    "raises": hostile("raises", "compile", "KeyError: 'BLOCKS'", "candidate line 15"),
+    "compile_error": hostile("compile_error", "compile", "arange's range must be a power of 2", "candidate line 19"),
+}
+
+
+def _run(expect: Expect) -> dict:
+    options = {"quick": True, "upto": "correctness", "timeout_s": 300.0, **expect.options}
+    return evaluate(expect.problem, expect.path, **options)
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, dict]:
+    # slow ones first so the pool's tail is short
+    order = sorted(EXPECT, key=lambda k: (k not in ("mla_baseline", "kda_baseline", "hangs", "small_shapes_only"), k))
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(_run, EXPECT[name]) for name in order}
+        return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECT))
+def test_verdict_stage_and_reason(results: dict[str, dict], name: str) -> None:
+    expect, result = EXPECT[name], results[name]
+    joined = "\n".join(result["reasons"])
+    assert (result["verdict"], result["stage"]) == (expect.verdict, expect.stage), joined
+    for fragment in expect.reasons:
+        assert fragment in joined, joined
+    if expect.verdict == "fail":
+        assert result["reasons"] and all(isinstance(r, str) and r for r in result["reasons"])
+
+
+def test_minimal_failing_shape_is_just_past_the_block(results: dict[str, dict]) -> None:
+    reasons = results["small_shapes_only"]["reasons"]
+    width = int(re.search(r"hypothesis: B\d+ N(\d+)", reasons[0]).group(1))
+    assert width > 128, reasons  # the candidate is right up to 128 columns
+
+
+def test_a_passing_result_carries_the_documented_fields(results: dict[str, dict]) -> None:
+    result = results["good_axpy"]
+    assert set(result) >= {"verdict", "stage", "reasons", "problem", "candidate", "candidate_id", "device", "duration_s",
+                           "errors", "timings", "speedup", "roofline", "profile"}
+    assert result["problem"] == TOY and len(result["candidate_id"]) == 12 and result["device"]
+    timings = result["timings"]
+    assert timings["candidate_us"] > 0 and timings["baselines"]["torch-eager"] > 0 and timings["reference_us"] > 0
+    assert timings["compile_s"] > 0
+    assert result["speedup"] == pytest.approx(timings["baselines"]["torch-eager"] / timings["candidate_us"])
+    roofline = result["roofline"]
+    assert roofline["floor_us"] > 0 and roofline["achieved_GBps"] > 0 and 0 < roofline["floor_fraction"] < 1
+    assert all(e["ok"] and 0 <= e["rel_rms"] <= e["tolerance"] for e in result["errors"])
+    assert [b["name"] for b in result["benchmarks"]] == ["candidate", "torch-eager", "reference"]
+    assert any("indicative" in note for note in result["notes"])
+
+
+def test_errors_report_each_output_against_its_tolerance(results: dict[str, dict]) -> None:
+    for name in ("kda_baseline", "mla_baseline"):
+        errors = results[name]["errors"]
+        outputs = {e["output"] for e in errors}
+        assert outputs == ({"o", "final_state"} if name == "kda_baseline" else {"o", "lse"}), errors
+        assert all(e["ok"] and e["rel_rms"] <= e["tolerance"] for e in errors)
+    nan = results["returns_nan"]["errors"]
+    assert nan and not nan[0]["ok"] and nan[0]["rel_rms"] is None  # NaN never passes
+
+
+def test_stages_are_the_documented_ones(results: dict[str, dict]) -> None:
+    assert {r["stage"] for r in results.values()} <= set(STAGES)
+
+
+requires_gpu = pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_side_stream_work_is_caught_at_run_time() -> None:
+    result = evaluate(TOY, HOSTILE / "side_stream.py", quick=True, upto="correctness", static_policy=False)
+    assert (result["verdict"], result["stage"]) == ("fail", "correctness"), result["reasons"]
+    assert any("side stream" in reason for reason in result["reasons"])
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_an_illegal_address_does_not_poison_the_next_evaluation() -> None:
+    crashed = evaluate(TOY, HOSTILE / "crashes.py", quick=True, upto="correctness")
+    assert crashed["verdict"] == "fail"
+    assert any(("illegal memory access" in r) or ("CUDA error" in r) for r in crashed["reasons"]), crashed["reasons"]
+    after = evaluate(TOY, HOSTILE / "good_axpy.py", quick=True, upto="correctness")
+    assert after["verdict"] == "pass", after["reasons"]

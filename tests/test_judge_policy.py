@@ -1,0 +1,156 @@
+"""The judge's static policy: what it refuses, with a reason naming the line, and what it lets through."""
+
+from __future__ import annotations
+
+import keyword
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_kopt import REPO_ROOT
+from pytest_kopt.judge.policy import ALLOWED_IMPORTS, check_source
+
+HEADER = "import torch\nimport triton\nimport triton.language as tl\n"
+JIT = "\n@triton.jit\ndef _k(x_ptr):\n    tl.store(x_ptr, tl.load(x_ptr))\n"
+
+
+def candidate(host_body: str, extra_imports: str = "") -> str:
+    """A candidate whose kernel(...) runs ``host_body`` (indented by us)."""
+    body = "\n".join("    " + line for line in host_body.strip().splitlines())
+    return HEADER + extra_imports + JIT + f"\n\ndef kernel(x, y, alpha):\n{body}\n"
+
+
+REFUSED = {
+    # third-party kernel libraries, by name
+    "fla": (candidate("return x", "from fla.ops.kda import chunk_kda\n"), "third-party kernel libraries"),
+    "flash_attn": (candidate("return x", "import flash_attn\n"), "third-party kernel libraries"),
+    "flashinfer": (candidate("return x", "import flashinfer as fi\n"), "third-party kernel libraries"),
+    "xformers": (candidate("return x", "from xformers.ops import memory_efficient_attention\n"), "third-party kernel libraries"),
+    "flash_mla": (candidate("return x", "import flash_mla\n"), "third-party kernel libraries"),
+    "deep_gemm": (candidate("return x", "import deep_gemm\n"), "third-party kernel libraries"),
+    "cutlass": (candidate("return x", "import cutlass\n"), "third-party kernel libraries"),
+    # the project's own code
+    "reference": (candidate("return x", "from kernels.reference.kda import naive_recurrent_kda\n"), "project's own references"),
+    "harness": (candidate("return x", "import pytest_kopt\n"), "project's own references"),
+    # process and loader machinery
+    "importlib": (candidate("return x", "import importlib\n"), "machinery"),
+    "ctypes": (candidate("return x", "import ctypes\n"), "machinery"),
+    "subprocess": (candidate("return x", "import subprocess\n"), "machinery"),
+    "os.system": (candidate("os.system('true')\nreturn x", "import os\n"), "machinery"),
+    "socket": (candidate("return x", "import socket\n"), "machinery"),
+    "cpp_extension": (candidate("return x", "from torch.utils.cpp_extension import load_inline\n"), "only torch"),
+    "load_inline attr": (candidate("m = torch.utils.cpp_extension.load_inline('m', '')\nreturn x"), "not allowed"),
+    "__import__": (candidate("m = __import__('os')\nreturn x"), "__import__ is not allowed"),
+    "eval": (candidate("return eval('x')"), "eval is not allowed"),
+    "exec": (candidate("exec('y = x')\nreturn x"), "exec is not allowed"),
+    "open": (candidate("open('result.json', 'w')\nreturn x"), "open is not allowed"),
+    # torch math in host code
+    "matmul": (candidate("return torch.matmul(x, y)"), "torch math"),
+    "einsum": (candidate("return torch.einsum('ij,jk->ik', x, y)"), "torch math"),
+    "bmm": (candidate("return x.bmm(y)"), "torch math"),
+    "softmax": (candidate("return x.softmax(-1)"), "torch math"),
+    "F.*": (candidate("return F.silu(x)", "import torch.nn.functional as F\n"), "only torch"),
+    "sdpa": (candidate("return torch.nn.functional.scaled_dot_product_attention(x, y, y)"), "torch math"),
+    "cumsum": (candidate("return torch.cumsum(x, 0)"), "torch math"),
+    "from torch import": (candidate("return einsum('i,i->', x, y)", "from torch import einsum\n"), "torch math"),
+    "@": (candidate("return x @ y"), "@ operator"),
+    # computed names and reflection
+    "getattr computed": (candidate("f = getattr(torch, 'ein' + 'sum')\nreturn f('i,i->', x, y)"), "computed attribute name"),
+    "getattr literal": (candidate("f = getattr(torch, 'einsum')\nreturn f('i,i->', x, y)"), "not allowed"),
+    "getattr by alias": (candidate("g = getattr\nreturn g(torch, 'mm')(x, y)"), "only be called directly"),
+    "dunder": (candidate("return x.__class__.__dict__"), "no reflection on internals"),
+    "frames": (candidate("def gen():\n    yield 1\ng = gen()\nreturn g.gi_frame.f_back"), "not allowed"),
+    "private torch": (candidate("torch._C._set_grad_enabled(False)\nreturn x"), "private torch internals"),
+    # patching
+    "patch allclose": (candidate("return x") + "\ntorch.allclose = lambda *a, **k: True\n", "patching modules"),
+    "patch method": (candidate("return x") + "\ntorch.Tensor.copy_ = None\n", "patching modules"),
+    # escape hatches
+    "side stream": (candidate("with torch.cuda.stream(torch.cuda.Stream()):\n    return x"), "streams"),
+    "torch.compile": (candidate("return torch.compile(lambda a: a)(x)"), "compilers"),
+    "triton internals": (candidate("return x", "from triton.runtime import driver\n"), "only torch"),
+    "relative import": (candidate("return x", "from . import helper\n"), "relative imports"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_policy_refuses_with_a_reason_naming_the_line(name: str) -> None:
+    source, expected = REFUSED[name]
+    report = check_source(source)
+    assert not report.ok, f"{name}: accepted"
+    assert any(expected in reason for reason in report.reasons), report.reasons
+    assert all(reason.startswith("line ") or "no " in reason for reason in report.reasons), report.reasons
+
+
+def test_the_offending_line_number_is_reported() -> None:
+    source = candidate("a = x\nreturn torch.einsum('i,i->', a, y)")
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if "einsum" in text)
+    assert check_source(source).reasons == [f"line {line}: torch.einsum: torch math is not allowed in host code; do the math in a @triton.jit kernel"]
+
+
+def test_a_kernel_file_without_triton_jit_or_kernel_is_refused() -> None:
+    no_jit = HEADER + "\ndef kernel(x, y, alpha):\n    return x\n"
+    assert any("no @triton.jit" in r for r in check_source(no_jit).reasons)
+    no_kernel = HEADER + JIT + "\ndef forward(x):\n    return x\n"
+    assert any("no module-level kernel" in r for r in check_source(no_kernel).reasons)
+    assert any("syntax error" in r for r in check_source("def kernel(:\n").reasons)
+
+
+@pytest.mark.parametrize("path", ["kernels/families/kda_recurrent.py", "kernels/families/mla_naive.py", "tests/hostile/good_axpy.py"])
+def test_baselines_pass_the_policy(path: str) -> None:
+    report = check_source((REPO_ROOT / path).read_text())
+    assert report.ok, report.reasons
+    assert report.jit_functions
+
+
+def test_triton_math_host_arithmetic_and_allowed_helpers_pass() -> None:
+    source = HEADER + "import math\nfrom triton.language.extra import libdevice  # noqa\n" + """
+@triton.autotune(configs=[triton.Config({"BLOCK": 64})], key=["n"])
+@triton.jit
+def _k(x_ptr, o_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    s = tl.sum(tl.exp(x) * x, axis=0) + tl.dot(x[:, None] * 1.0, x[None, :] * 1.0).sum()
+    tl.store(o_ptr, tl.sqrt(s))
+
+
+def kernel(x, y, alpha):
+    scale = 1.0 / math.sqrt(x.shape[-1]) if alpha is None else alpha
+    out = torch.empty(1, device=x.device, dtype=torch.float32)
+    grid = (triton.cdiv(x.numel(), 64),)
+    _k[grid](x.contiguous().view(-1), out, x.numel())
+    n = max(x.shape[0], 1) * 2 ** 3
+    return out.reshape(1), scale, n
+"""
+    report = check_source(source)
+    assert report.ok, report.reasons
+
+
+IDENTIFIER = st.from_regex(r"[a-z_][a-z0-9_]{0,12}", fullmatch=True).filter(lambda s: not keyword.iskeyword(s))
+
+
+@settings(max_examples=30, deadline=None)
+@given(IDENTIFIER)
+def test_only_allow_listed_modules_import(module: str) -> None:
+    report = check_source(candidate("return x", f"import {module}\n"))
+    assert report.ok == (module in ALLOWED_IMPORTS), report.reasons
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(["torch", "x", "y", "torch.nn.functional", "torch.linalg"]),
+       st.sampled_from(["matmul", "mm", "bmm", "einsum", "softmax", "cumsum", "exp", "sum", "mean", "sigmoid"]))
+def test_torch_math_names_are_refused_on_any_host_object(base: str, name: str) -> None:
+    report = check_source(candidate(f"return {base}.{name}(x)"))
+    assert not report.ok
+    assert any(name in reason or "torch math" in reason for reason in report.reasons)
+
+
+def test_reasons_do_not_repeat_for_one_chain() -> None:
+    report = check_source(candidate("return torch.nn.functional.softmax(x, -1)"))
+    assert len(report.reasons) == 1, report.reasons
+
+
+def test_policy_reads_every_hostile_file_without_crashing() -> None:
+    for path in sorted(Path(REPO_ROOT / "tests" / "hostile").glob("*.py")):
+        check_source(path.read_text(), path.name)  # must not raise
