@@ -304,6 +304,19 @@ def test_rejected_key_is_not_retried_and_never_logged(tmp_path: Path, monkeypatc
             assert SECRET not in path.read_text(errors="replace"), path
 
 
+def test_a_key_in_a_variable_the_judge_would_not_strip_leaves_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KOPT_LLM_CRED_X", SECRET)  # not named like a secret: the sandbox would pass it on
+    monkeypatch.setenv("MY_OPENAI_KEY", SECRET)  # named like one: the sandbox strips it, so it may stay
+    tools = toolbox(tmp_path)
+    with FakeOpenAI([Reply([call("history")]), Reply([call("history")])]) as server:
+        for name in ("KOPT_LLM_CRED_X", "MY_OPENAI_KEY"):
+            a = agent(server, api_key_env=name)
+            a.restore([])
+            a.act(tools)
+    assert "KOPT_LLM_CRED_X" not in os.environ and os.environ["MY_OPENAI_KEY"] == SECRET
+    assert [r["headers"]["authorization"] for r in server.requests] == [f"Bearer {SECRET}"] * 2
+
+
 def test_missing_model_or_key_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     monkeypatch.delenv("KOPT_NO_SUCH_KEY", raising=False)

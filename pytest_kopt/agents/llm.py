@@ -30,6 +30,7 @@ from typing import Any, Callable
 import openai
 
 from ..events import read_events
+from ..judge.sandbox import scrub_env
 from .base import Agent
 from .memory import build_memory
 
@@ -241,6 +242,10 @@ class LLMAgent(Agent):
                 raise ValueError(f"no API key: set ${api_key_env}, or point --kopt-base-url at a self-hosted server")
             key = "EMPTY"  # self-hosted servers (vLLM, llama.cpp) take any key
         self._secret = key if key != "EMPTY" else None  # only to scrub it from what is logged
+        if self._secret and scrub_env({api_key_env: key}):
+            # The judge strips variables named like secrets from candidates' environment; this
+            # name would slip through, so the variable leaves this process (the client has the key).
+            os.environ.pop(api_key_env, None)
         self.base_url = base_url
         self.context_tokens = int(context_tokens or 0) or default_context_tokens(model)
         self.seed = seed
