@@ -14,7 +14,7 @@ from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from .runsummary import RunSummary
 
@@ -54,13 +54,17 @@ def progress(runs: list[RunSummary], path: Path) -> Path:
         ax.yaxis.set_minor_formatter(NullFormatter())
     ax.yaxis.set_major_formatter(FuncFormatter(_times_formatter))
     ax.set_xlim(left=0)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if ax.get_yscale() == "linear":
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high + 0.08 * (high - low))  # head room above the best line
     ax.set_xlabel("tool calls (budget units)")
     ax.set_ylabel("best verified speedup over the baseline candidate")
     problems = sorted({r.problem for r in runs if r.problem})
     ax.set_title(f"Best speedup against budget spent ({', '.join(problems) or 'runs'})")
     ax.grid(True, which="major", alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", fontsize=8, frameon=True)
+    if ax.get_legend_handles_labels()[0]:  # below the chart: never over a line, room for many runs
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=8, frameon=False)
     else:
         ax.text(0.5, 0.5, "no candidate has been timed yet", transform=ax.transAxes, ha="center", color="0.4")
     return _save(fig, path)
@@ -134,5 +138,6 @@ def candidates(run: RunSummary, path: Path, floor_us: float | None = None) -> Pa
         strip.set_yticks([])
         strip.text(0.5, 0.5, "no failed candidates", transform=strip.transAxes, ha="center", va="center", color="0.4", fontsize=8)
     strip.set_xlim(-0.5, max([run.budget_used, 1] + [c.judged_at or 0 for c in judged]) + 1)
+    strip.xaxis.set_major_locator(MaxNLocator(integer=True))
     strip.set_xlabel("tool call that judged the candidate")
     return _save(fig, path)
