@@ -1,0 +1,241 @@
+"""The chunked KDA family (kernels/families/kda_chunked.py) under the Triton CPU interpreter.
+
+Checked against the problem's float64 recurrence with the problem's own compare (relative RMS,
+NaN/Inf fail): hypothesis shapes, edge shapes (T=1, T not a multiple of the chunk, K != V,
+K or V = 256), hostile gates (whole-block -1000 resets, long strong-decay runs, g = 0,
+per-channel mixtures), every SPACE value and a seeded sample of whole knob combinations, each
+rendered the way the search agent renders them (the KNOBS block replaced, the file imported).
+
+The interpreter computes tf32 products in full float32, so the tf32 parts of the kernels are
+checked for logic here and for precision on the GPU (benchmarks/dev_kda_chunked.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import math
+import random
+import subprocess
+import sys
+import uuid
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_kopt.families import load_family
+from pytest_kopt.problems import get_problem
+from pytest_kopt import KERNELS_DIR
+
+PROBLEM = get_problem("kda")
+FAMILY_PATH = KERNELS_DIR / "families" / "kda_chunked.py"
+FAMILY = load_family(FAMILY_PATH)
+
+
+def render(knobs: dict, tmp_path):
+    """The family with its KNOBS block replaced, imported as a candidate module."""
+    path = tmp_path / f"kda_chunked_{uuid.uuid4().hex[:8]}.py"
+    path.write_text(FAMILY.render(knobs))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.KNOBS == {**FAMILY.knobs, **knobs}
+    return module
+
+
+@pytest.fixture(scope="module")
+def family():
+    spec = importlib.util.spec_from_file_location("kda_chunked_default", FAMILY_PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check(kernel, x, case):
+    want = PROBLEM.reference(**x)
+    got = kernel(**x)
+    errors = PROBLEM.compare(got, want)
+    assert all(e.ok for e in errors), [e.reason for e in errors if not e.ok]
+    o, final = got
+    assert o.dtype == x["v"].dtype and o.shape == x["v"].shape
+    if case["output_final_state"]:
+        assert final.dtype == torch.float32
+    else:
+        assert final is None
+    return errors
+
+
+def inputs(case, seed, dtype=torch.bfloat16):
+    return PROBLEM.make_inputs(case, device="cpu", seed=seed, dtype=dtype)
+
+
+def test_family_block_and_space():
+    assert set(FAMILY.knobs) == set(FAMILY.space)
+    assert all(FAMILY.knobs[k] in v for k, v in FAMILY.space.items()), "defaults lie inside SPACE"
+
+
+def test_default_matches_reference_on_hypothesis_cases(family):
+    @settings(max_examples=8, deadline=None)
+    @given(case=PROBLEM.case_strategy("cpu"), seed=st.integers(0, 2**31 - 1))
+    def run(case, seed):
+        check(family.kernel, inputs(case, seed), case)
+
+    run()
+
+
+EDGE_CASES = [
+    {"B": 1, "T": 1, "H": 1, "K": 16, "V": 16, "initial_state": True, "output_final_state": True},
+    {"B": 1, "T": 1, "H": 2, "K": 64, "V": 32, "initial_state": False, "output_final_state": True},
+    {"B": 2, "T": 70, "H": 1, "K": 32, "V": 64, "initial_state": True, "output_final_state": True},  # 64 + 6
+    {"B": 1, "T": 65, "H": 2, "K": 64, "V": 16, "initial_state": False, "output_final_state": False},
+    {"B": 1, "T": 9, "H": 1, "K": 256, "V": 32, "initial_state": True, "output_final_state": True},
+    {"B": 1, "T": 9, "H": 1, "K": 16, "V": 256, "initial_state": True, "output_final_state": True, "scale": 0.5},
+    {"B": 3, "T": 17, "H": 1, "K": 128, "V": 16, "initial_state": False, "output_final_state": True},
+]
+
+
+@pytest.mark.parametrize("case", EDGE_CASES, ids=PROBLEM.describe)
+def test_edge_shapes(family, case):
+    check(family.kernel, inputs(case, seed=11), case)
+
+
+def test_float32_inputs(family):
+    case = {"B": 1, "T": 40, "H": 2, "K": 32, "V": 32, "initial_state": True, "output_final_state": True}
+    check(family.kernel, inputs(case, seed=3, dtype=torch.float32), case)
+
+
+def hostile_gates(kind: str, B: int, T: int, H: int, K: int, gen: torch.Generator) -> torch.Tensor:
+    """Gates a chunked kernel with a whole-chunk factorisation exp(G_i) * exp(-G_j) gets wrong."""
+    mild = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen) + 3.0)
+    if kind == "resets":  # whole-head resets at sub-chunk starts, inside blocks and at the end
+        g = mild.clone()
+        for t in (0, 5, 16, 31, 32, 47, T - 1):
+            if t < T:
+                g[:, t] = -1000.0
+        return g
+    if kind == "strong_run":  # -10 per step for 40 steps: spans of 150+ inside a 16-block
+        g = mild.clone()
+        g[:, 8:48] = -10.0 + 0.1 * torch.randn(B, min(T, 48) - 8, H, K, generator=gen)
+        return g
+    if kind == "zero":  # no decay at all: the delta rule alone
+        return torch.zeros(B, T, H, K)
+    if kind == "channels":  # each channel its own regime, from -1e-6 to -50 per step, plus -1000s
+        scale = torch.logspace(-6, math.log10(50.0), K)
+        g = -scale * torch.rand(B, T, H, K, generator=gen)
+        g[:, ::7, :, ::3] = -1000.0
+        return g
+    if kind == "huge":  # far past exp's range: exp(g) is exactly 0 in float32
+        g = mild.clone()
+        g[:, 3:60:4] = -3.0e4
+        return g
+    raise ValueError(kind)
+
+
+HOSTILE = ["resets", "strong_run", "zero", "channels", "huge"]
+
+
+def hostile_inputs(kind: str, case: dict, seed: int):
+    x = inputs(case, seed)
+    gen = torch.Generator().manual_seed(seed)
+    x["g"] = hostile_gates(kind, case["B"], case["T"], case["H"], case["K"], gen)
+    return x
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_hostile_gates_default(family, kind):
+    case = {"B": 1, "T": 64, "H": 2, "K": 32, "V": 32, "initial_state": True, "output_final_state": True}
+    check(family.kernel, hostile_inputs(kind, case, seed=7), case)
+
+
+def test_hostile_gates_pairwise_and_every_recentre(tmp_path):
+    case = {"B": 1, "T": 48, "H": 1, "K": 32, "V": 16, "initial_state": True, "output_final_state": True}
+    for kind, (diag, recentre) in zip(
+        itertools.cycle(["channels", "strong_run", "resets"]),
+        [("pairwise", "midpoint"), ("guarded", "start"), ("guarded", "end"), ("guarded", "midpoint")],
+    ):
+        module = render({**FAMILY.knobs, "diag": diag, "recentre": recentre}, tmp_path)
+        check(module.kernel, hostile_inputs(kind, case, seed=13), case)
+
+
+def test_every_space_value(tmp_path):
+    """Each knob value at least once (the others at their defaults), on a case with two chunks at
+    BT=32, a short last chunk, K != V and the problem's -1000 resets and strong runs (diag and
+    recentre are covered on hostile gates above)."""
+    case = {"B": 1, "T": 40, "H": 1, "K": 32, "V": 16, "initial_state": True, "output_final_state": True}
+    x = inputs(case, seed=21)
+    for name, values in FAMILY.space.items():
+        for value in values:
+            if value == FAMILY.knobs[name] or name in ("diag", "recentre"):
+                continue
+            module = render({**FAMILY.knobs, name: value}, tmp_path)
+            check(module.kernel, x, case)
+
+
+def test_sampled_knob_combinations(tmp_path):
+    rng = random.Random(2024)
+    case = {"B": 1, "T": 37, "H": 1, "K": 32, "V": 64, "initial_state": True, "output_final_state": True}
+    for i in range(4):
+        knobs = {name: rng.choice(values) for name, values in FAMILY.space.items()}
+        module = render(knobs, tmp_path)
+        check(module.kernel, hostile_inputs(HOSTILE[i % len(HOSTILE)], case, seed=100 + i), case)
+
+
+def test_unservable_shapes_and_knobs_raise_value_error(family):
+    x = inputs({"B": 1, "T": 4, "H": 1, "K": 48, "V": 16, "initial_state": False, "output_final_state": False}, seed=0)
+    with pytest.raises(ValueError, match="K=48"):
+        family.kernel(**x)
+    y = inputs({"B": 1, "T": 4, "H": 1, "K": 16, "V": 16, "initial_state": False, "output_final_state": False}, seed=0)
+    args = (y["q"], y["k"], y["v"], y["g"], y["beta"], None, None, False)
+    with pytest.raises(ValueError, match="BC"):
+        family.kda_chunked(*args, {**family.KNOBS, "BC": 8})
+    with pytest.raises(ValueError, match="diag"):
+        family.kda_chunked(*args, {**family.KNOBS, "diag": "fast"})
+
+
+COMPILE_FOR_HOPPER = """
+import importlib.util, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+spec = importlib.util.spec_from_file_location("kda_chunked", sys.argv[1])
+fam = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fam)
+K = V = 128
+plan = fam._plan(K, V, fam.KNOBS)
+P, B16 = "*fp32", "*bf16"
+
+def build(fn, types, constexprs, warps, stages):
+    sig = {n: ("constexpr" if n in constexprs else types.get(n, "i32")) for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n] not in ("constexpr", "fp32")}
+    c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    assert c.metadata.shared <= 227 * 1024, (fn.__name__, c.metadata.shared)
+    return c
+
+prep = {"q_ptr": B16, "k_ptr": B16, "v_ptr": B16, "g_ptr": P, "beta_ptr": B16, "w_ptr": B16, "u_ptr": P,
+        "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": P, "akk_ptr": P, "gl_ptr": P, "scale": "fp32"}
+for stage in ([0] if fam.KNOBS["fuse_prep"] else [1, 2]):
+    build(fam._kda_prep_kernel, prep, dict(K=K, V=V, BT=plan["BT"], BC=plan["BC"], BK=plan["BK"], BVP=plan["BVP"],
+          DK=plan["DK"], LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], STAGE=stage),
+          fam.KNOBS["prep_warps"], 1)
+scan = {"w_ptr": B16, "u_ptr": P, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": P, "gl_ptr": P, "h0_ptr": P,
+        "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P}
+c = build(fam._kda_scan_kernel, scan, dict(K=K, V=V, BT=plan["BT"], BV=plan["BV"], LAYOUT=plan["layout"],
+          FUSE_OUT=plan["fuse"], SPLIT_S=plan["split"], USE_H0=True, STORE_HT=True),
+          fam.KNOBS["scan_warps"], plan["scan_stages"])
+assert "mma" in c.asm["ptx"], "the scan's products should run on the tensor cores"
+print("compiled for sm_90")
+"""
+
+
+def test_default_knobs_compile_for_hopper(tmp_path):
+    """The default knobs compile for sm_90 (no GPU needed) within the shared-memory limit."""
+    script = tmp_path / "compile_kda_chunked.py"
+    script.write_text(COMPILE_FOR_HOPPER)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(script), str(FAMILY_PATH)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "compiled for sm_90" in done.stdout
