@@ -329,11 +329,15 @@ def test_missing_model_or_key_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_the_factory_builds_the_llm_agent_from_loop_settings() -> None:
-    a = make_agent("openai", problem=get_problem("kda"), seed=3, model="qwen2.5-coder-32b", base_url="http://127.0.0.1:9/v1",
-                   api_key_env="OPENAI_API_KEY", context_tokens="0", request_timeout="42", replay_path=None)
+    settings = dict(problem=get_problem("kda"), seed=3, base_url="http://127.0.0.1:9/v1", api_key_env="OPENAI_API_KEY",
+                    context_tokens="0", request_timeout="42", replay_path=None, run_dir=None)
+    a = make_agent("openai", model="openai/gpt-4o-2024-08-06", **settings)
     assert isinstance(a, LLMAgent) and a.seed == 3
-    assert a.context_tokens == 76_000  # the per-model default
     assert a._client.timeout == 42.0
+    # the per-model default: a hosted model's window, a self-hosted one's likely 32k
+    assert a.context_tokens == 76_000
+    assert make_agent("openai", model="Qwen/Qwen2.5-Coder-32B-Instruct", **settings).context_tokens == 20_000
+    assert make_agent("openai", model="Qwen/Qwen2.5-Coder-32B-Instruct", **{**settings, "context_tokens": "50000"}).context_tokens == 50_000
 
 
 # ---- compaction, memory, kill and resume ---------------------------------------------------

@@ -34,8 +34,10 @@ from ..judge.sandbox import scrub_env
 from .base import Agent
 from .memory import build_memory
 
-# Conversation size (tokens) before compaction, by model-name prefix: ~60% of the window, so
-# that the objective, the reply and a large tool result still fit after the threshold.
+# Conversation size (tokens) before compaction, by model-name prefix: ~60% of the hosted
+# window, so that the objective, the reply and a large tool result still fit. Open-weight models
+# (Qwen, Llama, DeepSeek, ...) are often served with a shorter window than they support, so they
+# get the fallback; raise it with --kopt-context-tokens when the server allows more.
 CONTEXT_DEFAULTS = (
     ("gpt-4.1", 600_000),
     ("gpt-5", 240_000),
@@ -45,12 +47,8 @@ CONTEXT_DEFAULTS = (
     ("o4", 120_000),
     ("claude", 120_000),
     ("gemini", 600_000),
-    ("deepseek", 76_000),
-    ("qwen", 76_000),
-    ("llama", 76_000),
-    ("mistral", 76_000),
 )
-FALLBACK_CONTEXT_TOKENS = 24_000  # unknown (often small, self-hosted) models
+FALLBACK_CONTEXT_TOKENS = 20_000  # fits a 32k-token server with room for the reply
 # Retries: the openai client retries a failed request DEFAULT_RETRIES times with its own
 # backoff (0.5 s doubling to 8 s, or the server's Retry-After); when it gives up the agent pauses
 # DEFAULT_PAUSE_S, doubling, up to DEFAULT_PAUSES times (~8 minutes in all) before the run stops.
@@ -110,7 +108,7 @@ def estimate_tokens(obj: Any) -> int:
 def default_context_tokens(model: str) -> int:
     name = model.lower().rsplit("/", 1)[-1]
     for prefix, tokens in CONTEXT_DEFAULTS:
-        if name.startswith(prefix) or prefix in name:
+        if name.startswith(prefix):
             return tokens
     return FALLBACK_CONTEXT_TOKENS
 
