@@ -288,6 +288,21 @@ def test_persistent_server_errors_end_in_endpoint_unavailable(tmp_path: Path) ->
     assert len(server.requests) == 3
 
 
+def test_context_length_error_compacts_and_retries_once(tmp_path: Path) -> None:
+    too_long = Error(400, message="This model's maximum context length is 32768 tokens. However, you requested 40211 tokens.")
+    tools = toolbox(tmp_path)
+    with FakeOpenAI([Reply([call("show_problem")]), too_long, Reply([call("history")]), Reply([call("history")]), too_long, too_long]) as server:
+        a = agent(server)
+        a.restore([])
+        assert a.act(tools) and a.act(tools)
+        assert [c["reason"] for c in events_of(tmp_path, "compaction")] == ["context length error"]
+        assert len(server.requests[2]["body"]["messages"]) == 2  # the objective and the memory
+        assert a.act(tools)
+        with pytest.raises(EndpointError, match="maximum context length"):  # compacted already: give up
+            a.act(tools)
+    assert tools.budget_used == 3
+
+
 def test_rejected_key_is_not_retried_and_never_logged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KOPT_TEST_KEY", SECRET)
     tools = toolbox(tmp_path)
