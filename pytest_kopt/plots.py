@@ -19,8 +19,8 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 from .runsummary import RunSummary
 
 
-def _times_formatter(value: float, _pos: int) -> str:
-    return f"{value:g}×"
+def _times(value: float, _pos: int | None = None) -> str:
+    return f"{value:,.0f}×" if value >= 100 else f"{value:.3g}×"
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -42,17 +42,17 @@ def progress(runs: list[RunSummary], path: Path) -> Path:
         values = [s for _, s, _ in run.progress]
         end = max(run.budget_used, calls[-1])
         (line,) = ax.step(calls + [end], values + [values[-1]], where="post", linewidth=2,
-                          label=f"{run.label}{' [CPU interpreter]' if run.on_interpreter else ''}  (best {values[-1]:.3g}×)")
+                          label=f"{run.label}{' [CPU interpreter]' if run.on_interpreter else ''}  (best {_times(values[-1])})")
         ax.plot(calls, values, "o", color=line.get_color(), markersize=5)
         speedups.extend(values)
     ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1)
-    ax.annotate("baseline candidate", xy=(0, 1.0), xycoords=("axes fraction", "data"), xytext=(4, 3),
-                textcoords="offset points", color="0.4", fontsize=8)
+    ax.annotate("baseline candidate", xy=(1, 1.0), xycoords=("axes fraction", "data"), xytext=(-4, -10),
+                textcoords="offset points", ha="right", color="0.4", fontsize=8)
     if max(speedups) / min(speedups) > 4:
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(base=2))
         ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.yaxis.set_major_formatter(FuncFormatter(_times_formatter))
+    ax.yaxis.set_major_formatter(FuncFormatter(_times))
     ax.set_xlim(left=0)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if ax.get_yscale() == "linear":
@@ -72,7 +72,8 @@ def progress(runs: list[RunSummary], path: Path) -> Path:
 
 def _plain_log_axis(axis, lo: float, hi: float) -> None:
     """Label a log axis with plain numbers (300, not 3×10²); some minor ticks too when it spans little."""
-    keep = None if hi / lo < 6 else (2, 3, 5) if hi / lo < 200 else ()
+    span = hi / lo
+    keep = None if span < 6 else (2, 3, 5) if span < 300 else (2, 5) if span < 3000 else ()
 
     def minor(value: float, _pos: int) -> str:
         mantissa = round(value / 10 ** math.floor(math.log10(value)), 6)
