@@ -48,20 +48,22 @@ CASES = {
 # (family, label, knob overrides on the family file's KNOBS)
 VARIANTS = [
     ("decode", "default", {}),
-    ("decode", "BN64", {"BLOCK_N": 64}),
-    ("decode", "st3", {"num_stages": 3}),
-    ("decode", "bf16part", {"PARTIAL_DTYPE": "bfloat16"}),
-    ("decode", "S16", {"NUM_SPLITS": 16}),
+    ("decode", "st4", {"num_stages": 4}),
+    ("decode", "BN16st4", {"BLOCK_N": 16, "num_stages": 4}),
+    ("decode", "BN64st2", {"BLOCK_N": 64, "num_stages": 2}),
     ("decode", "S64", {"NUM_SPLITS": 64}),
-    ("decode", "S128bf16", {"NUM_SPLITS": 128, "PARTIAL_DTYPE": "bfloat16"}),
-    ("decode", "BH16", {"BLOCK_H": 16, "BLOCK_N": 64, "num_warps": 4}),
+    ("decode", "bf16part", {"PARTIAL_DTYPE": "bfloat16"}),
+    ("decode", "KM64", {"KEYS_AS_M": True, "BLOCK_N": 64, "num_stages": 2}),
+    ("decode", "KM16", {"KEYS_AS_M": True, "BLOCK_H": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}),
+    ("decode", "BH16", {"BLOCK_H": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}),
     ("prefill", "default", {}),
-    ("prefill", "BN64", {"BLOCK_N": 64}),
-    ("prefill", "st3", {"num_stages": 3}),
-    ("prefill", "unmasked", {"UNMASKED_LOOP": True}),
+    ("prefill", "BN32st4", {"BLOCK_N": 32, "num_stages": 4}),
+    ("prefill", "KM", {"KEYS_AS_M": True}),
+    ("prefill", "BN128st1", {"BLOCK_N": 128, "num_stages": 1}),
     ("prefill", "HT16", {"HEADS_PER_TILE": 16}),
-    ("prefill", "M128vs2", {"BLOCK_M": 128, "BLOCK_N": 16, "V_SPLIT": 2}),
 ]
+# under ncu (--ncu): (family, variant label, case index) profiled once each, after a warm-up call
+NCU_TARGETS = [("decode", "default", 0), ("decode", "default", 3), ("decode", "BH16", 3), ("prefill", "default", 0)]
 
 
 def family_path(family: str) -> Path:
@@ -175,6 +177,38 @@ def profile_kernels(fn, flush, iters=10) -> dict:
     return out
 
 
+def host_us(fn, n=30) -> float:
+    """Enqueue time per call (no sync inside): the host's cost when the GPU keeps up."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+def ncu_mode(args) -> int:
+    """Profile NCU_TARGETS once each between cudaProfilerStart/Stop (run under
+    `ncu --profile-from-start off`); every target is called once before, to compile."""
+    out_dir = Path(args.out)
+    render_dir = Path(tempfile.mkdtemp(prefix="dev_mla_ncu_"))
+    overrides = {(fam, label): ov for fam, label, ov in VARIANTS}
+    for fam, label, ci in NCU_TARGETS:
+        module = load(render(fam, label, overrides[(fam, label)], render_dir))
+        inputs = make_inputs(CASES[fam][ci], seed=5)
+        module.kernel(**inputs)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        module.kernel(**inputs)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        print(f"ncu target done: {fam} {label} {describe(CASES[fam][ci])}", flush=True)
+        del inputs
+    return 0
+
+
 def ceilings(triton_testing) -> dict:
     n = 1 << 30
     src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
@@ -193,10 +227,13 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=200.0, help="stop timing new variants after this")
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--ncu", action="store_true", help="profile NCU_TARGETS between cudaProfilerStart/Stop")
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny cases, wall-clock timing: checks this script")
     args = parser.parse_args()
     if args.smoke:
         return smoke(args)
+    if args.ncu:
+        return ncu_mode(args)
     t_start = time.time()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -261,6 +298,8 @@ def main() -> int:
                     us = tt.do_bench(lambda: module.kernel(**inputs), return_mode="median") * 1e3
                     row.update(us=us, speedup=eager_us / us, GBps=nbytes / us / 1e3, TFLOPs=flops / us / 1e6, floor_frac=floor_us / us)
                     row["profile"] = profile_kernels(lambda: module.kernel(**inputs), flush)
+                    if family == "decode":
+                        row["host_us"] = host_us(lambda: module.kernel(**inputs))
                     row["resources"] = compiled_resources(module)
                     del inputs
                     torch.cuda.empty_cache()
@@ -280,6 +319,8 @@ def main() -> int:
             continue
         prof = " ".join(f"{k.split('(')[0][-14:]}={v['us_per_call']:.1f}" for k, v in r.get("profile", {}).items())
         res = " ".join(f"{x['regs']}/{x['spills']}" for x in r.get("resources", []) if x.get("regs") is not None)
+        if "host_us" in r:
+            res += f" host={r['host_us']:.0f}"
         print(f"{r['family']:7s} {r['variant']:10s} {r['case']:24s} {r['us']:9.1f} {r['eager_us']:9.1f} {r['speedup']:6.1f} "
               f"{r['GBps']:6.0f} {r['TFLOPs']:5.0f} {r['floor_frac']:5.2f} {'y' if r['ok'] else 'NO':>3s}  {prof} {res}")
     print(f"total {time.time() - t_start:.0f}s")

@@ -30,14 +30,15 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {"NUM_SPLITS": 0, "BLOCK_N": 32, "BLOCK_H": 64, "num_warps": 8, "num_stages": 2, "PARTIAL_DTYPE": "float32"}
+KNOBS = {"NUM_SPLITS": 0, "BLOCK_N": 32, "BLOCK_H": 64, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 3, "PARTIAL_DTYPE": "float32"}
 # kopt:knobs-end
 SPACE = {
     "NUM_SPLITS": [0, 8, 16, 32, 64, 128],  # 0 = auto from the SM count and the length
     "BLOCK_N": [16, 32, 64],  # keys per KV tile
     "BLOCK_H": [16, 32, 64],  # (query, head) rows per program: the M of the dots
+    "KEYS_AS_M": [False, True],  # scores as S^T = K q^T (keys are the M of the dot) instead of q K^T
     "num_warps": [4, 8],
-    "num_stages": [1, 2, 3],
+    "num_stages": [1, 2, 3, 4],
     "PARTIAL_DTYPE": ["float32", "bfloat16"],  # dtype of the split partial outputs
 }
 
@@ -45,8 +46,8 @@ D_NOPE = 512  # latent width: the value width
 D_ROPE = 64  # rope width; key width = D_NOPE + D_ROPE = 576
 LOG2E = 1.4426950408889634
 PARTIAL_BUDGET = 0.5  # auto splits: partial bytes written <= this fraction of the KV bytes read
-MERGE_BLOCK_V = 128  # value columns per merge program
-MERGE_SPLIT_CHUNK = 8  # partials loaded at once per merge loop step
+MERGE_BLOCK_V = 64  # value columns per merge program
+MERGE_SPLIT_CHUNK = 32  # partials loaded at once per merge loop step (one round trip up to 32 splits)
 MERGE_WARPS = 4
 
 
@@ -58,7 +59,7 @@ def _mla_decode_partial(
     stride_ob, stride_os, stride_oh, stride_od,
     stride_lb, stride_lh, stride_ls,
     Sq, H, Skv, R, n_splits, blocks_per_split, qk_scale,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_AS_M: tl.constexpr,
     DN: tl.constexpr, DR: tl.constexpr, DIRECT: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
@@ -73,8 +74,12 @@ def _mla_decode_partial(
     offs_dr = tl.arange(0, DR)
 
     q_row = q + b * stride_qb + s_idx.to(tl.int64) * stride_qs + h_idx.to(tl.int64) * stride_qh
-    qn = tl.load(q_row[:, None] + offs_dn[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
-    qr = tl.load(q_row[:, None] + (DN + offs_dr)[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+    if KEYS_AS_M:  # q^T [576, BLOCK_H]: the B operand of S^T = K q^T
+        qn = tl.load(q_row[None, :] + offs_dn[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
+        qr = tl.load(q_row[None, :] + (DN + offs_dr)[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
+    else:
+        qn = tl.load(q_row[:, None] + offs_dn[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+        qr = tl.load(q_row[:, None] + (DN + offs_dr)[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
 
     # key j is visible to row (s, h) iff j <= s + Skv - Sq (also j < Skv, since s < Sq)
     limit = tl.minimum(s_idx + (Skv - Sq), Skv - 1)
@@ -92,8 +97,11 @@ def _mla_decode_partial(
         kv_row = kv_b + offs_n.to(tl.int64)[:, None] * stride_kn
         kn = tl.load(kv_row + offs_dn[None, :] * stride_kd, mask=n_ok[:, None], other=0.0)  # [BN, 512]
         kr = tl.load(kv_row + (DN + offs_dr)[None, :] * stride_kd, mask=n_ok[:, None], other=0.0)  # [BN, 64]
-        qk = tl.dot(qr, tl.trans(kr))
-        qk = tl.dot(qn, tl.trans(kn), qk)
+        if KEYS_AS_M:  # keys form the M of the score dot (>= 64 rows for wgmma at any BLOCK_H)
+            qk = tl.trans(tl.dot(kn, qn, tl.dot(kr, qr)))
+        else:
+            qk = tl.dot(qr, tl.trans(kr))
+            qk = tl.dot(qn, tl.trans(kn), qk)
         qk = qk * qk_scale
         qk = tl.where(offs_n[None, :] <= limit[:, None], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -162,11 +170,12 @@ def _sm_count(device_index):
 
 
 def _num_splits(B, Skv, R, block_h, block_n, partial_bytes, n_sms):
-    """Splits per (batch, row block): enough programs to cover the SMs once, few enough that the
-    partials (written, then read back) stay under PARTIAL_BUDGET of the KV bytes."""
+    """Splits per (batch, row block): as many as fit the SMs in one wave (never a fraction of a
+    second wave), few enough that the partials (written, then read back) stay under
+    PARTIAL_BUDGET of the KV bytes."""
     n_blocks = triton.cdiv(Skv, block_n)
     progs = B * triton.cdiv(R, block_h)
-    want = triton.cdiv(n_sms, progs)
+    want = max(1, n_sms // progs)
     cap = int(PARTIAL_BUDGET * Skv * (D_NOPE + D_ROPE) * 2 / (R * D_NOPE * partial_bytes))
     return max(1, min(want, cap, n_blocks))
 
@@ -189,73 +198,89 @@ def _check(q, kv, scale):
         raise ValueError(f"scale must be finite, got {scale}")
 
 
-def kernel(q, kv, scale):
-    _check(q, kv, scale)
-    K = KNOBS
-    block_n, block_h = int(K["BLOCK_N"]), int(K["BLOCK_H"])
-    num_warps, num_stages = int(K["num_warps"]), int(K["num_stages"])
+def _plan(knobs, B, Sq, H, Skv, dev_index):
+    """Everything about a launch that depends only on the knobs and the shape (cached: at 8 us a
+    call, host time matters)."""
+    block_n, block_h = int(knobs["BLOCK_N"]), int(knobs["BLOCK_H"])
     if block_n not in (16, 32, 64, 128):
         raise ValueError(f"BLOCK_N must be 16, 32, 64 or 128 (a tl.dot dimension), got {block_n}")
     if block_h not in (16, 32, 64, 128):
         raise ValueError(f"BLOCK_H must be 16, 32, 64 or 128 (the M of a tl.dot), got {block_h}")
-    if K["PARTIAL_DTYPE"] not in ("float32", "bfloat16"):
-        raise ValueError(f"PARTIAL_DTYPE must be 'float32' or 'bfloat16', got {K['PARTIAL_DTYPE']!r}")
-    if int(K["NUM_SPLITS"]) < 0:
-        raise ValueError(f"NUM_SPLITS must be >= 0 (0 = auto), got {K['NUM_SPLITS']}")
-    part_dtype = torch.float32 if K["PARTIAL_DTYPE"] == "float32" else torch.bfloat16
-
-    B, Sq, H, _ = q.shape
-    Skv = kv.shape[1]
+    if knobs["PARTIAL_DTYPE"] not in ("float32", "bfloat16"):
+        raise ValueError(f"PARTIAL_DTYPE must be 'float32' or 'bfloat16', got {knobs['PARTIAL_DTYPE']!r}")
+    if int(knobs["NUM_SPLITS"]) < 0:
+        raise ValueError(f"NUM_SPLITS must be >= 0 (0 = auto), got {knobs['NUM_SPLITS']}")
+    keys_as_m = bool(knobs.get("KEYS_AS_M", False))
+    if keys_as_m and block_n < 16:
+        raise ValueError(f"KEYS_AS_M needs BLOCK_N >= 16, got {block_n}")
+    part_fp32 = knobs["PARTIAL_DTYPE"] == "float32"
     R = Sq * H
-    # fewer rows than BLOCK_H: shrink the row block (never below 16, the smallest dot M)
+    # fewer rows than BLOCK_H: shrink the row block (never below 16, the smallest dot M/N)
     block_h = min(block_h, max(16, triton.next_power_of_2(R)))
     n_blocks = triton.cdiv(Skv, block_n)
-    dev_index = q.device.index if q.is_cuda else None
-    if q.is_cuda and dev_index is None:
-        dev_index = torch.cuda.current_device()
-    if int(K["NUM_SPLITS"]) == 0:
-        splits = _num_splits(B, Skv, R, block_h, block_n, 4 if part_dtype == torch.float32 else 2, _sm_count(dev_index))
+    if int(knobs["NUM_SPLITS"]) == 0:
+        splits = _num_splits(B, Skv, R, block_h, block_n, 4 if part_fp32 else 2, _sm_count(dev_index))
     else:
-        splits = min(int(K["NUM_SPLITS"]), n_blocks)
+        splits = min(int(knobs["NUM_SPLITS"]), n_blocks)
     blocks_per_split = triton.cdiv(n_blocks, splits)
     splits = triton.cdiv(n_blocks, blocks_per_split)  # no empty splits
+    merge_chunk = min(MERGE_SPLIT_CHUNK, max(2, triton.next_power_of_2(splits)))
+    return dict(
+        block_n=block_n, block_h=block_h, keys_as_m=keys_as_m, R=R, splits=splits, blocks_per_split=blocks_per_split,
+        part_dtype=torch.float32 if part_fp32 else torch.bfloat16, direct=splits == 1,
+        grid=(triton.cdiv(R, block_h), splits, B), merge_grid=(R, D_NOPE // MERGE_BLOCK_V, B),
+        s_p2=max(2, triton.next_power_of_2(splits)), merge_chunk=merge_chunk,
+        num_warps=int(knobs["num_warps"]), num_stages=int(knobs["num_stages"]),
+    )
+
+
+_PLANS = {}
+
+
+def kernel(q, kv, scale):
+    _check(q, kv, scale)
+    B, Sq, H, _ = q.shape
+    Skv = kv.shape[1]
+    dev_index = (q.device.index if q.device.index is not None else torch.cuda.current_device()) if q.is_cuda else None
+    key = (tuple(KNOBS.items()), B, Sq, H, Skv, dev_index)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _plan(KNOBS, B, Sq, H, Skv, dev_index)
+    R, splits = plan["R"], plan["splits"]
 
     o = torch.empty((B, Sq, H, D_NOPE), device=q.device, dtype=q.dtype)
     lse = torch.empty((B, H, Sq), device=q.device, dtype=torch.float32)
-    direct = splits == 1
-    if direct:
+    if plan["direct"]:
         part_o, part_lse = o, lse  # unused
     else:
-        part_o = torch.empty((B, splits, R, D_NOPE), device=q.device, dtype=part_dtype)
+        part_o = torch.empty((B, splits, R, D_NOPE), device=q.device, dtype=plan["part_dtype"])
         part_lse = torch.empty((B, splits, R), device=q.device, dtype=torch.float32)
-
-    grid = (triton.cdiv(R, block_h), splits, B)
     try:
-        _mla_decode_partial[grid](
+        _mla_decode_partial[plan["grid"]](
             q, kv, part_o, part_lse, o, lse,
             q.stride(0), q.stride(1), q.stride(2), q.stride(3),
             kv.stride(0), kv.stride(1), kv.stride(2),
             o.stride(0), o.stride(1), o.stride(2), o.stride(3),
             lse.stride(0), lse.stride(1), lse.stride(2),
-            Sq, H, Skv, R, splits, blocks_per_split, float(scale) * LOG2E,
-            BLOCK_H=block_h, BLOCK_N=block_n, DN=D_NOPE, DR=D_ROPE, DIRECT=direct,
-            num_warps=num_warps, num_stages=num_stages,
+            Sq, H, Skv, R, splits, plan["blocks_per_split"], float(scale) * LOG2E,
+            BLOCK_H=plan["block_h"], BLOCK_N=plan["block_n"], KEYS_AS_M=plan["keys_as_m"],
+            DN=D_NOPE, DR=D_ROPE, DIRECT=plan["direct"],
+            num_warps=plan["num_warps"], num_stages=plan["num_stages"],
         )
-        if not direct:
-            _mla_decode_merge[(R, D_NOPE // MERGE_BLOCK_V, B)](
+        if not plan["direct"]:
+            _mla_decode_merge[plan["merge_grid"]](
                 part_o, part_lse, o, lse,
                 o.stride(0), o.stride(1), o.stride(2), o.stride(3),
                 lse.stride(0), lse.stride(1), lse.stride(2),
                 H, R, splits,
-                S_P2=max(2, triton.next_power_of_2(splits)), SPLIT_CHUNK=MERGE_SPLIT_CHUNK,
-                BLOCK_V=MERGE_BLOCK_V, DN=D_NOPE,
+                S_P2=plan["s_p2"], SPLIT_CHUNK=plan["merge_chunk"], BLOCK_V=MERGE_BLOCK_V, DN=D_NOPE,
                 num_warps=MERGE_WARPS, num_stages=2,
             )
     except Exception as exc:  # compile-time resource limits are a property of the knobs
         if type(exc).__name__ == "OutOfResources":
             raise ValueError(
-                f"knobs BLOCK_H={block_h} BLOCK_N={block_n} num_warps={num_warps} num_stages={num_stages} "
-                f"need more registers or shared memory than the device has: {exc}"
+                f"knobs BLOCK_H={plan['block_h']} BLOCK_N={plan['block_n']} num_warps={plan['num_warps']} "
+                f"num_stages={plan['num_stages']} need more registers or shared memory than the device has: {exc}"
             ) from exc
         raise
     return o, lse

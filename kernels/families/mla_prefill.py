@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {"BLOCK_M": 64, "BLOCK_N": 32, "HEADS_PER_TILE": 1, "V_SPLIT": 1, "UNMASKED_LOOP": False, "num_warps": 8, "num_stages": 2}
+KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 1, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2}
 # kopt:knobs-end
 SPACE = {
     "BLOCK_M": [32, 64, 128],  # (query, head) rows per program
@@ -35,6 +35,7 @@ SPACE = {
     "HEADS_PER_TILE": [1, 2, 4, 16],  # heads per row tile (rows = queries x heads)
     "V_SPLIT": [1, 2, 4],  # value slices: each program writes 512 / V_SPLIT output columns
     "UNMASKED_LOOP": [False, True],  # key tiles below the diagonal in a second, mask-free loop
+    "KEYS_AS_M": [False, True],  # scores as S^T = K q^T (keys are the M of the dot) instead of q K^T
     "num_warps": [4, 8],
     "num_stages": [1, 2, 3],
 }
@@ -48,6 +49,7 @@ LOG2E = 1.4426950408889634
 def _attend_tile(
     acc, l_i, m_i, qn, qr, kv_b, stride_kn, stride_kd, start, limit, v0, qk_scale,
     BLOCK_N: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr, BV: tl.constexpr, MASKED: tl.constexpr,
+    KEYS_AS_M: tl.constexpr,
 ):
     offs_n = start + tl.arange(0, BLOCK_N)
     offs_dn = tl.arange(0, DN)
@@ -60,8 +62,11 @@ def _attend_tile(
     else:
         kn = tl.load(kv_row + offs_dn[None, :] * stride_kd)
         kr = tl.load(kv_row + (DN + offs_dr)[None, :] * stride_kd)
-    qk = tl.dot(qr, tl.trans(kr))
-    qk = tl.dot(qn, tl.trans(kn), qk)
+    if KEYS_AS_M:  # qn, qr hold q^T: keys form the M of the score dot
+        qk = tl.trans(tl.dot(kn, qn, tl.dot(kr, qr)))
+    else:
+        qk = tl.dot(qr, tl.trans(kr))
+        qk = tl.dot(qn, tl.trans(kn), qk)
     qk = qk * qk_scale
     if MASKED:
         qk = tl.where(offs_n[None, :] <= limit[:, None], qk, float("-inf"))
@@ -91,7 +96,7 @@ def _mla_prefill_fwd(
     stride_lb, stride_lh, stride_ls,
     Sq, H, Skv, n_hgroups, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS_PER_TILE: tl.constexpr, BV: tl.constexpr,
-    UNMASKED_LOOP: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr,
+    UNMASKED_LOOP: tl.constexpr, KEYS_AS_M: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr,
 ):
     QB: tl.constexpr = BLOCK_M // HEADS_PER_TILE  # queries per tile
     pid = tl.program_id(0)
@@ -108,8 +113,12 @@ def _mla_prefill_fwd(
     offs_dn = tl.arange(0, DN)
     offs_dr = tl.arange(0, DR)
     q_row = q + b * stride_qb + s_idx.to(tl.int64) * stride_qs + h_idx.to(tl.int64) * stride_qh
-    qn = tl.load(q_row[:, None] + offs_dn[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
-    qr = tl.load(q_row[:, None] + (DN + offs_dr)[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+    if KEYS_AS_M:  # q^T [576, BLOCK_M]: the B operand of S^T = K q^T
+        qn = tl.load(q_row[None, :] + offs_dn[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
+        qr = tl.load(q_row[None, :] + (DN + offs_dr)[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
+    else:
+        qn = tl.load(q_row[:, None] + offs_dn[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+        qr = tl.load(q_row[:, None] + (DN + offs_dr)[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
 
     shift = Skv - Sq
     limit = tl.minimum(s_idx + shift, Skv - 1)  # last visible key of each row
@@ -127,10 +136,10 @@ def _mla_prefill_fwd(
         full_end = 0  # one masked loop: less code, fewer registers (the mask is a compare and a select)
     for start in range(0, full_end, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, qn, qr, kv_b, stride_kn, stride_kd, start, limit, v0, qk_scale,
-                                     BLOCK_N, DN, DR, BV, False)
+                                     BLOCK_N, DN, DR, BV, False, KEYS_AS_M)
     for start in range(full_end, end, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, qn, qr, kv_b, stride_kn, stride_kd, start, limit, v0, qk_scale,
-                                     BLOCK_N, DN, DR, BV, True)
+                                     BLOCK_N, DN, DR, BV, True, KEYS_AS_M)
 
     out = acc / l_i[:, None]  # every real row sees key 0, so l_i > 0
     offs_v = v0 + tl.arange(0, BV)
@@ -194,6 +203,7 @@ def kernel(q, kv, scale):
             lse.stride(0), lse.stride(1), lse.stride(2),
             Sq, H, Skv, n_hgroups, float(scale) * LOG2E,
             BLOCK_M=block_m, BLOCK_N=block_n, HEADS_PER_TILE=hpt, BV=bv, UNMASKED_LOOP=bool(K["UNMASKED_LOOP"]),
+            KEYS_AS_M=bool(K["KEYS_AS_M"]),
             DN=D_NOPE, DR=D_ROPE,
             num_warps=num_warps, num_stages=num_stages,
         )
