@@ -110,16 +110,16 @@ def _run_in_child(problem_ref: str, problem: Any, problem_hints: tuple[str, str]
         if seed is not None:
             argv += ["--seed", str(seed)]
         run = run_child(argv, scratch=scratch, timeout_s=timeout_s, stdin=(key + "\n").encode())
-        document = None
-        if out.exists() and not run.timed_out and run.returncode == 0:
+        forged = False
+        if out.exists():  # a signed result counts even if the process died afterwards (e.g. CUDA teardown)
             try:
                 document = json.loads(out.read_text())
-            except ValueError:
-                document = None
-        if document is not None and isinstance(document, dict) and isinstance(document.get("result"), dict):
-            if secrets.compare_digest(str(document.get("hmac", "")), sign(document["result"], key.encode())):
-                return document["result"]
-            return {"stage": "compile", "reasons": ["the result file was not written by the judge (forged result)"]}
+                result = document["result"]
+                if isinstance(result, dict) and secrets.compare_digest(str(document["hmac"]), sign(result, key.encode())):
+                    return result
+            except (ValueError, KeyError, TypeError):
+                pass
+            forged = True
         stage = _last_stage(progress)
         if run.timed_out:
             reason = f"timed out after {timeout_s:g} s during {stage}: the whole process group was killed"
@@ -128,6 +128,8 @@ def _run_in_child(problem_ref: str, problem: Any, problem_hints: tuple[str, str]
         reason += _candidate_lines(run.stderr, source)
         output = tail(run.stderr) or tail(run.stdout)
         reasons = [reason] + ([f"output of the process:\n{output}"] if output else [])
+        if forged:
+            reasons.insert(0, "a result file the judge did not sign was found (forged result)")
         return {"stage": stage, "reasons": reasons}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

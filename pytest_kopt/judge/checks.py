@@ -111,27 +111,27 @@ class LaunchMonitor:
         perf_counter = time.perf_counter
         monitor = self
 
-        for cls in targets:
-            original = cls.run
-
-            def run(self, *args, grid, warmup, _original=original, **kwargs):
+        def wrap(original):
+            def run(self, *args, grid, warmup, **kwargs):
                 if warmup:
-                    return _original(self, *args, grid=grid, warmup=warmup, **kwargs)
+                    return original(self, *args, grid=grid, warmup=warmup, **kwargs)
                 name = getattr(getattr(self, "fn", None), "__name__", None) or getattr(self, "__name__", "kernel")
                 monitor.launches += 1
                 monitor.names[name] += 1
                 if monitor.expected_stream is not None and current_stream is not None:
-                    stream = current_stream()
-                    if stream != monitor.expected_stream:
+                    if current_stream() != monitor.expected_stream:
                         monitor.side_stream.append(name)
                 start = perf_counter()
                 try:
-                    return _original(self, *args, grid=grid, warmup=warmup, **kwargs)
+                    return original(self, *args, grid=grid, warmup=warmup, **kwargs)
                 finally:
                     monitor.host_seconds[name] += perf_counter() - start
 
             run.__wrapped__ = original  # type: ignore[attr-defined]
-            cls.run = run
+            return run
+
+        for cls in targets:
+            cls.run = wrap(cls.run)
 
     def reset(self) -> None:
         self.launches = 0
