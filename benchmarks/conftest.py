@@ -22,7 +22,26 @@ from pytest_kopt import interpret
 
 interpret.configure()
 
-SPEEDUP_KEY = "speedup_vs"
+STORAGE = "file://results/benchmarks"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep benchmark histories under results/benchmarks (committed), not .benchmarks/, unless
+    --benchmark-storage says otherwise; so `--benchmark-compare` finds the saved history."""
+    if config.getoption("benchmark_storage", None) == "file://./.benchmarks":
+        config.option.benchmark_storage = STORAGE
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):  # noqa: ANN001
+    """Record the GPU and the software stack, so histories from different cards never mix unseen."""
+    import triton
+
+    machine_info["torch"] = torch.__version__
+    machine_info["triton"] = triton.__version__
+    if torch.cuda.is_available():
+        machine_info["gpu"] = torch.cuda.get_device_name()
+        machine_info["cuda"] = torch.version.cuda
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -30,7 +30,7 @@ def implementations(problem_name: str) -> list[tuple[str, int]]:
     """(name, order) of what is timed for a problem; order 0 is the speedup reference."""
     names = ["baseline:" + b.name for b in get_problem(problem_name).baselines(DEVICE if torch.cuda.is_available() else "cpu")]
     names.append("candidate:baseline")
-    if (KERNELS_DIR / "best" / f"{problem_name.replace('-', '_')}.py").exists():
+    if (KERNELS_DIR / "best" / f"{problem_name}.py").exists():
         names.append("candidate:best")
     return names
 
@@ -64,7 +64,7 @@ def test_headline(benchmark, problem_name, case, impl):
         order, fn = [(i, b.fn) for i, b in enumerate(problem.baselines(DEVICE)) if b.name == name][0]
     else:
         order = 10 if name == "baseline" else 20
-        path = problem.baseline_candidate_path if name == "baseline" else KERNELS_DIR / "best" / f"{problem_name.replace('-', '_')}.py"
+        path = problem.baseline_candidate_path if name == "baseline" else KERNELS_DIR / "best" / f"{problem_name}.py"
         fn = load_candidate(path)
 
     outputs = fn(**inputs)  # warm-up call: compile and autotune stay out of the figure
