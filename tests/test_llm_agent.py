@@ -242,8 +242,8 @@ def test_rate_limit_and_server_error_are_retried(tmp_path: Path) -> None:
 
 def test_a_hung_request_times_out_and_is_retried(tmp_path: Path) -> None:
     tools = toolbox(tmp_path)
-    with FakeOpenAI([Hang(2.0), Reply([call("show_problem")])]) as server:
-        a = agent(server, request_timeout=0.3, max_retries=0)
+    with FakeOpenAI([Hang(4.0), Reply([call("show_problem")])]) as server:
+        a = agent(server, request_timeout=1.0, max_retries=0)
         a.restore([])
         assert a.act(tools)
     assert tools.budget_used == 1
