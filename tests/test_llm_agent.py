@@ -302,6 +302,16 @@ def test_context_length_error_compacts_and_retries_once(tmp_path: Path) -> None:
     assert tools.budget_used == 3
 
 
+def test_an_endpoint_that_refuses_the_seed_is_asked_without_it(tmp_path: Path) -> None:
+    tools = toolbox(tmp_path)
+    with FakeOpenAI([Error(400, message="Unrecognized request argument supplied: seed"), Reply([call("show_problem")])]) as server:
+        a = agent(server, seed=7)
+        a.restore([])
+        assert a.act(tools)
+    assert [r["body"].get("seed") for r in server.requests] == [7, None]
+    assert tools.budget_used == 1
+
+
 def test_rejected_key_is_not_retried_and_never_logged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KOPT_TEST_KEY", SECRET)
     tools = toolbox(tmp_path)

@@ -450,6 +450,10 @@ class LLMAgent(Agent):
                 text = self._scrub(str(exc))
                 tools.log.append("llm_response", model=self.model, message=None, error=text, status=400, duration_s=time.monotonic() - started)
                 lowered = text.lower()
+                if self.seed is not None and "seed" in lowered:  # some hosted endpoints refuse the parameter
+                    self.seed = None
+                    tools.log.append("note", text="the endpoint refused the seed parameter; requests go without it from now on")
+                    continue
                 if not compacted_for_length and "context" in lowered and ("length" in lowered or "token" in lowered) and len(self.messages) > 1:
                     compacted_for_length = True
                     self.compact(tools, reason="context length error")
