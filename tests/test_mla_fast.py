@@ -142,12 +142,18 @@ def test_decode_matches_reference(tmp_dir, case, seed):
 def test_decode_split_and_merge(tmp_dir, case, seed, splits, block_n):
     """Explicit split counts, including one split (stage 1 writes o directly) and splits of
     keys that some MTP rows cannot see (their partial lse is -inf)."""
-    knobs = {**read_knobs(DECODE)[0], "NUM_SPLITS": splits, "BLOCK_N": block_n, "BLOCK_H": 16}
+    knobs = {**decode_knobs()[0], "NUM_SPLITS": splits, "BLOCK_N": block_n, "BLOCK_H": 16}
     check(MLA, render(DECODE, knobs, tmp_dir).kernel, case, seed)
 
 
-def test_decode_every_space_value(tmp_dir):
+def decode_knobs() -> tuple[dict, dict]:
+    """The decode family's knobs with CONFIG "knobs", so that the tile knobs are the ones used."""
     knobs, space = read_knobs(DECODE)
+    return {**knobs, "CONFIG": "knobs"}, space
+
+
+def test_decode_every_space_value(tmp_dir):
+    knobs, space = decode_knobs()
     case = {"B": 2, "Sq": 3, "H": 8, "Skv": 45}  # 45 keys: a partial last block for every BLOCK_N
     for name, values in space.items():
         for value in values:
@@ -200,7 +206,7 @@ def test_float32_inputs_are_exact(tmp_dir, path):
     (The interpreter's float32 dot is exact; tf32 on a GPU would not be.)"""
     knobs = {**read_knobs(path)[0], "BLOCK_N": 16}
     if path is DECODE:
-        knobs.update(NUM_SPLITS=3, BLOCK_H=16)
+        knobs.update(NUM_SPLITS=3, BLOCK_H=16, CONFIG="knobs")
     else:
         knobs.update(BLOCK_M=16)
     module = render(path, knobs, tmp_dir)
@@ -229,12 +235,14 @@ def test_strided_inputs(tmp_dir, path):
     "path,bad",
     [
         (DECODE, {"BLOCK_N": 24}), (DECODE, {"BLOCK_H": 8}), (DECODE, {"PARTIAL_DTYPE": "float16"}), (DECODE, {"NUM_SPLITS": -1}),
+        (DECODE, {"CONFIG": "fastest"}), (DECODE, {"LAUNCH": "graph"}),
         (PREFILL, {"BLOCK_M": 48}), (PREFILL, {"BLOCK_N": 8}), (PREFILL, {"V_SPLIT": 3}), (PREFILL, {"HEADS_PER_TILE": 3}),
     ],
     ids=str,
 )
 def test_unservable_knobs_raise_value_error(tmp_dir, path, bad):
-    module = render(path, {**read_knobs(path)[0], **bad}, tmp_dir)
+    base = decode_knobs()[0] if path is DECODE else read_knobs(path)[0]
+    module = render(path, {**base, **bad}, tmp_dir)
     inputs = MLA.make_inputs({"B": 1, "Sq": 1, "H": 2, "Skv": 3}, device="cpu", seed=0)
     with pytest.raises(ValueError, match=next(iter(bad))):
         module.kernel(**inputs)
@@ -289,9 +297,10 @@ def build(fn, constexprs, knobs):
 
 
 dec, pre = load(sys.argv[1], "mla_decode_sm90"), load(sys.argv[2], "mla_prefill_sm90")
-k = dec.KNOBS
-out = {"decode": build(dec._mla_decode_partial, dict(BLOCK_H=k["BLOCK_H"], BLOCK_N=k["BLOCK_N"], KEYS_AS_M=k["KEYS_AS_M"],
-                                                      DN=512, DR=64, DIRECT=False), k)}
+out = {}
+for name, k in [("decode-knobs", dec.KNOBS)] + [(f"decode-{r}", {**dec.KNOBS, **t}) for r, t in dec.REGIMES.items()]:
+    out[name] = build(dec._mla_decode_partial, dict(BLOCK_H=k["BLOCK_H"], BLOCK_N=k["BLOCK_N"], KEYS_AS_M=k["KEYS_AS_M"],
+                                                    DN=512, DR=64, DIRECT=False), k)
 k = pre.KNOBS
 out["prefill"] = build(pre._mla_prefill_fwd, dict(BLOCK_M=k["BLOCK_M"], BLOCK_N=k["BLOCK_N"], HEADS_PER_TILE=k["HEADS_PER_TILE"],
                                                   BV=512 // k["V_SPLIT"], UNMASKED_LOOP=k["UNMASKED_LOOP"],
@@ -301,7 +310,8 @@ print(json.dumps(out))
 
 
 def test_compiles_for_hopper():
-    """Build both families' main kernels at their default knobs for sm_90 (no GPU needed):
+    """Build both families' main kernels at their default knobs (and the decode regimes of
+    CONFIG "auto") for sm_90 (no GPU needed):
     GPU-only compile errors show on CPU, and the defaults must fit in shared memory and lower
     to wgmma. Runs in a fresh process with the interpreter off: in a process that has run
     interpreted kernels, Triton's real compiler fails on its own."""

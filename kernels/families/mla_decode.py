@@ -30,23 +30,35 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {"NUM_SPLITS": 0, "BLOCK_N": 32, "BLOCK_H": 64, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 3, "PARTIAL_DTYPE": "float32"}
+KNOBS = {"CONFIG": "auto", "NUM_SPLITS": 0, "BLOCK_N": 64, "BLOCK_H": 16, "KEYS_AS_M": True, "num_warps": 4, "num_stages": 3, "PARTIAL_DTYPE": "float32", "LAUNCH": "cached"}
 # kopt:knobs-end
 SPACE = {
+    "CONFIG": ["auto", "knobs"],  # auto: the measured tile config of the shape's regime (see REGIMES); knobs: the knobs below
     "NUM_SPLITS": [0, 8, 16, 32, 64, 128],  # 0 = auto from the SM count and the length
     "BLOCK_N": [16, 32, 64],  # keys per KV tile
-    "BLOCK_H": [16, 32, 64],  # (query, head) rows per program: the M of the dots
+    "BLOCK_H": [16, 32, 64],  # (query, head) rows per program: the M (or N, with KEYS_AS_M) of the dots
     "KEYS_AS_M": [False, True],  # scores as S^T = K q^T (keys are the M of the dot) instead of q K^T
     "num_warps": [4, 8],
     "num_stages": [1, 2, 3, 4],
     "PARTIAL_DTYPE": ["float32", "bfloat16"],  # dtype of the split partial outputs
+    "LAUNCH": ["cached", "jit"],  # cached: relaunch the compiled kernel directly (less host time per call)
+}
+
+# CONFIG "auto": the tile config measured best on an H200 (kernels/notes/mla.md, run 2) for each
+# regime. "narrow": few (batch, 64-row block) pairs (B1 decode and MTP): 16 rows per program
+# with keys as the M of the score dot (wgmma at 16 heads), many programs over the splits.
+# "wide": enough (batch, 64-row block) pairs to fill the SMs (B64): 64 rows per program, so the
+# KV is read once per batch, with 64-key tiles.
+REGIMES = {
+    "narrow": {"BLOCK_H": 16, "BLOCK_N": 64, "KEYS_AS_M": True, "num_warps": 4, "num_stages": 3},
+    "wide": {"BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2},
 }
 
 D_NOPE = 512  # latent width: the value width
 D_ROPE = 64  # rope width; key width = D_NOPE + D_ROPE = 576
 LOG2E = 1.4426950408889634
 PARTIAL_BUDGET = 0.5  # auto splits: partial bytes written <= this fraction of the KV bytes read
-MERGE_BLOCK_V = 64  # value columns per merge program
+MERGE_BLOCK_V = 64  # value columns per merge program (512 when there are many rows: fewer, fuller programs)
 MERGE_SPLIT_CHUNK = 32  # partials loaded at once per merge loop step (one round trip up to 32 splits)
 MERGE_WARPS = 4
 
@@ -199,42 +211,79 @@ def _check(q, kv, scale):
 
 
 def _plan(knobs, B, Sq, H, Skv, dev_index):
-    """Everything about a launch that depends only on the knobs and the shape (cached: at 8 us a
-    call, host time matters)."""
-    block_n, block_h = int(knobs["BLOCK_N"]), int(knobs["BLOCK_H"])
-    if block_n not in (16, 32, 64, 128):
-        raise ValueError(f"BLOCK_N must be 16, 32, 64 or 128 (a tl.dot dimension), got {block_n}")
-    if block_h not in (16, 32, 64, 128):
-        raise ValueError(f"BLOCK_H must be 16, 32, 64 or 128 (the M of a tl.dot), got {block_h}")
+    """Everything about a launch that depends only on the knobs and the shape (cached: at a few
+    microseconds a call, host time matters)."""
+    if knobs["CONFIG"] not in ("auto", "knobs"):
+        raise ValueError(f"CONFIG must be 'auto' or 'knobs', got {knobs['CONFIG']!r}")
+    if knobs["LAUNCH"] not in ("cached", "jit"):
+        raise ValueError(f"LAUNCH must be 'cached' or 'jit', got {knobs['LAUNCH']!r}")
     if knobs["PARTIAL_DTYPE"] not in ("float32", "bfloat16"):
         raise ValueError(f"PARTIAL_DTYPE must be 'float32' or 'bfloat16', got {knobs['PARTIAL_DTYPE']!r}")
     if int(knobs["NUM_SPLITS"]) < 0:
         raise ValueError(f"NUM_SPLITS must be >= 0 (0 = auto), got {knobs['NUM_SPLITS']}")
-    keys_as_m = bool(knobs.get("KEYS_AS_M", False))
-    if keys_as_m and block_n < 16:
-        raise ValueError(f"KEYS_AS_M needs BLOCK_N >= 16, got {block_n}")
-    part_fp32 = knobs["PARTIAL_DTYPE"] == "float32"
     R = Sq * H
+    n_sms = _sm_count(dev_index)
+    tiles = dict(knobs)
+    if knobs["CONFIG"] == "auto":
+        regime = "wide" if B * triton.cdiv(R, 64) >= n_sms // 2 else "narrow"
+        tiles.update(REGIMES[regime])
+    block_n, block_h = int(tiles["BLOCK_N"]), int(tiles["BLOCK_H"])
+    if block_n not in (16, 32, 64, 128):
+        raise ValueError(f"BLOCK_N must be 16, 32, 64 or 128 (a tl.dot dimension), got {block_n}")
+    if block_h not in (16, 32, 64, 128):
+        raise ValueError(f"BLOCK_H must be 16, 32, 64 or 128 (the M of a tl.dot), got {block_h}")
+    keys_as_m = bool(tiles["KEYS_AS_M"])
+    part_fp32 = knobs["PARTIAL_DTYPE"] == "float32"
     # fewer rows than BLOCK_H: shrink the row block (never below 16, the smallest dot M/N)
     block_h = min(block_h, max(16, triton.next_power_of_2(R)))
     n_blocks = triton.cdiv(Skv, block_n)
     if int(knobs["NUM_SPLITS"]) == 0:
-        splits = _num_splits(B, Skv, R, block_h, block_n, 4 if part_fp32 else 2, _sm_count(dev_index))
+        splits = _num_splits(B, Skv, R, block_h, block_n, 4 if part_fp32 else 2, n_sms)
     else:
         splits = min(int(knobs["NUM_SPLITS"]), n_blocks)
     blocks_per_split = triton.cdiv(n_blocks, splits)
     splits = triton.cdiv(n_blocks, blocks_per_split)  # no empty splits
-    merge_chunk = min(MERGE_SPLIT_CHUNK, max(2, triton.next_power_of_2(splits)))
+    merge_bv = MERGE_BLOCK_V if B * R * (D_NOPE // MERGE_BLOCK_V) <= 16 * n_sms else D_NOPE
+    merge_chunk = min(MERGE_SPLIT_CHUNK if merge_bv == MERGE_BLOCK_V else 4, max(2, triton.next_power_of_2(splits)))
     return dict(
         block_n=block_n, block_h=block_h, keys_as_m=keys_as_m, R=R, splits=splits, blocks_per_split=blocks_per_split,
         part_dtype=torch.float32 if part_fp32 else torch.bfloat16, direct=splits == 1,
-        grid=(triton.cdiv(R, block_h), splits, B), merge_grid=(R, D_NOPE // MERGE_BLOCK_V, B),
+        grid=(triton.cdiv(R, block_h), splits, B), merge_grid=(R, D_NOPE // merge_bv, B), merge_bv=merge_bv,
         s_p2=max(2, triton.next_power_of_2(splits)), merge_chunk=merge_chunk,
-        num_warps=int(knobs["num_warps"]), num_stages=int(knobs["num_stages"]),
+        num_warps=int(tiles["num_warps"]), num_stages=int(tiles["num_stages"]), cached=knobs["LAUNCH"] == "cached",
+        scratch={},
     )
 
 
 _PLANS = {}
+_COMPILED = {}
+
+
+def _launch(fn, key, grid, args, num_warps, num_stages, cached, dev_index):
+    """Launch ``fn`` with every parameter in ``args`` (constexprs included, in order).
+
+    The first launch for ``key`` goes through the JIT (binding, specialisation, compile); later
+    ones, with ``cached``, call the compiled kernel's launcher directly: ``key`` holds every
+    input that decides Triton's specialisation (shapes, strides, dtypes, 16-byte alignment), so
+    the same binary is the one the JIT would pick."""
+    compiled = _COMPILED.get(key) if cached else None
+    if compiled and _hooks_idle():
+        stream = triton.runtime.driver.active.get_current_stream(dev_index)
+        compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None, None, *args)
+        return
+    out = fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
+    if cached and key not in _COMPILED:  # the interpreter returns no compiled kernel: it keeps the JIT path
+        usable = out is not None and hasattr(out, "packed_metadata") and getattr(out, "function", None) is not None
+        _COMPILED[key] = out if usable else False
+
+
+def _hooks_idle():
+    """No launch hooks registered (a profiler such as proton adds some): the direct path skips them."""
+    runtime = triton.knobs.runtime
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+        if hook is not None and not (isinstance(getattr(hook, "calls", None), list) and not hook.calls):
+            return False
+    return True
 
 
 def kernel(q, kv, scale):
@@ -242,40 +291,44 @@ def kernel(q, kv, scale):
     B, Sq, H, _ = q.shape
     Skv = kv.shape[1]
     dev_index = (q.device.index if q.device.index is not None else torch.cuda.current_device()) if q.is_cuda else None
-    key = (tuple(KNOBS.items()), B, Sq, H, Skv, dev_index)
-    plan = _PLANS.get(key)
+    shape_key = (tuple(KNOBS.items()), B, Sq, H, Skv, dev_index)
+    plan = _PLANS.get(shape_key)
     if plan is None:
-        plan = _PLANS[key] = _plan(KNOBS, B, Sq, H, Skv, dev_index)
-    R, splits = plan["R"], plan["splits"]
+        plan = _PLANS[shape_key] = _plan(KNOBS, B, Sq, H, Skv, dev_index)
+    R, splits, direct = plan["R"], plan["splits"], plan["direct"]
 
     o = torch.empty((B, Sq, H, D_NOPE), device=q.device, dtype=q.dtype)
     lse = torch.empty((B, H, Sq), device=q.device, dtype=torch.float32)
-    if plan["direct"]:
+    if direct:
         part_o, part_lse = o, lse  # unused
     else:
-        part_o = torch.empty((B, splits, R, D_NOPE), device=q.device, dtype=plan["part_dtype"])
-        part_lse = torch.empty((B, splits, R), device=q.device, dtype=torch.float32)
+        # Partials are scratch, reused across calls of one shape: calls on one stream are ordered.
+        # A call on another stream than the last one gets fresh buffers.
+        stream_id = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
+        part_o, part_lse = plan["scratch"].get(stream_id, (None, None))
+        if part_o is None:
+            part_o = torch.empty((B, splits, R, D_NOPE), device=q.device, dtype=plan["part_dtype"])
+            part_lse = torch.empty((B, splits, R), device=q.device, dtype=torch.float32)
+            plan["scratch"] = {stream_id: (part_o, part_lse)}
+    key = (shape_key, q.dtype, q.stride(), kv.stride(), q.data_ptr() % 16, kv.data_ptr() % 16)
     try:
-        _mla_decode_partial[plan["grid"]](
+        _launch(_mla_decode_partial, (key, 1), plan["grid"], (
             q, kv, part_o, part_lse, o, lse,
             q.stride(0), q.stride(1), q.stride(2), q.stride(3),
             kv.stride(0), kv.stride(1), kv.stride(2),
             o.stride(0), o.stride(1), o.stride(2), o.stride(3),
             lse.stride(0), lse.stride(1), lse.stride(2),
             Sq, H, Skv, R, splits, plan["blocks_per_split"], float(scale) * LOG2E,
-            BLOCK_H=plan["block_h"], BLOCK_N=plan["block_n"], KEYS_AS_M=plan["keys_as_m"],
-            DN=D_NOPE, DR=D_ROPE, DIRECT=plan["direct"],
-            num_warps=plan["num_warps"], num_stages=plan["num_stages"],
-        )
-        if not plan["direct"]:
-            _mla_decode_merge[plan["merge_grid"]](
+            plan["block_h"], plan["block_n"], plan["keys_as_m"], D_NOPE, D_ROPE, direct,
+        ), plan["num_warps"], plan["num_stages"], plan["cached"], dev_index)
+        if not direct:
+            _launch(_mla_decode_merge, (key, 2), plan["merge_grid"], (
                 part_o, part_lse, o, lse,
                 o.stride(0), o.stride(1), o.stride(2), o.stride(3),
                 lse.stride(0), lse.stride(1), lse.stride(2),
                 H, R, splits,
-                S_P2=plan["s_p2"], SPLIT_CHUNK=plan["merge_chunk"], BLOCK_V=MERGE_BLOCK_V, DN=D_NOPE,
-                num_warps=MERGE_WARPS, num_stages=2,
-            )
+                plan["s_p2"], plan["merge_chunk"], plan["merge_bv"], D_NOPE,
+            ), MERGE_WARPS, 2, plan["cached"], dev_index)
     except Exception as exc:  # compile-time resource limits are a property of the knobs
         if type(exc).__name__ == "OutOfResources":
             raise ValueError(
