@@ -23,7 +23,7 @@ import time
 import traceback
 
 T0 = time.time()
-BUDGET_S = float(os.environ.get("KDA_DEV_BUDGET_S", "225"))
+BUDGET_S = float(os.environ.get("KDA_DEV_BUDGET_S", "215"))
 OUT = os.environ.get("OUT", "/tmp/kda_dev_out")
 os.makedirs(OUT, exist_ok=True)
 # KDA_DEV_DRY=1: a dry run of the script's logic on the CPU interpreter with tiny shapes
@@ -59,6 +59,7 @@ VARIANTS = {
     "fused_prep_w8": {"fuse_prep": True, "prep_warps": 8},
     "BK64_w8": {"BK": 64, "prep_warps": 8},
     "pairwise": {"diag": "pairwise"},
+    "BV64_w8": {"BV": 64, "scan_warps": 8},
     "BT128_w8": {"BT": 128, "prep_warps": 8, "BV": 64, "scan_warps": 8},
 }
 
@@ -99,6 +100,8 @@ def warm(variant_json: str, cases_json: str) -> None:
     """Child process: compile a variant by running it once per case shape."""
     import torch
 
+    if DRY:
+        return
     fam, prob = family_and_problem()
     knobs = {**fam.KNOBS, **json.loads(variant_json)}
     for case in json.loads(cases_json):
@@ -113,7 +116,28 @@ def warm_case(case: dict) -> dict:
     return {**case, "B": 1, "T": 2048, "H": 16 if case["H"] % 16 == 0 else case["H"]}
 
 
+def print_table(results, prob, cost) -> None:
+    print("\n== headline", prob.describe(HEADLINE), "| byte floor", f"{cost.bytes / 4.25e12 * 1e6:.0f} us", flush=True)
+    fla = results["fla"].get(prob.describe(HEADLINE), {})
+    fla_us = fla.get("us")
+    print(f"{'variant':16s} {'us':>8s} {'vs fla':>7s} {'err o':>8s} {'err S':>8s}  kernels (us)")
+    for name, row in results["variants"].items():
+        if "us" not in row:
+            print(f"{name:16s} ERROR {row.get('error', '')[:150]}")
+            continue
+        sp = f"{fla_us / row['us']:.2f}x" if fla_us else "-"
+        ks = " ".join(f"{n[4:-7]}={t}" for n, t in row.get("kernels", []))
+        print(f"{name:16s} {row['us']:8.1f} {sp:>7s} {row['err'].get('o', 0):8.2e} {row['err'].get('final_state', 0):8.2e}  {ks}")
+    if fla_us:
+        print(f"{'fla chunk_kda':16s} {fla_us:8.1f} {'1.00x':>7s} {fla['err'].get('o', 0):8.2e} "
+              f"{fla['err'].get('final_state', 0):8.2e}  first call {fla['first_call_s']:.0f}s", flush=True)
+
+
 def main() -> None:
+    if DRY:
+        from pytest_kopt import interpret
+
+        interpret.configure(True)  # before triton is imported: jit decorators read it
     import torch
     import triton
 
@@ -125,12 +149,11 @@ def main() -> None:
 
     # ---- 1. compile every variant in parallel children --------------------------------
     jobs = []
-    for name, ov in VARIANTS.items():
-        cases = [warm_case(HEADLINE)] + (SMALL if name == "default" else [])
+    todo = [(name, ov, [warm_case(HEADLINE)]) for name, ov in VARIANTS.items()]
+    todo += [(f"default-{prob.describe(c)}", {}, [c]) for c in SMALL + [warm_case(OTHER_SHAPES[-1])]]
+    for name, ov, cases in todo:
         jobs.append((name, subprocess.Popen([sys.executable, __file__, "--warm", json.dumps(ov), json.dumps(cases)],
                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
-    jobs.append(("default-D64", subprocess.Popen([sys.executable, __file__, "--warm", "{}", json.dumps([warm_case(OTHER_SHAPES[-1])])],
-                                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
     # ceilings while they compile (they barely touch the GPU)
     try:
         if DRY:
@@ -220,6 +243,8 @@ def main() -> None:
         log(name, {k: v for k, v in row.items() if k != "trace"})
         save("dev_kda_chunked.json", results)
 
+    print_table(results, prob, cost)
+
     # ---- 3. GPU precision on small shapes (default knobs) vs the float64 recurrence ----
     for case in SMALL:
         try:
@@ -285,19 +310,7 @@ def main() -> None:
         save("dev_kda_chunked.json", results)
 
     # ---- table ----------------------------------------------------------------------------
-    print("\n== headline", prob.describe(HEADLINE), "| floor", f"{cost.bytes / 4.25e12 * 1e6:.0f} us (bytes)")
-    fla_us = results["fla"].get(prob.describe(HEADLINE), {}).get("us")
-    print(f"{'variant':16s} {'us':>8s} {'vs fla':>7s} {'err o':>8s} {'err S':>8s}  kernels (us)")
-    for name, row in results["variants"].items():
-        if "us" not in row:
-            print(f"{name:16s} ERROR {row.get('error', '')[:150]}")
-            continue
-        sp = f"{fla_us / row['us']:.2f}x" if fla_us else "-"
-        ks = " ".join(f"{n[-10:]}={t}" for n, t in row.get("kernels", []))
-        print(f"{name:16s} {row['us']:8.1f} {sp:>7s} {row['err'].get('o', 0):8.2e} {row['err'].get('final_state', 0):8.2e}  {ks}")
-    if fla_us:
-        f = results["fla"][prob.describe(HEADLINE)]
-        print(f"{'fla chunk_kda':16s} {fla_us:8.1f} {'1.00x':>7s} {f['err'].get('o', 0):8.2e} {f['err'].get('final_state', 0):8.2e}  first call {f['first_call_s']:.0f}s")
+    print_table(results, prob, cost)
     print("small (float64 recurrence):", json.dumps(results["small"]))
     for label, entry in results["shapes"].items():
         print(label, json.dumps({k: ({kk: (round(vv, 1) if kk == "us" else vv) for kk, vv in v.items()} if isinstance(v, dict) else v) for k, v in entry.items()}))

@@ -58,7 +58,7 @@ import triton.language as tl
 KNOBS = {
     "BT": 64,
     "BC": 16,
-    "BK": 64,
+    "BK": 32,
     "BV": 32,
     "diag": "guarded",
     "recentre": "midpoint",
