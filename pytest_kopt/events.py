@@ -119,16 +119,29 @@ def _fsync_dir(directory: Path) -> None:
 
 
 @contextmanager
-def _signals_deferred():
-    """Hold Ctrl-C/SIGTERM until a line is whole: a half-written line must never get a neighbour."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+def signals_deferred():
+    """Hold Ctrl-C/SIGTERM until the block is done, then act on them as usual.
+
+    A half-written line must never get a neighbour, and the log and the state it describes
+    must move together. Handlers are swapped (not the OS signal mask) because Python may run
+    a signal's handler some bytecodes after the signal arrived. Nests; main thread only.
+    """
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if caught:
+            handler = previous[caught[0]]
+            if callable(handler):
+                handler(caught[0], None)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), caught[0])
 
 
 def now_iso() -> str:
@@ -157,7 +170,7 @@ class EventLog:
         if clash:
             raise ValueError(f"event fields may not be named {', '.join(clash)}")
         event = _plain({"seq": self.seq + 1, "time": now_iso(), "run_id": self.run_id, "kind": kind, **fields})
-        with _signals_deferred():
+        with signals_deferred():
             self._writer.write(event)
             os.fsync(self._fp.fileno())
             self.seq += 1

@@ -35,7 +35,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .events import EventLog, dumps
+from .events import EventLog, dumps, signals_deferred
 
 if TYPE_CHECKING:  # pragma: no cover
     from .problems.base import Problem
@@ -195,8 +195,9 @@ class Toolbox:
                 self.candidates[event["candidate_id"]] = {k: event.get(k) for k in ("candidate_id", "parent", "strategy", "knobs", "path", "notes", "call")}
             elif kind == "verdict" and event.get("stage") != "judge":
                 self.results[(event["candidate_id"], event["upto"])] = self._load_result(event)
-            elif kind == "best":
-                self.best = {k: event.get(k) for k in ("candidate_id", "candidate_us", "speedup", "vs_baseline", "call")}
+                us = _number(event.get("candidate_us"))  # best-so-far follows from the verdicts alone
+                if event.get("verdict") == "pass" and us is not None and us > 0 and (self.best is None or us < self.best["candidate_us"]):
+                    self.best = {"candidate_id": event["candidate_id"], "candidate_us": us, "speedup": event.get("speedup"), "vs_baseline": event.get("vs_baseline"), "call": event.get("call")}
             elif kind == "tool_call":
                 calls[int(event["call"])] = event
             elif kind == "tool_result":
@@ -271,8 +272,9 @@ class Toolbox:
                     result = {"error": str(exc.args[0]) if exc.args else str(exc)}
                 except Exception as exc:  # a bug or an OS error must not end a long run
                     result = {"error": f"{tool} failed inside the toolbox: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=4)}
-        self._emit("tool_result", call=number, tool=tool, result=result, duration_s=round(time.monotonic() - start, 3))
-        self.budget_used = number
+        with signals_deferred():  # the log and budget_used move together, even on Ctrl-C
+            self._emit("tool_result", call=number, tool=tool, result=result, duration_s=round(time.monotonic() - start, 3))
+            self.budget_used = number
         return result
 
     # ---- tools ----------------------------------------------------------------------------
@@ -374,12 +376,13 @@ class Toolbox:
             atomic_write(self.run_dir / result_path, dumps(result) + "\n")
             self.results[(cid, upto)] = result
         compact = self.compact(cid, upto, result, cached=False)
-        self._emit(
-            "verdict", candidate_id=cid, upto=upto, verdict=result["verdict"], stage=result.get("stage"),
-            reasons=compact["reasons"], candidate_us=compact.get("candidate_us"), speedup=compact.get("speedup"),
-            vs_baseline=compact.get("vs_baseline"), errors=compact.get("errors", []), result_path=result_path, call=call,
-        )
-        self._update_best(cid, compact, call)
+        with signals_deferred():  # a verdict and the best it makes are logged together
+            self._emit(
+                "verdict", candidate_id=cid, upto=upto, verdict=result["verdict"], stage=result.get("stage"),
+                reasons=compact["reasons"], candidate_us=compact.get("candidate_us"), speedup=compact.get("speedup"),
+                vs_baseline=compact.get("vs_baseline"), errors=compact.get("errors", []), result_path=result_path, call=call,
+            )
+            self._update_best(cid, compact, call)
         return compact
 
     def note(self, text: str) -> dict:
@@ -392,8 +395,9 @@ class Toolbox:
             return
         if self.best is not None and us >= self.best["candidate_us"]:
             return
-        self.best = {"candidate_id": cid, "candidate_us": us, "speedup": compact.get("speedup"), "vs_baseline": compact.get("vs_baseline"), "call": call}
-        self._emit("best", **self.best)
+        best = {"candidate_id": cid, "candidate_us": us, "speedup": compact.get("speedup"), "vs_baseline": compact.get("vs_baseline"), "call": call}
+        self._emit("best", **best)
+        self.best = best
 
     def compact(self, cid: str, upto: str, result: dict, *, cached: bool) -> dict:
         """What the agent sees of a judge result (the whole one is in evals/)."""

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_kopt.events import CorruptLog, EventLog, read_events, repair
+from pytest_kopt.events import CorruptLog, EventLog, read_events, repair, signals_deferred
 
 
 def write_some(path: Path, n: int, run_id: str = "r1") -> list[dict]:
@@ -150,3 +152,18 @@ def test_a_log_cut_anywhere_reads_as_a_prefix_and_can_go_on(tmp_path_factory, cu
     again = read_events(path)
     assert again[:-1] == got
     assert [e["seq"] for e in again] == list(range(1, len(again) + 1))
+
+
+def test_ctrl_c_waits_until_the_block_is_done_then_acts(tmp_path):
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path, "r")
+    with pytest.raises(KeyboardInterrupt):
+        with signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler would normally run here
+            log.append("note", text="whole")
+            with signals_deferred():  # nested blocks hand it outwards
+                log.append("note", text="still")
+    assert [e["text"] for e in read_events(path)] == ["whole", "still"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    log.close()
