@@ -594,7 +594,9 @@ def test_end_to_end_session_with_the_real_judge(tmp_path: Path, capsys: pytest.C
 
     assert cli.main(["memory", str(run_dir)]) == 0
     memory = capsys.readouterr().out
-    assert f"## Best so far\n{best}:" in memory and "FAILED at compile" in memory and "tl.lod" not in memory.split("## Strategies")[0]
+    best_section = memory.split("## Strategies")[0]
+    assert f"## Best so far\n{best}:" in best_section and "tl.lod(y_ptr" not in best_section  # a working source
+    assert "FAILED at compile" in memory
 
 
 FAKE_JUDGE_CONFTEST = f"""
