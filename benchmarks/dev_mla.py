@@ -63,7 +63,6 @@ VARIANTS = [
 # under ncu (--ncu): (family, variant label, case index) profiled once each, after a warm-up call
 NCU_TARGETS = [("decode", "auto", 0), ("decode", "auto", 3)]
 # under ncu (--ncu): (family, variant label, case index) profiled once each, after a warm-up call
-NCU_TARGETS = [("decode", "default", 0), ("decode", "default", 3), ("decode", "BH16", 3), ("prefill", "default", 0)]
 
 
 def family_path(family: str) -> Path:

@@ -27,12 +27,12 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 1, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2}
+KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 16, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2}
 # kopt:knobs-end
 SPACE = {
     "BLOCK_M": [32, 64, 128],  # (query, head) rows per program
     "BLOCK_N": [16, 32, 64],  # keys per KV tile
-    "HEADS_PER_TILE": [1, 2, 4, 16],  # heads per row tile (rows = queries x heads)
+    "HEADS_PER_TILE": [1, 2, 4, 16, 64],  # heads per row tile (rows = queries x heads)
     "V_SPLIT": [1, 2, 4],  # value slices: each program writes 512 / V_SPLIT output columns
     "UNMASKED_LOOP": [False, True],  # key tiles below the diagonal in a second, mask-free loop
     "KEYS_AS_M": [False, True],  # scores as S^T = K q^T (keys are the M of the dot) instead of q K^T
