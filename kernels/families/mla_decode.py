@@ -20,6 +20,12 @@ single split, stage 1 writes o and lse itself and stage 2 is skipped.
 
 Partial traffic: splits * B * Sq * H * 512 * (4 or 2) bytes written and read back; the auto
 split count keeps it under PARTIAL_BUDGET of the KV bytes (see ``_num_splits``).
+
+Host side (at ~20 us a call it matters): launch parameters are planned once per (knobs, shape);
+with LAUNCH "cached" the compiled kernels are relaunched through their launchers, skipping
+Triton's per-call binding (~30-40 us a launch on the H200 host); partial buffers are scratch
+reused per shape and stream. CONFIG "auto" picks the tile config of the shape's regime
+(REGIMES). Measurements and predictions: kernels/notes/mla.md.
 """
 
 import functools
