@@ -291,6 +291,8 @@ def inspect_call(
 
     outs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
     input_tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    if input_tensors:  # "cuda" and "cuda:0" name one device: compare with where the inputs really are
+        device = next(iter(input_tensors.values())).device
     seen: list[tuple[str, torch.Tensor]] = []
     for name, out in zip(output_names, outs):
         if not isinstance(out, torch.Tensor):
