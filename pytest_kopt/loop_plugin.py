@@ -121,11 +121,15 @@ def kopt_problem(kopt_run: RunOptions) -> Any:
 
 
 @pytest.fixture(scope="session")
-def kopt_evaluate() -> Any:
-    """The judge (``pytest_kopt.judge.evaluate``); override with a fake to test a loop quickly."""
+def kopt_evaluate(pytestconfig: pytest.Config) -> Any:
+    """The judge (``pytest_kopt.judge.evaluate``), in quick mode with ``--kopt-quick`` (first
+    headline shape and a few hypothesis shapes per evaluation); override with a fake to test a
+    loop quickly."""
+    import functools
+
     from .judge import evaluate
 
-    return evaluate
+    return functools.partial(evaluate, quick=True) if pytestconfig.getoption("kopt_quick") else evaluate
 
 
 @pytest.fixture
