@@ -20,6 +20,7 @@ Use from a benchmark test::
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from types import SimpleNamespace
@@ -85,13 +86,17 @@ def _fixture(name: str, fullname: str, group: str, timer: Callable[[], float], s
     from pytest_benchmark.logger import Logger
     from pytest_benchmark.utils import NameWrapper
 
-    return BenchmarkFixture(
-        SimpleNamespace(name=name, nodeid=fullname), disable_gc=False, timer=NameWrapper(timer), min_rounds=1,
+    settings = dict(
+        disable_gc=False, timer=NameWrapper(timer), min_rounds=1,
         min_time=0.0, max_time=1.0, precision=None, confidence=None, warmup=False, warmup_iterations=0,
         calibration_precision=10, add_stats=store.append, logger=Logger(Logger.QUIET),
         warner=lambda message: logging.getLogger(__name__).warning(message), disabled=False, cprofile=False,
         cprofile_loops=None, cprofile_dump=False, group=group,
     )
+    # pytest-benchmark's constructor gained arguments over releases (4.x has no precision,
+    # confidence or cprofile_loops): pass what this installed version takes.
+    accepted = inspect.signature(BenchmarkFixture.__init__).parameters
+    return BenchmarkFixture(SimpleNamespace(name=name, nodeid=fullname), **{k: v for k, v in settings.items() if k in accepted})
 
 
 def benchmark(
