@@ -127,7 +127,20 @@ def benchmark(
             setup()
         flush_l2(device)
 
-    fixture.pedantic(fn, setup=prepare, teardown=(lambda: teardown()) if teardown else None, rounds=rounds, warmup_rounds=warmup_rounds)
+    if teardown is None or "teardown" in inspect.signature(fixture.pedantic).parameters:
+        fixture.pedantic(fn, setup=prepare, teardown=(lambda: teardown()) if teardown else None, rounds=rounds, warmup_rounds=warmup_rounds)
+    else:  # pytest-benchmark 4.x has no teardown: run it before the next round's setup, and once at the end
+        pending = [False]
+
+        def prepare_after_teardown():
+            if pending[0]:
+                teardown()
+            pending[0] = True
+            prepare()
+
+        fixture.pedantic(fn, setup=prepare_after_teardown, rounds=rounds, warmup_rounds=warmup_rounds)
+        if pending[0]:
+            teardown()
     return store[0]
 
 
