@@ -96,7 +96,7 @@ def _fixture(name: str, fullname: str, group: str, timer: Callable[[], float], s
     # pytest-benchmark's constructor gained arguments over releases (4.x has no precision,
     # confidence or cprofile_loops): pass what this installed version takes.
     accepted = inspect.signature(BenchmarkFixture.__init__).parameters
-    return BenchmarkFixture(SimpleNamespace(name=name, nodeid=fullname), **{k: v for k, v in settings.items() if k in accepted})
+    return BenchmarkFixture(SimpleNamespace(name=name, nodeid=fullname, _nodeid=fullname), **{k: v for k, v in settings.items() if k in accepted})
 
 
 def benchmark(
