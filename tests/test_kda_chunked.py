@@ -216,12 +216,12 @@ def build(fn, types, constexprs, warps, stages):
     return c
 
 prep = {"q_ptr": B16, "k_ptr": B16, "v_ptr": B16, "g_ptr": P, "beta_ptr": B16, "w_ptr": B16, "u_ptr": P,
-        "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": P, "akk_ptr": P, "gl_ptr": P, "scale": "fp32"}
+        "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "akk_ptr": P, "gl_ptr": P, "scale": "fp32"}
 for stage in ([0] if fam.KNOBS["fuse_prep"] else [1, 2]):
     build(fam._kda_prep_kernel, prep, dict(K=K, V=V, BT=plan["BT"], BC=plan["BC"], BK=plan["BK"], BVP=plan["BVP"],
-          DK=plan["DK"], LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], STAGE=stage),
-          fam.KNOBS["prep_warps"], 1)
-scan = {"w_ptr": B16, "u_ptr": P, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": P, "gl_ptr": P, "h0_ptr": P,
+          DK=plan["DK"], LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
+          STAGE=stage), fam.KNOBS["solve_warps"] if stage == 2 else fam.KNOBS["block_warps"], 1)
+scan = {"w_ptr": B16, "u_ptr": P, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "h0_ptr": P,
         "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P}
 c = build(fam._kda_scan_kernel, scan, dict(K=K, V=V, BT=plan["BT"], BV=plan["BV"], LAYOUT=plan["layout"],
           FUSE_OUT=plan["fuse"], SPLIT_S=plan["split"], USE_H0=True, STORE_HT=True),

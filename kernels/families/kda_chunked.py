@@ -59,31 +59,35 @@ KNOBS = {
     "BT": 64,
     "BC": 16,
     "BK": 32,
-    "BV": 32,
+    "BV": 16,
     "diag": "guarded",
     "recentre": "midpoint",
+    "merge": "mma",
     "fuse_prep": False,
     "fuse_output": True,
     "scan_dot": "mixed",
     "scan_layout": "vk",
-    "prep_warps": 4,
+    "block_warps": 4,
+    "solve_warps": 4,
     "scan_warps": 4,
     "scan_stages": 2,
     "out_warps": 4,
 }
 # kopt:knobs-end
 SPACE = {
-    "BT": [32, 64, 128],
+    "BT": [32, 64],
     "BC": [16, 32],
     "BK": [32, 64, 128],
     "BV": [16, 32, 64],
     "diag": ["guarded", "pairwise"],
     "recentre": ["start", "midpoint", "end"],
+    "merge": ["fma", "mma"],
     "fuse_prep": [True, False],
     "fuse_output": [True, False],
     "scan_dot": ["mixed", "split"],
     "scan_layout": ["kv", "vk"],
-    "prep_warps": [2, 4, 8],
+    "block_warps": [2, 4, 8],
+    "solve_warps": [4, 8],
     "scan_warps": [4, 8],
     "scan_stages": [1, 2, 3],
     "out_warps": [4, 8],
@@ -127,21 +131,39 @@ def _diag_pairwise(q_ptr, k_ptr, g_ptr, row0, rows_ok, ks,
 
 
 @triton.jit
-def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi,
+def _split(x):
+    """x ~= hi + lo with both halves bf16 (about 16 significant bits together)."""
+    hi = x.to(tl.bfloat16)
+    lo = (x - hi.to(tl.float32)).to(tl.bfloat16)
+    return hi, lo
+
+
+@triton.jit
+def _dot3(a, b, acc):
+    """acc + a @ b with float32 operands as bf16 hi/lo pairs: three bf16 tensor-core products
+    (hi*hi + hi*lo + lo*hi), about 16 significant bits, no tf32 involved."""
+    a_hi, a_lo = _split(a)
+    b_hi, b_lo = _split(b)
+    acc = tl.dot(a_hi, b_hi, acc)
+    acc = tl.dot(a_hi, b_lo, acc)
+    return tl.dot(a_lo, b_hi, acc)
+
+
+@triton.jit
+def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi, lo_off,
                s_qt, s_kt, s_gt, s_bt,
                K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr,
                RECENTRE: tl.constexpr, LIMIT: tl.constexpr):
-    """Rows bi*BC .. bi*BC+BC-1 of one chunk's Aqk (scaled) and Akk (beta-scaled, strictly
-    lower), all BT columns, written to aqk_ptr / akk_ptr (pointers at the chunk's first row)."""
+    """Rows bi*BC .. bi*BC+BC-1 of one chunk's Aqk (scaled; hi and lo bf16 halves) and Akk
+    (beta-scaled, strictly lower, float32), all BT columns, written to aqk_ptr / akk_ptr
+    (pointers at the chunk's first row; the lo half of Aqk sits lo_off elements after)."""
     r = bi * BC
-    rt = tl.arange(0, BT)
     ct = tl.arange(0, BT)
     rc = tl.arange(0, BC)
     cc = tl.arange(0, BC)
-    rt_ok = t0 + rt < T
     rb_ok = t0 + r + rc < T
     beta_r = tl.load(beta_ptr + (r + rc) * s_bt, mask=rb_ok, other=0.0).to(tl.float32)
-    off_q = tl.zeros([BC, BT], dtype=tl.float32)
+    off_q = tl.zeros([BC, BT], dtype=tl.float32)  # column i holds chunk column j = r - 1 - i
     off_k = tl.zeros([BC, BT], dtype=tl.float32)
     dia_q = tl.zeros([BC, BC], dtype=tl.float32)
     dia_k = tl.zeros([BC, BC], dtype=tl.float32)
@@ -155,17 +177,19 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
         # left out of the sum, so a -1000 there never has to cancel against itself
         e_b = tl.cumsum(tl.where(rc[:, None] > 0, g_b, 0.0), axis=0)
         if bi > 0:
-            # columns j < r: exp(G_r - G_j) = exp(g_r + sum_{j < t < r} g_t), a reverse sum
-            before = (rt < r)[:, None] & rt_ok[:, None]
-            g_a = tl.load(g_ptr + rt[:, None] * s_gt + ck[None, :], mask=before, other=0.0).to(tl.float32)
-            k_a = tl.load(k_ptr + rt[:, None] * s_kt + ck[None, :], mask=before, other=0.0).to(tl.float32)
+            # columns j < r, held transposed ([BK, BT]) and in reverse order, i = r - 1 - j:
+            # exp(G_r - G_j) = exp(g_r + sum_{j < t < r} g_t), the sum a forward running sum
+            # of g[r - 1], g[r - 2], ... (no reverse scan, no large prefix to subtract)
+            m_shift = (ct >= 1) & (ct < r) & (t0 + r - ct < T)
+            gs = tl.load(g_ptr + (r - ct)[None, :] * s_gt + ck[:, None], mask=m_shift[None, :], other=0.0).to(tl.float32)
+            m_col = (ct < r) & (t0 + r - 1 - ct < T)
+            k_t = tl.load(k_ptr + (r - 1 - ct)[None, :] * s_kt + ck[:, None], mask=m_col[None, :], other=0.0).to(tl.float32)
             g_r = tl.load(g_ptr + r * s_gt + ck, mask=(t0 + r) < T, other=0.0).to(tl.float32)
-            suffix = tl.cumsum(g_a, axis=0, reverse=True) - g_a
-            e_col = tl.exp(tl.where(before, g_r[None, :] + suffix, float("-inf")))
-            kb = tl.trans(k_a * e_col)
+            x_col = g_r[:, None] + tl.cumsum(gs, axis=1)
+            kb = k_t * tl.exp(tl.where((ct < r)[None, :], x_col, float("-inf")))
             e_row = tl.exp(e_b)
-            off_q += tl.dot(q_b * e_row, kb, input_precision="tf32")
-            off_k += tl.dot(k_b * e_row, kb, input_precision="tf32")
+            off_q = _dot3(q_b * e_row, kb, off_q)
+            off_k = _dot3(k_b * e_row, kb, off_k)
         # the diagonal block
         e_last = tl.min(e_b, axis=0)  # [BK]; the block's decay span per channel is -e_last
         span = -tl.min(e_last, axis=0)
@@ -179,9 +203,13 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
             else:
                 ref = e_last
             up = tl.exp(e_b - ref[None, :])
-            down = tl.trans(k_b * tl.exp(ref[None, :] - e_b))
-            dq = tl.dot(q_b * up, down, input_precision="tf32")
-            dk = tl.dot(k_b * up, down, input_precision="tf32")
+            # the column side again, transposed ([BK, BC]) straight from memory
+            g_bt = tl.load(g_ptr + (r + cc)[None, :] * s_gt + ck[:, None], mask=rb_ok[None, :], other=0.0).to(tl.float32)
+            k_bt = tl.load(k_ptr + (r + cc)[None, :] * s_kt + ck[:, None], mask=rb_ok[None, :], other=0.0).to(tl.float32)
+            e_bt = tl.cumsum(tl.where(cc[None, :] > 0, g_bt, 0.0), axis=1)
+            down = k_bt * tl.exp(ref[:, None] - e_bt)
+            dq = _dot3(q_b * up, down, tl.zeros([BC, BC], dtype=tl.float32))
+            dk = _dot3(k_b * up, down, tl.zeros([BC, BC], dtype=tl.float32))
             # the upper triangle may hold inf / nan: select, never multiply
             dia_q += tl.where(rc[:, None] >= cc[None, :], dq, 0.0)
             dia_k += tl.where(rc[:, None] > cc[None, :], dk, 0.0)
@@ -189,12 +217,25 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
             dq, dk = _diag_pairwise(q_ptr, k_ptr, g_ptr, r, rb_ok, ks, s_qt, s_kt, s_gt, BC, BK, DK)
             dia_q += dq
             dia_k += tl.where(rc[:, None] > cc[None, :], dk, 0.0)
-    # off-diagonal part (every column outside the block) and diagonal part: disjoint stores
-    outside = (ct[None, :] < r) | (ct[None, :] >= r + BC)
+    # off-diagonal part (reversed columns j = r - 1 - i < r), zeros right of the block, and
+    # the diagonal block: three disjoint stores
     p_row = (r + rc)[:, None] * BT
-    tl.store(aqk_ptr + p_row + ct[None, :], off_q * scale, mask=outside)
-    tl.store(akk_ptr + p_row + ct[None, :], off_k * beta_r[:, None], mask=outside)
-    tl.store(aqk_ptr + p_row + r + cc[None, :], dia_q * scale)
+    before = (ct < r)[None, :]
+    aq = off_q * scale
+    aq_hi = aq.to(tl.bfloat16)
+    aq_lo = (aq - aq_hi.to(tl.float32)).to(tl.bfloat16)
+    tl.store(aqk_ptr + p_row + (r - 1 - ct)[None, :], aq_hi, mask=before)
+    tl.store(aqk_ptr + lo_off + p_row + (r - 1 - ct)[None, :], aq_lo, mask=before)
+    tl.store(akk_ptr + p_row + (r - 1 - ct)[None, :], off_k * beta_r[:, None], mask=before)
+    after = (ct >= r + BC)[None, :]
+    zero = tl.zeros([BC, BT], dtype=tl.float32)
+    tl.store(aqk_ptr + p_row + ct[None, :], zero.to(tl.bfloat16), mask=after)
+    tl.store(aqk_ptr + lo_off + p_row + ct[None, :], zero.to(tl.bfloat16), mask=after)
+    tl.store(akk_ptr + p_row + ct[None, :], zero, mask=after)
+    dq_s = dia_q * scale
+    dq_hi = dq_s.to(tl.bfloat16)
+    tl.store(aqk_ptr + p_row + r + cc[None, :], dq_hi)
+    tl.store(aqk_ptr + lo_off + p_row + r + cc[None, :], (dq_s - dq_hi.to(tl.float32)).to(tl.bfloat16))
     tl.store(akk_ptr + p_row + r + cc[None, :], dia_k * beta_r[:, None])
 
 
@@ -202,60 +243,70 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
 def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr, akk_ptr, gl_ptr,
               scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt,
               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-              BVP: tl.constexpr, LOG_NC: tl.constexpr):
+              BVP: tl.constexpr, LOG_NC: tl.constexpr, MERGE: tl.constexpr):
     """A = (I + Akk)^-1 diag(beta) for one chunk, then w = A (exp(G) k), u = A v and the
     pre-decayed tiles kd, qd, gl of the scan (pointers at the chunk's first row)."""
     rt = tl.arange(0, BT)
     ct = tl.arange(0, BT)
     rt_ok = t0 + rt < T
     # forward substitution inside the NC diagonal BC x BC blocks, all blocks side by side:
-    # d3[b, i, j] = Akk[b*BC + i, b*BC + j]; x3 becomes the inverse of (I + d3[b]) row by row
-    NC: tl.constexpr = BT // BC
-    ib = tl.arange(0, NC)
-    ii = tl.arange(0, BC)
-    p3 = akk_ptr + ((ib[:, None, None] * BC + ii[None, :, None]) * BT + ib[:, None, None] * BC + ii[None, None, :])
-    d3 = tl.load(p3)
-    x3 = tl.zeros([NC, BC, BC], dtype=tl.float32)
-    for s in range(BC):
-        sel = (ii == s)[None, :, None]
-        arow = tl.sum(tl.where(sel, d3, 0.0), axis=1)  # [NC, BC]: Akk[b, s, k]
-        contrib = tl.sum(arow[:, :, None] * x3, axis=1)  # [NC, BC]: sum_k Akk[b, s, k] x3[b, k, j]
-        newrow = tl.where((ii == s)[None, :], 1.0, -contrib)
-        x3 = tl.where(sel, newrow[:, None, :], x3)
-    tl.store(p3, x3)  # the diagonal blocks of the scratch now hold D^-1
-    tl.debug_barrier()
+    # row s of every block is finished at step s; arow[c] = Akk[blk(c) * BC + s, c]
     same_blk = (rt[:, None] // BC) == (ct[None, :] // BC)
-    x = tl.load(akk_ptr + rt[:, None] * BT + ct[None, :], mask=same_blk, other=0.0)
+    sc = tl.arange(0, BC)
+    # arows[s, c] = Akk[blk(c) * BC + s, c], all BC steps' rows fetched at once
+    arows = tl.load(akk_ptr + ((ct // BC) * BC)[None, :] * BT + sc[:, None] * BT + ct[None, :])
+    x = tl.zeros([BT, BT], dtype=tl.float32)
+    for s in range(BC):
+        arow = tl.sum(tl.where((sc == s)[:, None], arows, 0.0), axis=0)
+        contrib = tl.sum(arow[:, None] * x, axis=0)
+        newrow = tl.where((ct % BC) == s, 1.0, -contrib)
+        x = tl.where(((rt % BC) == s)[:, None] & same_blk, newrow[None, :], x)
     # across blocks: (D + L)^-1 = (I + N)^-1 D^-1, N = D^-1 L nilpotent of index NC, so
-    # (I + N)^-1 = (I - N)(I + N^2)(I + N^4)... exactly
+    # (I + N)^-1 = (I - N)(I + N^2)(I + N^4)... exactly.  MERGE 0: float32 FMA products;
+    # MERGE 1: bf16 hi/lo tensor-core products (~16 bits)
     if LOG_NC > 0:
         lower = tl.load(akk_ptr + rt[:, None] * BT + ct[None, :], mask=(rt[:, None] // BC) > (ct[None, :] // BC), other=0.0)
         eye = tl.where(rt[:, None] == ct[None, :], 1.0, 0.0)
-        n = tl.dot(x, lower, input_precision="tf32")
+        zero = tl.zeros([BT, BT], dtype=tl.float32)
+        if MERGE == 0:
+            n = tl.dot(x, lower, input_precision="ieee")
+        else:
+            n = _dot3(x, lower, zero)
         p = eye - n
         for _ in tl.static_range(LOG_NC - 1):
-            n = tl.dot(n, n, input_precision="tf32")
-            p = tl.dot(p, eye + n, input_precision="tf32")
-        x = tl.dot(p, x, input_precision="tf32")
+            if MERGE == 0:
+                n = tl.dot(n, n, input_precision="ieee")
+                p = tl.dot(p, eye + n, input_precision="ieee")
+            else:
+                n = _dot3(n, n, zero)
+                p = _dot3(p, eye + n, zero)
+        if MERGE == 0:
+            x = tl.dot(p, x, input_precision="ieee")
+        else:
+            x = _dot3(p, x, zero)
     beta_c = tl.load(beta_ptr + ct * s_bt, mask=rt_ok, other=0.0).to(tl.float32)
-    a_wy = (x * beta_c[None, :]).to(tl.bfloat16)
+    a_wy = (x * beta_c[None, :]).to(tl.bfloat16)  # A = (I + Akk)^-1 diag(beta)
 
+    # reversed rows for the decay to the chunk's end: row j = BT - 1 - i
+    m_shift = (rt >= 1) & (t0 + BT - rt < T)
+    m_rev = t0 + BT - 1 - rt < T
     for ks in range(0, K, BK):
         ck = ks + tl.arange(0, BK)
         m = rt_ok[:, None]
         g_a = tl.load(g_ptr + rt[:, None] * s_gt + ck[None, :], mask=m, other=0.0).to(tl.float32)
         k_a = tl.load(k_ptr + rt[:, None] * s_kt + ck[None, :], mask=m, other=0.0).to(tl.float32)
         q_a = tl.load(q_ptr + rt[:, None] * s_qt + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        g_cum = tl.cumsum(g_a, axis=0)  # G_i, <= 0
-        to_end = tl.cumsum(g_a, axis=0, reverse=True) - g_a  # G_last - G_i, a reverse sum
-        total = tl.sum(g_a, axis=0)  # G_last
-        dec = tl.exp(g_cum)
+        dec = tl.exp(tl.cumsum(g_a, axis=0))  # exp(G_i) <= 1
         w_t = tl.dot(a_wy, (k_a * dec).to(tl.bfloat16))
         p_t = rt[:, None] * K + ck[None, :]
         tl.store(w_ptr + p_t, w_t.to(w_ptr.dtype.element_ty))
-        tl.store(kd_ptr + p_t, (k_a * tl.exp(to_end)).to(kd_ptr.dtype.element_ty))
         tl.store(qd_ptr + p_t, (q_a * (dec * scale)).to(qd_ptr.dtype.element_ty))
-        tl.store(gl_ptr + ck, tl.exp(total))
+        tl.store(gl_ptr + ck, tl.exp(tl.sum(g_a, axis=0)))
+        # exp(G_last - G_j) = exp(sum_{t > j} g_t): a forward sum of g[BT-1], g[BT-2], ...
+        gs = tl.load(g_ptr + (BT - rt)[:, None] * s_gt + ck[None, :], mask=m_shift[:, None], other=0.0).to(tl.float32)
+        k_r = tl.load(k_ptr + (BT - 1 - rt)[:, None] * s_kt + ck[None, :], mask=m_rev[:, None], other=0.0).to(tl.float32)
+        kd_r = k_r * tl.exp(tl.cumsum(gs, axis=0))
+        tl.store(kd_ptr + (BT - 1 - rt)[:, None] * K + ck[None, :], kd_r.to(kd_ptr.dtype.element_ty))
     for vs in range(0, V, BVP):
         cv = vs + tl.arange(0, BVP)
         v_a = tl.load(v_ptr + rt[:, None] * s_vt + cv[None, :], mask=rt_ok[:, None], other=0.0)
@@ -267,7 +318,7 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
 def _kda_prep_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
     w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, akk_ptr, gl_ptr,
-    scale, T, TP, NT, H,
+    scale, T, TP, NT, H, lo_off,
     s_qb, s_qt, s_qh,
     s_kb, s_kt, s_kh,
     s_vb, s_vt, s_vh,
@@ -275,7 +326,7 @@ def _kda_prep_kernel(
     s_bb, s_bt, s_bh,
     K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BVP: tl.constexpr, DK: tl.constexpr,
-    LOG_NC: tl.constexpr, RECENTRE: tl.constexpr, LIMIT: tl.constexpr,
+    LOG_NC: tl.constexpr, RECENTRE: tl.constexpr, LIMIT: tl.constexpr, MERGE: tl.constexpr,
     STAGE: tl.constexpr,
 ):
     """STAGE 0: everything for one chunk (block rows, then the solve); 1: one block row of
@@ -308,33 +359,25 @@ def _kda_prep_kernel(
 
     if STAGE == 0:
         for b in range(NC):
-            _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, b,
+            _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, b, lo_off,
                        s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT)
         tl.debug_barrier()  # the block rows were written by other threads of this program
     if STAGE == 1:
-        _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi,
+        _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi, lo_off,
                    s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT)
     if STAGE != 1:
         _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr, akk_ptr, gl_ptr,
-                  scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt, K, V, BT, BC, BK, BVP, LOG_NC)
+                  scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt, K, V, BT, BC, BK, BVP, LOG_NC, MERGE)
 
 
 # ------------------------------------------------------------------------------------------
 # Stage 2: the sequential scan over chunks
 # ------------------------------------------------------------------------------------------
 @triton.jit
-def _split(x):
-    """x ~= hi + lo with both halves bf16 (about 16 significant bits together)."""
-    hi = x.to(tl.bfloat16)
-    lo = (x - hi.to(tl.float32)).to(tl.bfloat16)
-    return hi, lo
-
-
-@triton.jit
 def _kda_scan_kernel(
     w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, gl_ptr,
     h0_ptr, ht_ptr, o_ptr, hbuf_ptr, dbuf_ptr,
-    T, TP, NT, H,
+    T, TP, NT, H, lo_off,
     s_ob, s_ot, s_oh,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     LAYOUT: tl.constexpr, FUSE_OUT: tl.constexpr, SPLIT_S: tl.constexpr,
@@ -343,8 +386,9 @@ def _kda_scan_kernel(
     """One program per (V-block, batch*head) walks the chunks in order.  LAYOUT 0 keeps the
     state as S [K, BV]; LAYOUT 1 as S^T [BV, K], so that the state and delta are the
     register-resident left operands of every product and the loaded tiles the right ones.
-    Products with delta use a bf16 hi/lo split (two bf16 products, ~16 significant bits);
-    products with the state use the split too when SPLIT_S, else the state rounded to bf16."""
+    Products with delta use a bf16 hi/lo split (two bf16 products, ~16 significant bits), the
+    read-out's Aqk delta three (Aqk arrives as hi and lo halves); products with the state use
+    the split too when SPLIT_S, else the state rounded to bf16.  No tf32 anywhere."""
     i_v = tl.program_id(0).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -391,21 +435,25 @@ def _kda_scan_kernel(
             else:
                 ws = tl.dot(w_n, S.to(tl.bfloat16))
             d = u_n - ws  # [BT, BV]
+            d_hi, d_lo = _split(d)
             if FUSE_OUT:
                 qd_n = tl.load(qd_ptr + p_k)
-                aqk_n = tl.load(aqk_ptr + row[:, None] * BT + ct[None, :])
+                p_a = aqk_ptr + row[:, None] * BT + ct[None, :]
+                a_hi = tl.load(p_a)
+                a_lo = tl.load(p_a + lo_off)
                 if SPLIT_S:
                     o_n = tl.dot(qd_n, s_hi)
                     o_n = tl.dot(qd_n, s_lo, o_n)
                 else:
                     o_n = tl.dot(qd_n, S.to(tl.bfloat16))
-                o_n = tl.dot(aqk_n, d, o_n, input_precision="tf32")
+                o_n = tl.dot(a_hi, d_hi, o_n)
+                o_n = tl.dot(a_hi, d_lo, o_n)
+                o_n = tl.dot(a_lo, d_hi, o_n)
                 tl.store(o_ptr + row[:, None] * s_ot + cv[None, :], o_n.to(o_ptr.dtype.element_ty),
                          mask=(row < T)[:, None])
             else:
                 tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
                 tl.store(dbuf_ptr + row[:, None] * V + cv[None, :], d)
-            d_hi, d_lo = _split(d)
             kt = tl.trans(kd_n)
             upd = tl.dot(kt, d_hi)
             upd = tl.dot(kt, d_lo, upd)
@@ -420,22 +468,26 @@ def _kda_scan_kernel(
             else:
                 ws = tl.dot(S.to(tl.bfloat16), wt)
             d = u_t - ws  # [BV, BT]
+            d_hi, d_lo = _split(d)
             if FUSE_OUT:
                 qd_n = tl.load(qd_ptr + p_k)
-                aqk_n = tl.load(aqk_ptr + row[:, None] * BT + ct[None, :])
+                p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
+                a_hi = tl.load(p_a)
+                a_lo = tl.load(p_a + lo_off)
                 qt = tl.trans(qd_n)
                 if SPLIT_S:
                     o_t = tl.dot(s_hi, qt)
                     o_t = tl.dot(s_lo, qt, o_t)
                 else:
                     o_t = tl.dot(S.to(tl.bfloat16), qt)
-                o_t = tl.dot(d, tl.trans(aqk_n), o_t, input_precision="tf32")
+                o_t = tl.dot(d_hi, a_hi, o_t)
+                o_t = tl.dot(d_lo, a_hi, o_t)
+                o_t = tl.dot(d_hi, a_lo, o_t)
                 tl.store(o_ptr + row[None, :] * s_ot + cv[:, None], o_t.to(o_ptr.dtype.element_ty),
                          mask=(row < T)[None, :])
             else:
                 tl.store(hbuf_ptr + n * K * V + rk[None, :] * V + cv[:, None], S.to(hbuf_ptr.dtype.element_ty))
                 tl.store(dbuf_ptr + row[None, :] * V + cv[:, None], d)
-            d_hi, d_lo = _split(d)
             upd = tl.dot(d_hi, kd_n)
             upd = tl.dot(d_lo, kd_n, upd)
             S = S * gl_n[None, :] + upd
@@ -450,7 +502,7 @@ def _kda_scan_kernel(
 @triton.jit
 def _kda_out_kernel(
     qd_ptr, aqk_ptr, hbuf_ptr, dbuf_ptr, o_ptr,
-    T, TP, NT, H,
+    T, TP, NT, H, lo_off,
     s_ob, s_ot, s_oh,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, SPLIT_S: tl.constexpr,
 ):
@@ -465,15 +517,19 @@ def _kda_out_kernel(
     row = i_t * BT + rt
     qd = tl.load(qd_ptr + (i_bh * TP + row)[:, None] * K + rk[None, :])
     h = tl.load(hbuf_ptr + ((i_bh * NT + i_t) * K + rk)[:, None] * V + cv[None, :])
-    aqk = tl.load(aqk_ptr + (i_bh * TP + row)[:, None] * BT + rt[None, :])
-    d = tl.load(dbuf_ptr + (i_bh * TP + row)[:, None] * V + cv[None, :])
+    p_a = aqk_ptr + (i_bh * TP + row)[:, None] * BT + rt[None, :]
+    a_hi = tl.load(p_a)
+    a_lo = tl.load(p_a + lo_off)
+    d_hi, d_lo = _split(tl.load(dbuf_ptr + (i_bh * TP + row)[:, None] * V + cv[None, :]))
     if SPLIT_S:
         h_hi, h_lo = _split(h)
         o = tl.dot(qd, h_hi)
         o = tl.dot(qd, h_lo, o)
     else:
         o = tl.dot(qd, h)
-    o = tl.dot(aqk, d, o, input_precision="tf32")
+    o = tl.dot(a_hi, d_hi, o)
+    o = tl.dot(a_hi, d_lo, o)
+    o = tl.dot(a_lo, d_hi, o)
     tl.store(o_ptr + i_b * s_ob + i_h * s_oh + row[:, None] * s_ot + cv[None, :],
              o.to(o_ptr.dtype.element_ty), mask=(row < T)[:, None])
 
@@ -512,6 +568,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "DK": max(1, min(bk, 2048 // (BC * BC))),
         "LOG_NC": int(math.log2(BT // BC)),
         "RECENTRE": _RECENTRE_CODE[knobs["recentre"]], "LIMIT": limit,
+        "MERGE": 0 if knobs["merge"] == "fma" else 1,
         "fuse": fuse, "split": split, "scan_stages": stages,
         "layout": 0 if knobs["scan_layout"] == "kv" else 1,
     }
@@ -559,7 +616,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
     kd = torch.empty_like(w)
     qd = torch.empty_like(w)
     u = torch.empty((BH, TP, V), dtype=torch.float32, device=dev)
-    aqk = torch.empty((BH, TP, BT), dtype=torch.float32, device=dev)
+    aqk = torch.empty((2, BH, TP, BT), dtype=torch.bfloat16, device=dev)  # Aqk as bf16 hi, lo
     akk = torch.empty((BH, TP, BT), dtype=torch.float32, device=dev)
     gl = torch.empty((BH, NT, K), dtype=torch.float32, device=dev)
 
@@ -567,7 +624,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
         prep_args = (
             q, k, v, g, beta,
             w, u, kd, qd, aqk, akk, gl,
-            float(scale), T, TP, NT, H,
+            float(scale), T, TP, NT, H, BH * TP * BT,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
@@ -576,14 +633,14 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
         )
         prep_meta = dict(
             K=K, V=V, BT=BT, BC=plan["BC"], BK=plan["BK"], BVP=plan["BVP"], DK=plan["DK"],
-            LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"],
-            num_warps=kn["prep_warps"], num_stages=1,
+            LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
+            num_stages=1,
         )
         if kn["fuse_prep"]:
-            _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=0, **prep_meta)
+            _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=0, num_warps=kn["block_warps"], **prep_meta)
         else:
-            _kda_prep_kernel[(NT * (BT // plan["BC"]), BH)](*prep_args, STAGE=1, **prep_meta)
-            _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=2, **prep_meta)
+            _kda_prep_kernel[(NT * (BT // plan["BC"]), BH)](*prep_args, STAGE=1, num_warps=kn["block_warps"], **prep_meta)
+            _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=2, num_warps=kn["solve_warps"], **prep_meta)
         fuse = plan["fuse"]
         if fuse:
             hbuf, dbuf = o, o  # unused
@@ -595,7 +652,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
         _kda_scan_kernel[(triton.cdiv(V, BV), BH)](
             w, u, kd, qd, aqk, gl,
             h0 if h0 is not None else w, final if final is not None else w, o, hbuf, dbuf,
-            T, TP, NT, H,
+            T, TP, NT, H, BH * TP * BT,
             o.stride(0), o.stride(1), o.stride(2),
             K=K, V=V, BT=BT, BV=BV,
             LAYOUT=plan["layout"], FUSE_OUT=fuse, SPLIT_S=plan["split"],
@@ -605,7 +662,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
         if not fuse:
             _kda_out_kernel[(NT, triton.cdiv(V, BV), BH)](
                 qd, aqk, hbuf, dbuf, o,
-                T, TP, NT, H,
+                T, TP, NT, H, BH * TP * BT,
                 o.stride(0), o.stride(1), o.stride(2),
                 K=K, V=V, BT=BT, BV=BV, SPLIT_S=plan["split"],
                 num_warps=kn["out_warps"], num_stages=2,
