@@ -51,17 +51,27 @@ if DRY:
     SMALL = SMALL[:2]
 VARIANTS = {
     "default": {},
-    "BV16": {"BV": 16},
-    "BV64": {"BV": 64},
-    "kv": {"scan_layout": "kv"},
+    "merge_fma_w8": {"merge": "fma", "solve_warps": 8},
+    "merge_fma_w4": {"merge": "fma"},
+    "solve_w8": {"solve_warps": 8},
+    "block_w8": {"block_warps": 8},
+    "block_w2": {"block_warps": 2},
+    "BK64": {"BK": 64},
+    "BK128_w8": {"BK": 128, "block_warps": 8},
+    "scan_w8": {"scan_warps": 8},
+    "BV32": {"BV": 32},
+    "kv_BV32": {"scan_layout": "kv", "BV": 32},
     "unfused_out": {"fuse_output": False},
     "split_dot": {"scan_dot": "split"},
-    "fused_prep_w8": {"fuse_prep": True, "prep_warps": 8},
-    "BK64_w8": {"BK": 64, "prep_warps": 8},
+    "fused_prep_w8": {"fuse_prep": True, "block_warps": 8},
     "pairwise": {"diag": "pairwise"},
-    "BV64_w8": {"BV": 64, "scan_warps": 8},
-    "BT128_w8": {"BT": 128, "prep_warps": 8, "BV": 64, "scan_warps": 8},
+    "start": {"recentre": "start"},
+    "end": {"recentre": "end"},
+    "BT32": {"BT": 32},
+    "BC32": {"BC": 32},
 }
+if DRY:
+    VARIANTS = {k: VARIANTS[k] for k in ("default", "merge_fma_w8", "kv_BV32")}
 
 
 def left() -> float:
@@ -91,9 +101,9 @@ def family_and_problem():
     return fam, KDAProblem()
 
 
-def run_variant(fam, knobs, x):
+def run_variant(fam, knobs, x, debug=None):
     return fam.kda_chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], x.get("scale"), x["initial_state"],
-                           x["output_final_state"], knobs)
+                           x["output_final_state"], knobs, debug)
 
 
 def warm(variant_json: str, cases_json: str) -> None:
@@ -114,6 +124,60 @@ def warm(variant_json: str, cases_json: str) -> None:
 def warm_case(case: dict) -> dict:
     # same integer specialisations as the timed shapes (T, NT, TP, H divisible by 16), shorter
     return {**case, "B": 1, "T": 2048, "H": 16 if case["H"] % 16 == 0 else case["H"]}
+
+
+def intermediates_reference(x, BT):
+    """w, u, kd, qd, Aqk, Akk, gl of every chunk in float64 (plain PyTorch), laid out like the
+    family's [B*H, TP, *] intermediates."""
+    import torch
+
+    q, k, v, g, beta = (x[n].double() for n in ("q", "k", "v", "g", "beta"))
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K ** -0.5 if x.get("scale") is None else x["scale"]
+    N = -(-T // BT)
+    pad = N * BT - T
+
+    def chunks(t):
+        t = t.transpose(1, 2)
+        if pad:
+            t = torch.cat([t, t.new_zeros(*t.shape[:2], pad, *t.shape[3:])], dim=2)
+        return t.reshape(B, H, N, BT, *t.shape[3:])
+
+    qc, kc, vc, gc, bc = (chunks(t) for t in (q, k, v, g, beta))
+    G = gc.cumsum(3)
+    causal = torch.ones(BT, BT, dtype=torch.bool, device=q.device).tril()
+    dec = torch.exp((G.unsqueeze(-2) - G.unsqueeze(-3)).masked_fill(~causal[:, :, None], float("-inf")))
+    aqk = (qc.unsqueeze(-2) * dec * kc.unsqueeze(-3)).sum(-1) * scale
+    akk = ((kc.unsqueeze(-2) * dec * kc.unsqueeze(-3)).sum(-1) * bc.unsqueeze(-1)).tril(-1)
+    a_wy = torch.linalg.inv(torch.eye(BT, dtype=q.dtype, device=q.device) + akk) * bc.unsqueeze(-2)
+    out = {
+        "w": a_wy @ (kc * torch.exp(G)), "u": a_wy @ vc,
+        "kd": kc * torch.exp(G[..., -1:, :] - G), "qd": qc * scale * torch.exp(G),
+        "aqk": aqk, "akk": akk, "gl": torch.exp(G[..., -1, :]),
+    }
+    return {n: t.reshape(B * H, N * BT, -1) if n != "gl" else t.reshape(B * H, N, -1) for n, t in out.items()}
+
+
+def compare_intermediates(fam, prob, knobs, x):
+    from pytest_kopt.problems.base import rel_rms
+
+    dbg = {}
+    run_variant(fam, knobs, x, dbg)
+    want = intermediates_reference(x, dbg["BT"])
+    got = {n: dbg[n] for n in ("w", "u", "kd", "qd", "akk", "gl")}
+    got["aqk"] = dbg["aqk"][0].float() + dbg["aqk"][1].float()
+    return {n: rel_rms(got[n].float(), want[n]) for n in want}
+
+
+def hostile(x, seed=3):
+    """The problem's inputs with harder gates: -3e4 every 4th step in some heads, -10 runs."""
+    import torch
+
+    g = x["g"].clone()
+    g[:, 3::4, ::2] = -3.0e4
+    g[:, 100:160, 1::2] = -10.0
+    return {**x, "g": g}
 
 
 def print_table(results, prob, cost) -> None:
@@ -255,6 +319,28 @@ def main() -> None:
             results["small"][prob.describe(case)] = f"{type(err).__name__}: {err}"[:500]
     log("small", results["small"])
 
+    # ---- 3b. intermediates vs float64 (which stage is wrong, if any) and hostile gates ---
+    results["intermediates"] = {}
+    diag_case = warm_case(HEADLINE) if not DRY else HEADLINE
+    xd = prob.make_inputs(diag_case, device=DEVICE, seed=5)
+    for name in ("default", "merge_fma_w8", "block_w8", "kv_BV32"):
+        if name not in VARIANTS or left() < 110:
+            continue
+        try:
+            results["intermediates"][name] = compare_intermediates(fam, prob, {**fam.KNOBS, **VARIANTS[name]}, xd)
+        except Exception as err:  # noqa: BLE001
+            results["intermediates"][name] = f"{type(err).__name__}: {err}"[:500]
+    log("intermediates", results["intermediates"])
+    try:
+        xh = hostile(prob.make_inputs(diag_case, device=DEVICE, seed=6))
+        want = naive_recurrent_kda(**xh)
+        results["hostile"] = {name: errors(run_variant(fam, {**fam.KNOBS, **VARIANTS[name]}, xh), want)
+                              for name in ("default", "pairwise", "start") if name in VARIANTS}
+    except Exception as err:  # noqa: BLE001
+        results["hostile"] = f"{type(err).__name__}: {err}"[:500]
+    log("hostile", results["hostile"])
+    save("dev_kda_chunked.json", results)
+
     # ---- 4. fla's chunk_kda at the headline (first call autotunes for ~85 s) -----------
     fla_fn = None
     try:
@@ -312,6 +398,8 @@ def main() -> None:
     # ---- table ----------------------------------------------------------------------------
     print_table(results, prob, cost)
     print("small (float64 recurrence):", json.dumps(results["small"]))
+    print("intermediates (rel RMS vs float64):", json.dumps(results.get("intermediates", {})))
+    print("hostile gates (float64 recurrence):", json.dumps(results.get("hostile", {})))
     for label, entry in results["shapes"].items():
         print(label, json.dumps({k: ({kk: (round(vv, 1) if kk == "us" else vv) for kk, vv in v.items()} if isinstance(v, dict) else v) for k, v in entry.items()}))
     for note in results["notes"]:

@@ -579,8 +579,9 @@ def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=
     return kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, KNOBS)
 
 
-def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knobs):
-    """``kernel`` with the knobs given explicitly (a dict shaped like KNOBS)."""
+def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knobs, debug=None):
+    """``kernel`` with the knobs given explicitly (a dict shaped like KNOBS).  A dict passed as
+    ``debug`` receives the intermediates (w, u, kd, qd, aqk, akk, gl) for inspection."""
     kn = dict(knobs)
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -641,6 +642,8 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
         else:
             _kda_prep_kernel[(NT * (BT // plan["BC"]), BH)](*prep_args, STAGE=1, num_warps=kn["block_warps"], **prep_meta)
             _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=2, num_warps=kn["solve_warps"], **prep_meta)
+        if debug is not None:
+            debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=gl, BT=BT, NT=NT, TP=TP)
         fuse = plan["fuse"]
         if fuse:
             hbuf, dbuf = o, o  # unused
