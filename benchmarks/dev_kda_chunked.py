@@ -51,9 +51,9 @@ if DRY:
     SMALL = SMALL[:2]
 VARIANTS = {
     "default": {},
-    "merge_fma_w8": {"merge": "fma", "solve_warps": 8},
-    "merge_fma_w4": {"merge": "fma"},
-    "solve_w8": {"solve_warps": 8},
+    "merge_fma": {"merge": "fma"},
+    "merge_fma_w4": {"merge": "fma", "solve_warps": 4},
+    "solve_w4": {"solve_warps": 4},
     "block_w8": {"block_warps": 8},
     "block_w2": {"block_warps": 2},
     "BK64": {"BK": 64},
@@ -71,7 +71,7 @@ VARIANTS = {
     "BC32": {"BC": 32},
 }
 if DRY:
-    VARIANTS = {k: VARIANTS[k] for k in ("default", "merge_fma_w8", "kv_BV32")}
+    VARIANTS = {k: VARIANTS[k] for k in ("default", "merge_fma", "kv_BV32")}
 
 
 def left() -> float:
@@ -323,7 +323,7 @@ def main() -> None:
     results["intermediates"] = {}
     diag_case = warm_case(HEADLINE) if not DRY else HEADLINE
     xd = prob.make_inputs(diag_case, device=DEVICE, seed=5)
-    for name in ("default", "merge_fma_w8", "block_w8", "kv_BV32"):
+    for name in ("default", "solve_w4", "merge_fma", "block_w8"):
         if name not in VARIANTS or left() < 110:
             continue
         try:

@@ -13,27 +13,34 @@ state S0 (the UT / WY form of the delta rule):
     o      = (scale exp(G) * Q) S0 + Aqk delta
     S_end  = exp(G_last) * S0 + (exp(G_last - G) * K)^T delta
 
-Three stages (three launches, or two when the read-out is fused into the scan):
+Stages (three launches by default; ``fuse_prep`` folds the first two into one, and without
+``fuse_output`` a fourth computes the read-out):
 
-1. ``_kda_prep_kernel`` -- one program per (chunk, batch*head), all chunks at once.  Builds
-   Aqk and Akk sub-chunk block row by block row, solves the unit lower-triangular system
-   (forward substitution on the BC x BC diagonal blocks, then a block-level product
-   (I - N)(I + N^2)(I + N^4)... that is exact because N is nilpotent), and writes the WY
-   factors w, u plus everything the scan needs pre-decayed: kd = exp(G_last - G) k,
-   qd = scale exp(G) q, gl = exp(G_last), Aqk.
-2. ``_kda_scan_kernel`` -- one program per (V-block, batch*head), walking the chunks in order
-   with its K x BV slice of the state in registers: delta = u - w S, S = gl S + kd^T delta.
-   With ``fuse_output`` it also writes o = qd S + Aqk delta and nothing else; without, it
-   writes the state entering every chunk (bf16) and delta for stage 3.
-3. ``_kda_out_kernel`` (only without ``fuse_output``) -- o = qd h + Aqk delta, all chunks at once.
+1. block rows -- ``_kda_prep_kernel`` STAGE 1, one program per (chunk, BC-row block,
+   batch*head): that block row of Aqk (scaled; stored as bf16 hi + lo halves) and of Akk
+   (beta-scaled, strictly lower, float32 scratch).
+2. solve -- STAGE 2, one program per (chunk, batch*head): forward substitution on the BC x BC
+   diagonal blocks of I + Akk (all blocks side by side, float32), then the block-level product
+   (I - N)(I + N^2)(I + N^4)... (exact: N is nilpotent; ``merge`` = float32 FMA or bf16 hi/lo
+   tensor-core products), then the WY factors w = A (exp(G) k), u = A v (A = inverse times
+   diag(beta)) and the pre-decayed tiles the scan reads: kd = exp(G_last - G) k,
+   qd = scale exp(G) q, gl = exp(G_last).
+3. scan -- ``_kda_scan_kernel``, one program per (V-block, batch*head), walking the chunks in
+   order with its K x BV slice of the state in registers (``scan_layout`` "kv": S [K, BV];
+   "vk": S^T [BV, K], so the state and delta are the register-side operands of every product):
+   delta = u - w S, S = gl S + kd^T delta, and with ``fuse_output`` o = qd S + Aqk delta.
+4. ``_kda_out_kernel`` (only without ``fuse_output``): o = qd h + Aqk delta from the stored
+   per-chunk states h and deltas, all chunks at once.
 
-Keeping exp in range with any gate in (-inf, 0] (isolated -1000, long strong-decay runs),
-without clamping anything:
+Keeping exp in range with any gate in (-inf, 0] (isolated -1000, long strong-decay runs,
+-3e4), without clamping anything:
 
-* every decay between different sub-chunks is factored around the first step of the later
-  (row) block: exp(G_i - G_r) for the row, exp(G_r - G_j) for the column, both <= 1; the
-  column side is a reverse running sum, so no large prefix is subtracted away;
-* the decay inside a diagonal BC x BC block is either taken pairwise (exp of G_i - G_j
+* every decay between different sub-chunks is factored around the first step r of the later
+  (row) block: exp(G_i - G_r) for the row, exp(G_r - G_j) for the column, both <= 1.  Each
+  exponent is a forward running sum of exactly the gates it spans (the column side over rows
+  loaded in reverse order), never a difference of two long prefix sums, so a huge gate before
+  the span cannot cancel its precision away;
+* the decay inside a diagonal BC x BC block is either taken pairwise (exp of E_i - E_j
   masked to i >= j before the exp: always exact), or -- ``diag="guarded"`` -- factored around
   a reference ``recentre`` = start / midpoint / end of the block when the block's largest
   per-channel decay span allows it (start/end: span <= 80, both factors within e^+-80;
@@ -41,11 +48,20 @@ without clamping anything:
   pairwise form, per block and per key tile, at run time.  The upper triangle of a factored
   block may overflow to inf; it is masked out with ``where`` after the product.
 
-Precision: the tensor-core products take bf16 operands with float32 accumulation, except the
-block-level merge of the triangular solve (tf32) and, with ``scan_dot="tf32"``, the state
-products of the scan.  u is kept in float32 (its rounding is the largest single error term);
-everything else the scan reads is bf16.  Worst measured relative RMS on the problem's inputs
-is about 3.6e-3 for o (1.7e-3 of it is o's own bf16 rounding).
+Precision (relative RMS vs the float64 recurrence; tolerance 5e-3): every product that needs
+more than bf16 is done as bf16 hi/lo pairs (two or three bf16 tensor-core products, ~16
+significant bits), never tf32 -- the CPU interpreter then reproduces the GPU's rounding.  Kept
+at that precision: the Aqk/Akk factors, delta in both delta products, Aqk in the read-out, the
+state with ``scan_dot="split"`` (``"mixed"`` rounds the state to bf16 for its two products).
+u stays float32; w, kd, qd are bf16.  Everything all-bf16 (as flash-linear-attention does)
+measures ~3.9e-3 on long sequences and up to 4.3e-3 on short ones; this family measures up to
+3.0e-3 (mixed) / 2.5e-3 (split), 1.7e-3 of which is o's own bf16 rounding.
+
+GPU status (see kernels/notes/kda.md): the first version of this file, which used reverse
+``tl.cumsum``, tf32 products and a 3D forward substitution written back through the scratch,
+was wrong on the H200 with 4-warp preparation launches (right with 8); this version removes all
+three constructs and runs the solve at 8 warps by default, but had not yet been re-run on the
+GPU when written; ``benchmarks/dev_kda_chunked.py`` checks it (stage by stage) in one call.
 """
 
 import math
@@ -68,7 +84,7 @@ KNOBS = {
     "scan_dot": "mixed",
     "scan_layout": "vk",
     "block_warps": 4,
-    "solve_warps": 4,
+    "solve_warps": 8,
     "scan_warps": 4,
     "scan_stages": 2,
     "out_warps": 4,
