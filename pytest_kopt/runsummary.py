@@ -131,6 +131,7 @@ def summarise(run_dir: Path | str) -> RunSummary:
     events = read_events(run_dir / "events.jsonl")
     summary = RunSummary(run_dir=run_dir, run_id=run_dir.name)
     call = 0
+    charged: set[int] = set()
     stamps = []
     for event in events:
         kind = event.get("kind")
@@ -151,7 +152,9 @@ def summarise(run_dir: Path | str) -> RunSummary:
             summary.status, summary.status_reason = "in progress", None
         elif kind == "tool_call":
             call = int(event.get("call") or call + 1)
-            summary.budget_used = max(summary.budget_used, call)
+        elif kind == "tool_result":  # a call is charged once it has its result (an in-flight one is redone on resume)
+            charged.add(int(event.get("call") or call))
+            summary.budget_used = max(summary.budget_used, len(charged))
         elif kind == "candidate":
             cid = event.get("candidate_id")
             if cid:
