@@ -10,6 +10,8 @@ with the one test in loop_item.py (``test_optimize``), so the loop runs inside p
 Any of them can be overridden in a ``conftest.py`` (e.g. your own agent as ``kopt_agent``).
 Each tool call prints one line through the terminal reporter, also with output capture on;
 a summary table follows the run. The test passes when the run finished with a verified best.
+An error that marks itself ``resumable`` (the LLM agent's ``EndpointError``) fails the test
+with one line saying how to continue the run, not a traceback.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ class OptimizePlugin:
 
     def execute(self, options: RunOptions, agent: Any, problem: Any, evaluate: Any) -> Any:
         progress = Progress(self.write)
-        options = replace(options, agent=getattr(agent, "name", None) or options.agent)  # the log names the agent that ran
+        # the log names the agent that ran and its settings (an agent without ``settings`` records none)
+        options = replace(options, agent=getattr(agent, "name", None) or options.agent, agent_settings=dict(getattr(agent, "settings", None) or {}))
         try:
             with Run(options, problem=problem, evaluate=evaluate, progress=progress) as run:
                 try:
@@ -90,6 +93,11 @@ class OptimizePlugin:
                         self.lines = summary_lines(run.tools, run.outcome)
         except RunError as exc:
             pytest.fail(str(exc), pytrace=False)
+        except Exception as exc:
+            if not getattr(exc, "resumable", False):
+                raise
+            message = " ".join(str(exc).split())  # one line: the log's run_interrupted has the details
+            raise pytest.fail.Exception(f"{message}; continue with --kopt-resume --kopt-run-dir={options.run_dir}", pytrace=False) from None
         except KeyboardInterrupt:
             pytest.exit(f"kopt run interrupted; continue it with --kopt-resume --kopt-run-dir={options.run_dir}", returncode=pytest.ExitCode.INTERRUPTED)
         return outcome
@@ -134,13 +142,24 @@ def kopt_evaluate(pytestconfig: pytest.Config) -> Any:
 
 @pytest.fixture
 def kopt_agent(pytestconfig: pytest.Config, kopt_run: RunOptions, kopt_problem: Any) -> Any:
-    """The agent named by --kopt-agent (or the resumed run's); override to bring your own."""
+    """The agent named by --kopt-agent (or the resumed run's); override to bring your own.
+
+    Each setting comes from the command line, else (on resume) from the settings the log last
+    recorded for this agent, else from the ini file."""
     from .agents import make_agent
 
     config = pytestconfig
+    recorded = kopt_run.agent_settings or {}
+
+    def setting(name: str, key: str) -> Any:
+        value = config.getoption(name)
+        if value is None:
+            value = recorded.get(key)
+        return value if value is not None else config.getini(name)
+
     return make_agent(
         kopt_run.agent, problem=kopt_problem, seed=kopt_run.seed, run_dir=kopt_run.run_dir,
-        model=option(config, "kopt_model"), base_url=option(config, "kopt_base_url") or None,
-        api_key_env=option(config, "kopt_api_key_env"), context_tokens=option(config, "kopt_context_tokens"),
-        request_timeout=option(config, "kopt_request_timeout"), replay_path=config.getoption("kopt_replay"),
+        model=setting("kopt_model", "model"), base_url=setting("kopt_base_url", "base_url") or None,
+        api_key_env=setting("kopt_api_key_env", "api_key_env"), context_tokens=setting("kopt_context_tokens", "context_tokens"),
+        request_timeout=setting("kopt_request_timeout", "request_timeout"), replay_path=config.getoption("kopt_replay"),
     )

@@ -14,7 +14,7 @@ INI_OPTIONS = {
     "kopt_base_url": ("OpenAI-compatible base URL (default: $OPENAI_BASE_URL)", ""),
     "kopt_api_key_env": ("environment variable holding the API key", "OPENAI_API_KEY"),
     "kopt_context_tokens": ("token budget before the LLM conversation is compacted (0: per-model default)", "0"),
-    "kopt_request_timeout": ("seconds before one LLM request times out", "600"),
+    "kopt_request_timeout": ("seconds before one LLM request times out (retries: env KOPT_LLM_RETRIES, KOPT_LLM_PAUSE_S, KOPT_LLM_PAUSES; see docs/llm-agent.md)", "600"),
     "kopt_eval_timeout": ("seconds before one candidate evaluation is killed", "900"),
 }
 

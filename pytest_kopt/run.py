@@ -9,6 +9,10 @@ charged once). Ctrl-C (or SIGTERM, as sent by ``timeout``) ends with ``run_inter
 summary; either way the run can be continued with ``--kopt-resume``, which also starts the run
 when its directory holds none yet, so a long run can be driven by repeating one command. One process owns a run at a time: ``RUN_DIR/lock`` is held
 with ``fcntl.flock`` (released by the kernel when the owner dies, even by ``kill -9``).
+
+``run_started`` and ``run_resumed`` record the agent's settings (``agent_settings``: model,
+endpoint, the *name* of the key's variable, ...; never a key); a resumed run gets the last ones
+recorded for its agent as defaults, so ``--kopt-resume`` needs no ``--kopt-model`` again.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class RunOptions:
     promote: bool = False
     results_dir: Path = Path("results/runs")
     started: dict | None = field(default=None, repr=False)  # the log's run_started, once resolved
+    agent_settings: dict | None = None  # the agent's settings, never a key; None: the log's last ones for the agent on resume
 
 
 @dataclass
@@ -81,11 +86,18 @@ def default_run_dir(problem: str, results_dir: Path) -> Path:
     return Path(results_dir) / f"{problem}-{stamp}"
 
 
-def _started(run_dir: Path) -> dict | None:
+def _events(run_dir: Path) -> list[dict]:
     log = run_dir / "events.jsonl"
-    if not log.is_file():
-        return None
-    return next((e for e in read_events(log) if e.get("kind") == "run_started"), None)
+    return read_events(log) if log.is_file() else []
+
+
+def recorded_settings(events: list[dict], agent: str) -> dict | None:
+    """The settings ``agent`` last ran with in this log (``run_started`` or ``run_resumed``)."""
+    found = None
+    for e in events:
+        if e.get("kind") in ("run_started", "run_resumed") and e.get("agent") == agent and isinstance(e.get("agent_settings"), dict):
+            found = e["agent_settings"]
+    return found
 
 
 def resolve(options: RunOptions) -> RunOptions:
@@ -96,7 +108,8 @@ def resolve(options: RunOptions) -> RunOptions:
             raise RunError("--kopt-resume needs --kopt-run-dir=DIR (the run to continue)")
     else:
         run_dir = run_dir or default_run_dir(options.problem, options.results_dir)
-    started = _started(run_dir)
+    events = _events(run_dir)
+    started = next((e for e in events if e.get("kind") == "run_started"), None)
     if started is None:  # a new run (or one killed before it recorded its start)
         return replace(
             options, run_dir=run_dir, started=None,
@@ -107,11 +120,12 @@ def resolve(options: RunOptions) -> RunOptions:
         raise RunError(f"{run_dir} already holds a run; pass --kopt-resume to continue it, or choose another --kopt-run-dir")
     if started.get("problem") != options.problem:
         raise RunError(f"{run_dir} is a run of {started.get('problem')!r}, not {options.problem!r}")
+    agent = options.agent or started.get("agent") or "search"
     return replace(
-        options, run_dir=run_dir, started=started,
+        options, run_dir=run_dir, started=started, agent=agent,
         budget=started["budget"] if options.budget is None else options.budget,
-        agent=options.agent or started.get("agent") or "search",
         seed=started.get("seed", DEFAULT_SEED) if options.seed is None else options.seed,
+        agent_settings=recorded_settings(events, agent) if options.agent_settings is None else options.agent_settings,
     )
 
 
@@ -267,7 +281,8 @@ class Run:
             self.tools.restore(events)
             in_flight = self.tools.in_flight
             self.log.append(
-                "run_resumed", budget_used=self.tools.budget_used, budget=self.tools.budget, agent=opts.agent, seed=opts.seed,
+                "run_resumed", budget_used=self.tools.budget_used, budget=self.tools.budget, agent=opts.agent,
+                agent_settings=opts.agent_settings, seed=opts.seed,
                 in_flight=in_flight["call"] if in_flight else None, repaired_bytes=self.log.repaired_bytes, environment=environment(),
             )
 
@@ -304,7 +319,7 @@ class Run:
         })
         self.log.append(
             "run_started", problem=problem.name, objective=tools.objective, environment=environment(),
-            budget=tools.budget, agent=opts.agent, seed=opts.seed, eval_timeout=opts.eval_timeout,
+            budget=tools.budget, agent=opts.agent, agent_settings=opts.agent_settings, seed=opts.seed, eval_timeout=opts.eval_timeout,
         )
         try:
             family = parse_family(source, Path(problem.baseline_candidate_path).stem)

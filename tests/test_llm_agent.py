@@ -644,7 +644,9 @@ def test_end_to_end_kill_dead_endpoint_resume_and_replay(tmp_path: Path) -> None
         in_flight = [e for e in before if e["kind"] == "tool_call"][-1]["call"]
 
         dead = kopt_pytest(tmp_path, *common, "--kopt-resume", f"--kopt-base-url=http://127.0.0.1:{free_port()}/v1")
-        assert dead.returncode != 0
+        assert dead.returncode == 1
+        assert f"can be resumed; continue with --kopt-resume --kopt-run-dir={run_dir}" in dead.stdout  # one line, no traceback
+        assert "EndpointUnavailable" not in dead.stdout.split("= kopt optimize =")[0]
         stopped = read_events(run_dir / "events.jsonl")[-1]
         assert stopped["kind"] == "run_interrupted" and "can be resumed" in stopped["reason"]
         assert stopped["budget_used"] == in_flight  # the in-flight call was redone and charged once
@@ -668,6 +670,46 @@ def test_end_to_end_kill_dead_endpoint_resume_and_replay(tmp_path: Path) -> None
     verdicts = lambda d: [(e["candidate_id"], e["upto"], e["verdict"]) for e in read_events(d / "events.jsonl") if e["kind"] == "verdict"]  # noqa: E731
     assert verdicts(replayed) == verdicts(run_dir)
     assert not [e for e in read_events(replayed / "events.jsonl") if e["kind"] in ("note", "llm_request")]
+
+
+def test_resume_reuses_the_recorded_agent_settings_but_never_the_key(tmp_path: Path) -> None:
+    """run_started records the agent's settings with the key variable's name only; --kopt-resume
+    without --kopt-agent/--kopt-model/--kopt-base-url reuses them; the command line still wins."""
+    (tmp_path / "conftest.py").write_text(FAKE_JUDGE_CONFTEST)
+    run_dir = tmp_path / "run"
+    keys = {"OPENAI_API_KEY": "", "MY_LLM_KEY": SECRET}  # only the recorded variable name finds the key
+    run = ["--kopt-optimize=kda", f"--kopt-run-dir={run_dir}"]
+    with FakeOpenAI([Reply([call("show_problem")]), Reply([call("history")]), Reply([call("show_problem")])]) as server:
+        base_url = server.base_url
+        first = kopt_pytest(tmp_path, *run, "--kopt-budget=1", "--kopt-agent=openai", "--kopt-model=fake-coder",
+                            f"--kopt-base-url={server.base_url}", "--kopt-api-key-env=MY_LLM_KEY", "--kopt-context-tokens=50000", env=keys)
+        assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+        again = kopt_pytest(tmp_path, *run, "--kopt-resume", "--kopt-budget=2", env=keys)
+        assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+        other = kopt_pytest(tmp_path, *run, "--kopt-resume", "--kopt-budget=3", "--kopt-model=other-coder", "--kopt-request-timeout=30", env=keys)
+        assert other.returncode == 0, (other.stdout + other.stderr)[-3000:]
+    assert [r["body"]["model"] for r in server.requests] == ["fake-coder", "fake-coder", "other-coder"]
+    assert {r["headers"]["authorization"] for r in server.requests} == {f"Bearer {SECRET}"}
+    events = read_events(run_dir / "events.jsonl")
+    recorded = [(e["kind"], e["agent"], e["agent_settings"]) for e in events if e["kind"] in ("run_started", "run_resumed")]
+    settings = {"model": "fake-coder", "base_url": base_url, "api_key_env": "MY_LLM_KEY", "context_tokens": 50000, "request_timeout": 600.0}
+    assert recorded == [
+        ("run_started", "openai", settings),
+        ("run_resumed", "openai", settings),
+        ("run_resumed", "openai", {**settings, "model": "other-coder", "request_timeout": 30.0}),
+    ]
+    assert events[-1]["kind"] == "run_finished" and events[-1]["budget_used"] == 3
+    assert SECRET not in (run_dir / "events.jsonl").read_text()
+    assert_secret_nowhere(run_dir, *(p.stdout + p.stderr for p in (first, again, other)))
+
+
+def test_the_retry_variables_are_documented() -> None:
+    names = set(re.findall(r'"(KOPT_LLM_[A-Z_]+)"', (REPO / "pytest_kopt" / "agents" / "llm.py").read_text()))
+    assert names == {"KOPT_LLM_RETRIES", "KOPT_LLM_PAUSE_S", "KOPT_LLM_PAUSES"}
+    docs = (REPO / "docs" / "llm-agent.md").read_text()
+    from pytest_kopt.plugin import INI_OPTIONS
+
+    assert all(f"`{name}`" in docs and name in INI_OPTIONS["kopt_request_timeout"][0] for name in names)
 
 
 def test_replay_resumes_where_it_stopped_and_notes_differences(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from kopt_fake_run import FakeJudge, FakeProblem
 
 from pytest_kopt import REPO_ROOT
@@ -144,3 +145,43 @@ def test_main_command_with_the_real_judge_on_the_interpreter(tmp_path):
     assert not (run_dir / "lock").exists()
     # committable: sources, results and the log only
     assert {p.name for p in run_dir.iterdir()} <= {"events.jsonl", "candidates", "evals", "best.py", "best.json"}
+
+
+FLAKY_AGENT = '''
+from pytest_kopt.agents.base import Agent
+
+
+class Offline(RuntimeError):
+    resumable = {resumable}
+
+
+class Flaky(Agent):
+    name = "flaky"
+
+    def restore(self, events):
+        pass
+
+    def act(self, tools):
+        tools.call("show_problem")
+        raise Offline("the endpoint is down\\nfor now")
+
+
+@pytest.fixture
+def kopt_agent():
+    return Flaky()
+'''
+
+
+@pytest.mark.parametrize("resumable", [True, False])
+def test_a_resumable_agent_error_fails_in_one_line(tmp_path, resumable):
+    (tmp_path / "conftest.py").write_text(CONFTEST + FLAKY_AGENT.format(resumable=resumable))
+    run_dir = tmp_path / "run"
+    done = pytest_run(tmp_path, "--kopt-optimize=fake", "--kopt-budget=5", f"--kopt-run-dir={run_dir}")
+    assert done.returncode == 1, done.stdout + done.stderr
+    end = read_events(run_dir / "events.jsonl")[-1]
+    assert end["kind"] == "run_interrupted" and end["reason"] == "Offline: the endpoint is down\nfor now" and end["budget_used"] == 1
+    hint = f"the endpoint is down for now; continue with --kopt-resume --kopt-run-dir={run_dir}"
+    if resumable:  # the message alone, no traceback
+        assert hint in done.stdout and "raise Offline" not in done.stdout and "another exception occurred" not in done.stdout
+    else:  # any other error keeps its traceback
+        assert hint not in done.stdout and "raise Offline" in done.stdout

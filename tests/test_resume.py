@@ -224,3 +224,21 @@ def test_a_new_run_refuses_a_directory_that_holds_one(tmp_path):
     assert resolved.budget == 5 and resolved.seed == 0 and resolved.agent == "search"
     fresh = resolve(RunOptions(problem="fake", run_dir=tmp_path / "not-yet", resume=True, seed=7))
     assert fresh.started is None and fresh.budget == 100 and fresh.seed == 7  # --kopt-resume starts it
+
+
+def test_resume_takes_the_settings_its_agent_last_ran_with(tmp_path):
+    from pytest_kopt.events import EventLog
+    from pytest_kopt.run import resolve
+
+    run_dir = tmp_path / "run"
+    log = EventLog(run_dir / "events.jsonl", run_id="run")
+    log.append("run_started", problem="fake", budget=10, agent="openai", agent_settings={"model": "a"}, seed=0)
+    log.append("run_resumed", budget_used=3, agent="openai", agent_settings={"model": "b"}, seed=0)
+    log.append("run_resumed", budget_used=5, agent="search", agent_settings={}, seed=0)
+    log.close()
+    assert resolve(RunOptions(problem="fake", run_dir=run_dir, resume=True)).agent_settings == {"model": "b"}
+    assert resolve(RunOptions(problem="fake", run_dir=run_dir, resume=True, agent="search")).agent_settings == {}
+    assert resolve(RunOptions(problem="fake", run_dir=run_dir, resume=True, agent="replay")).agent_settings is None
+    given = resolve(RunOptions(problem="fake", run_dir=run_dir, resume=True, agent_settings={"model": "c"}))
+    assert given.agent_settings == {"model": "c"}
+    assert resolve(RunOptions(problem="fake", run_dir=tmp_path / "new")).agent_settings is None

@@ -4,7 +4,10 @@
 client, the search agent optuna) and passes it the settings its constructor accepts. Settings
 the loop provides: ``problem`` (a Problem), ``seed``, ``model``, ``base_url``, ``api_key_env``,
 ``context_tokens``, ``request_timeout``, ``replay_path``. A name of the form ``module:Class``
-loads a user's own agent the same way.
+loads a user's own agent the same way. An agent may expose ``settings``, a JSON-able dict
+(never a secret): the loop records it in ``run_started``/``run_resumed``, and on
+``--kopt-resume`` its recorded ``model``, ``base_url``, ``api_key_env``, ``context_tokens`` and
+``request_timeout`` stand in for the options the command line leaves out.
 """
 
 from __future__ import annotations

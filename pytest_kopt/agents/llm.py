@@ -245,6 +245,12 @@ class LLMAgent(Agent):
             # name would slip through, so the variable leaves this process (the client has the key).
             os.environ.pop(api_key_env, None)
         self.base_url = base_url
+        # What the loop records in run_started/run_resumed and reuses on --kopt-resume: the
+        # variable's name, never the key. context_tokens as given (0: the model's default).
+        self.settings = {
+            "model": model, "base_url": self._scrub(base_url), "api_key_env": api_key_env or "OPENAI_API_KEY",
+            "context_tokens": int(context_tokens or 0), "request_timeout": float(request_timeout),
+        }
         self.context_tokens = int(context_tokens or 0) or default_context_tokens(model)
         self.seed = seed
         max_retries = int(_setting(max_retries, "KOPT_LLM_RETRIES", DEFAULT_RETRIES))
