@@ -92,7 +92,7 @@ class OptimizePlugin:
                     if run.outcome is not None:
                         self.lines = summary_lines(run.tools, run.outcome)
         except RunError as exc:
-            pytest.fail(str(exc), pytrace=False)
+            raise pytest.fail.Exception(str(exc), pytrace=False) from None  # the message alone, not the chained error
         except Exception as exc:
             if not getattr(exc, "resumable", False):
                 raise
