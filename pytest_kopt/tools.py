@@ -27,7 +27,6 @@ When ``budget_used == budget``, ``call`` raises ``BudgetExhausted`` and the run 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from .events import EventLog, dumps, signals_deferred
+from .judge import candidate_id
 
 if TYPE_CHECKING:  # pragma: no cover
     from .problems.base import Problem
@@ -50,11 +50,6 @@ Evaluate = Callable[..., dict]
 
 class BudgetExhausted(RuntimeError):
     """No tool calls are left."""
-
-
-def candidate_id(source: str) -> str:
-    """First 12 hex digits of the sha256 of the source text."""
-    return hashlib.sha256(source.encode("utf-8")).hexdigest()[:12]
 
 
 def _id_arg(description: str = "id of a candidate written in this run") -> dict:

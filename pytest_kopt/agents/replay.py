@@ -12,13 +12,13 @@ events, so a lone ``events.jsonl`` of an LLM run is enough.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..events import read_events
+from ..judge import candidate_id
 from .base import Agent
 
 REPLAYED = ("write_candidate", "run_tests", "benchmark", "profile")
@@ -38,10 +38,6 @@ class Step:
     knobs: Any = None
 
 
-def _source_id(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()[:12]
-
-
 def _sources_in_replies(events: list[dict]) -> dict[str, str]:
     """Candidate sources the model sent in its write_candidate calls, by candidate id."""
     found: dict[str, str] = {}
@@ -57,7 +53,7 @@ def _sources_in_replies(events: list[dict]) -> dict[str, str]:
             except (TypeError, ValueError):
                 continue
             if isinstance(args, dict) and isinstance(args.get("source"), str):
-                found[_source_id(args["source"])] = args["source"]
+                found[candidate_id(args["source"])] = args["source"]
     return found
 
 
