@@ -16,10 +16,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from . import judge
 from .events import read_events
 
 _OWN_FILE = re.compile(r"^[0-9a-f]{12}\.py(?: line \d+)?:\s*")
-STAGES = ("policy", "compile", "correctness", "benchmark", "profile", "judge")  # "judge": the judge itself failed
+STAGES = (*judge.STAGES, "judge")  # "judge": the judge itself failed
 
 
 def _seconds(stamp: Any) -> float | None:

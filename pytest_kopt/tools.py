@@ -35,12 +35,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from .events import EventLog, dumps, signals_deferred
-from .judge import candidate_id
+from .judge import STAGES, candidate_id
 
 if TYPE_CHECKING:  # pragma: no cover
     from .problems.base import Problem
 
-STAGES = ("policy", "compile", "correctness", "benchmark", "profile")
 UPTO = {"run_tests": "correctness", "benchmark": "benchmark", "profile": "profile"}
 MAX_SOURCE_CHARS = 200_000
 HISTORY_RECENT, HISTORY_FASTEST = 40, 10  # rows the history tool shows: the latest and the fastest

@@ -26,7 +26,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-STAGES = ("policy", "compile", "correctness", "benchmark", "profile")
+from . import STAGES
+
 IMPOSSIBLE_MARGIN = 0.9  # a time below 0.9 x the physical floor cannot be real
 FATAL_MARKERS = ("CUDA error", "illegal memory access", "AcceleratorError", "device-side assert", "CUBLAS_STATUS", "misaligned address")
 
