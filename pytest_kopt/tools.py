@@ -40,7 +40,6 @@ from .judge import STAGES, candidate_id
 if TYPE_CHECKING:  # pragma: no cover
     from .problems.base import Problem
 
-UPTO = {"run_tests": "correctness", "benchmark": "benchmark", "profile": "profile"}
 MAX_SOURCE_CHARS = 200_000
 HISTORY_RECENT, HISTORY_FASTEST = 40, 10  # rows the history tool shows: the latest and the fastest
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 import torch
@@ -242,16 +241,6 @@ def judge_namespaces(problem: Any) -> list[tuple[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------
-@dataclass
-class CallRecord:
-    """What one guarded call did; ``reasons`` is empty when the call was honest."""
-
-    outputs: Any = None
-    reasons: list[str] = field(default_factory=list)
-    launches: int = 0
-    seconds: float = 0.0
-
-
 def snapshot_inputs(inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
 

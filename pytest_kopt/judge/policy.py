@@ -284,9 +284,6 @@ class _Checker(ast.NodeVisitor):
             if dotted is not None and dotted.split(".")[0] in self.aliases:
                 self.refuse(target, f"assigning to {dotted}.{target.attr}: patching modules is not allowed")
 
-    def visit_Global(self, node: ast.Global) -> None:
-        self.generic_visit(node)
-
 
 def check_source(source: str, filename: str = "<candidate>") -> PolicyReport:
     """Apply the policy to a candidate's source text."""
