@@ -21,13 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
     for name, module_name in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue  # not built yet
-        modules[name] = module
+        module = modules[name] = importlib.import_module(module_name)
         module.add_arguments(sub.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0]))
     args = parser.parse_args(argv)
     return int(modules[args.command].run(args) or 0)
