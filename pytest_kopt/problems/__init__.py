@@ -7,12 +7,14 @@ whose entry points name a ``Problem`` instance or a zero-argument factory.
 
 from __future__ import annotations
 
+import threading
 from importlib import metadata
 
 from .base import Case, Cost, OutputError, OutputSpec, Problem
 
 _REGISTRY: dict[str, Problem] = {}
 _LOADED_BUILTINS = False
+_LOAD_LOCK = threading.RLock()
 
 ENTRY_POINT_GROUP = "pytest_kopt.problems"
 
@@ -25,17 +27,21 @@ def register_problem(problem: Problem, *, replace: bool = False) -> Problem:
 
 
 def _load() -> None:
+    """Register the built-ins and entry points once. Under the lock, so that a thread never
+    reads a half-filled registry (evaluate() may run in several threads); reentrant, so an
+    entry point that looks a problem up while loading sees what is loaded so far."""
     global _LOADED_BUILTINS
-    if _LOADED_BUILTINS:
-        return
-    _LOADED_BUILTINS = True
-    from . import kda, mla  # noqa: F401  (each registers itself)
+    with _LOAD_LOCK:
+        if _LOADED_BUILTINS:
+            return
+        _LOADED_BUILTINS = True
+        from . import kda, mla  # noqa: F401  (each registers itself)
 
-    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        obj = entry.load()
-        problem = obj() if callable(obj) and not isinstance(obj, Problem) else obj
-        if problem.name not in _REGISTRY:
-            register_problem(problem)
+        for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            obj = entry.load()
+            problem = obj() if callable(obj) and not isinstance(obj, Problem) else obj
+            if problem.name not in _REGISTRY:
+                register_problem(problem)
 
 
 def get_problem(name: str) -> Problem:
