@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 from pytest_kopt import KERNELS_DIR
+from pytest_kopt.gate import load_kernel
 from pytest_kopt.judge.timing import EventClock, flush_l2, rounds_for
 from pytest_kopt.problems import get_problem
 from pytest_kopt.problems.base import H200_BF16_FLOPS_PER_S, H200_COPY_BYTES_PER_S
@@ -16,14 +14,6 @@ from pytest_kopt.problems.base import H200_BF16_FLOPS_PER_S, H200_COPY_BYTES_PER
 PROBLEMS = ("kda", "mla", "mla-prefill")
 DEVICE = "cuda"
 SECONDS_PER_BENCHMARK = 4.0
-
-
-def load_candidate(path: Path):
-    """Import a trusted kernel file of this repository (benchmarks time our own files only)."""
-    spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.kernel
 
 
 def implementations(problem_name: str) -> list[tuple[str, int]]:
@@ -65,7 +55,7 @@ def test_headline(benchmark, problem_name, case, impl):
     else:
         order = 10 if name == "baseline" else 20
         path = problem.baseline_candidate_path if name == "baseline" else KERNELS_DIR / "best" / f"{problem_name}.py"
-        fn = load_candidate(path)
+        fn = load_kernel(path)  # a trusted file of this repository: benchmarks time our own files only
 
     outputs = fn(**inputs)  # warm-up call: compile and autotune stay out of the figure
     torch.cuda.synchronize()

@@ -14,6 +14,7 @@ import importlib.util
 import itertools
 import os
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 import torch
@@ -41,12 +42,19 @@ def best_kernels(directory: Path = BEST_DIR) -> list[tuple[str, Path]]:
     return found
 
 
-def load_kernel(path: Path | str) -> Callable[..., Any]:
-    """Import a candidate file under a fresh module name and return its ``kernel``."""
+def load_module(path: Path | str) -> ModuleType:
+    """Import a kernel file of this repository (trusted: no judge) under a fresh module name,
+    so the same file, or one rendered again, is imported anew."""
     path = Path(path)
     spec = importlib.util.spec_from_file_location(f"kopt_gated_{path.stem.replace('-', '_')}_{next(_counter)}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def load_kernel(path: Path | str) -> Callable[..., Any]:
+    """Import a candidate file under a fresh module name and return its ``kernel``."""
+    module = load_module(path)
     if not callable(getattr(module, "kernel", None)):
         raise KernelIncorrect(f"{path} defines no kernel(...) function")
     return module.kernel

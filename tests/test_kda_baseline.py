@@ -3,48 +3,28 @@ interpreter, at its default knobs and at every value its SPACE offers."""
 
 from __future__ import annotations
 
-import ast
-import importlib.util
 import os
-import re
 import subprocess
 import sys
-import uuid
 
 import pytest
 import torch
+from family_modules import import_rendered
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pytest_kopt.families import load_family
+from pytest_kopt.gate import load_module
 from pytest_kopt.problems import get_problem
 
 PROBLEM = get_problem("kda")
-FAMILY = PROBLEM.baseline_candidate_path
-BLOCK = re.compile(r"(# kopt:knobs-begin\n)(.*?)(# kopt:knobs-end)", re.S)
+FAMILY_PATH = PROBLEM.baseline_candidate_path
+FAMILY = load_family(FAMILY_PATH)  # as the search agent reads it: one marked KNOBS block, literal_eval, no import
 
 
-def family_knobs() -> tuple[dict, dict]:
-    """KNOBS and SPACE read the way the search agent reads them: literal_eval, no import."""
-    tree = ast.parse(FAMILY.read_text())
-    found = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id in ("KNOBS", "SPACE"):
-            found[node.targets[0].id] = ast.literal_eval(node.value)
-    return found["KNOBS"], found["SPACE"]
-
-
-def render(knobs: dict, tmp_path) -> object:
-    """Write the family with its knob block replaced and import the result as a candidate."""
-    source = FAMILY.read_text()
-    assert len(BLOCK.findall(source)) == 1, "exactly one marked KNOBS block"
-    rendered = BLOCK.sub(lambda m: f"{m.group(1)}KNOBS = {knobs!r}\n{m.group(3)}", source)
-    path = tmp_path / f"kda_recurrent_{uuid.uuid4().hex[:8]}.py"
-    path.write_text(rendered)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.KNOBS == knobs
-    return module
+def render(knobs: dict, tmp_path):
+    """The family rendered with ``knobs`` and imported as a candidate."""
+    return import_rendered(FAMILY, knobs, tmp_path)
 
 
 def check(kernel, case, seed, dtype):
@@ -64,10 +44,7 @@ def check(kernel, case, seed, dtype):
 
 @pytest.fixture(scope="module")
 def baseline():
-    spec = importlib.util.spec_from_file_location("kda_recurrent_baseline", FAMILY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(FAMILY_PATH)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
@@ -95,7 +72,7 @@ def test_baseline_edge_shapes(baseline, case):
 
 
 def test_every_space_value_renders_and_runs(tmp_path):
-    knobs, space = family_knobs()
+    knobs, space = FAMILY.knobs, FAMILY.space
     assert set(knobs) == set(space)
     assert all(knobs[name] in values for name, values in space.items()), "defaults lie inside SPACE"
     case = {"B": 2, "T": 6, "H": 1, "K": 32, "V": 48, "initial_state": True, "output_final_state": True}
@@ -106,7 +83,7 @@ def test_every_space_value_renders_and_runs(tmp_path):
 
 
 def test_unservable_knobs_and_shapes_raise_value_error(tmp_path):
-    knobs, _ = family_knobs()
+    knobs = FAMILY.knobs
     x = PROBLEM.make_inputs({"B": 1, "T": 2, "H": 1, "K": 16, "V": 16, "initial_state": False, "output_final_state": False}, device="cpu", seed=0)
     with pytest.raises(ValueError, match="BV"):
         render({**knobs, "BV": 24}, tmp_path).kernel(**x)
@@ -147,7 +124,7 @@ def test_compiles_for_hopper(tmp_path):
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # compile for real, not from a cache
-    child = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, str(FAMILY)], env=env,
+    child = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, str(FAMILY_PATH)], env=env,
                            capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stderr[-3000:]
     assert "compiled for sm_90" in child.stdout

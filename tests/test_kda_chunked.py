@@ -12,20 +12,20 @@ checked for logic here and for precision on the GPU (benchmarks/dev_kda_chunked.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import math
 import random
 import subprocess
 import sys
-import uuid
 
 import pytest
 import torch
+from family_modules import import_rendered
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_kopt.families import load_family
+from pytest_kopt.gate import load_module
 from pytest_kopt.problems import get_problem
 from pytest_kopt import KERNELS_DIR
 
@@ -36,21 +36,12 @@ FAMILY = load_family(FAMILY_PATH)
 
 def render(knobs: dict, tmp_path):
     """The family with its KNOBS block replaced, imported as a candidate module."""
-    path = tmp_path / f"kda_chunked_{uuid.uuid4().hex[:8]}.py"
-    path.write_text(FAMILY.render(knobs))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.KNOBS == {**FAMILY.knobs, **knobs}
-    return module
+    return import_rendered(FAMILY, knobs, tmp_path)
 
 
 @pytest.fixture(scope="module")
 def family():
-    spec = importlib.util.spec_from_file_location("kda_chunked_default", FAMILY_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(FAMILY_PATH)
 
 
 def check(kernel, x, case):

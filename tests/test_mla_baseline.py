@@ -4,53 +4,30 @@ what every MLA run starts from, so it must be right for every shape the judge ma
 from __future__ import annotations
 
 import ast
-import importlib.util
 import os
-import re
 import subprocess
 import sys
 
 import pytest
 import torch
+from family_modules import import_rendered
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pytest_kopt.families import load_family
+from pytest_kopt.gate import load_module
 from pytest_kopt.problems.base import rel_rms
 from pytest_kopt.problems.mla import MLA, MLA_PREFILL
 
-FAMILY = MLA.baseline_candidate_path
+FAMILY_PATH = MLA.baseline_candidate_path
+FAMILY = load_family(FAMILY_PATH)  # as the search agent reads it: one marked KNOBS block, literal_eval, no import
 SEEDS = st.integers(0, 2**31 - 1)
-KNOBS_BLOCK = re.compile(r"# kopt:knobs-begin\n(.*?)# kopt:knobs-end\n", re.S)
 ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "math", "typing", "functools", "dataclasses"}
-
-
-def family_knobs() -> tuple[dict, dict]:
-    """KNOBS and SPACE read the way the search agent reads them: literal_eval, no import."""
-    source = FAMILY.read_text()
-    block = KNOBS_BLOCK.search(source)
-    assert block, "marked KNOBS block missing"
-    knobs = ast.literal_eval(block.group(1).split("=", 1)[1].strip())
-    space_line = next(line for line in source.splitlines() if line.startswith("SPACE = "))
-    return knobs, ast.literal_eval(space_line.split("=", 1)[1].strip())
-
-
-def load_rendered(knobs: dict, tmp_path, tag: str):
-    """Render a candidate with these knobs (replace the marked block) and import it."""
-    source = KNOBS_BLOCK.sub(lambda _: f"# kopt:knobs-begin\nKNOBS = {knobs!r}\n# kopt:knobs-end\n", FAMILY.read_text())
-    path = tmp_path / f"mla_naive_{tag}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(f"mla_naive_{tag}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def naive():
-    spec = importlib.util.spec_from_file_location("mla_naive_default", FAMILY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(FAMILY_PATH)
 
 
 def check_against_problem(problem, kernel, case, seed, dtype=torch.bfloat16):
@@ -98,29 +75,28 @@ def test_naive_reads_strided_inputs(naive):
 
 
 def test_family_file_follows_the_contract():
-    knobs, space = family_knobs()
+    knobs, space = FAMILY.knobs, FAMILY.space
     assert set(knobs) == set(space) == {"BLOCK_N", "num_warps", "num_stages"}
     assert all(knobs[k] in space[k] for k in knobs)
-    tree = ast.parse(FAMILY.read_text())
+    tree = ast.parse(FAMILY.source)
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported <= ALLOWED_IMPORTS, imported - ALLOWED_IMPORTS
 
 
 def test_every_space_value_runs_correctly(tmp_path):
-    knobs, space = family_knobs()
+    knobs, space = FAMILY.knobs, FAMILY.space
     case = {"B": 2, "Sq": 3, "H": 2, "Skv": 37}  # 37 keys: a partial last block for every BLOCK_N
     for name, values in space.items():
         for value in values:
-            module = load_rendered({**knobs, name: value}, tmp_path, f"{name}_{value}")
+            module = import_rendered(FAMILY, {**knobs, name: value}, tmp_path)
             errors, _ = check_against_problem(MLA, module.kernel, case, seed=value)
             assert all(e.ok for e in errors), (name, value, [e.reason for e in errors if not e.ok])
 
 
 @pytest.mark.parametrize("bad", [{"BLOCK_N": 24}, {"BLOCK_N": 1024}, {"num_warps": 3}, {"num_stages": 0}])
 def test_unservable_knobs_raise_value_error(tmp_path, bad):
-    knobs, _ = family_knobs()
-    module = load_rendered({**knobs, **bad}, tmp_path, "bad")
+    module = import_rendered(FAMILY, bad, tmp_path)
     inputs = MLA.make_inputs({"B": 1, "Sq": 1, "H": 1, "Skv": 3}, device="cpu", seed=0)
     with pytest.raises(ValueError, match=next(iter(bad))):
         module.kernel(**inputs)
@@ -164,7 +140,7 @@ def test_compiles_for_hopper(tmp_path):
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # compile for real, not from a cache
-    child = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, str(FAMILY)], env=env,
+    child = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, str(FAMILY_PATH)], env=env,
                            capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stderr[-3000:]
     assert "compiled BLOCK_N" in child.stdout

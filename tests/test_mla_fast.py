@@ -14,17 +14,17 @@ conftest) makes it round like the GPU, without which bf16 partials alone exceed 
 from __future__ import annotations
 
 import ast
-import importlib.util
 import os
 import random
-import re
 
 import numpy as np
 import pytest
 import torch
+from family_modules import import_rendered
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pytest_kopt.families import load_family
 from pytest_kopt.problems.base import rel_rms
 from pytest_kopt.problems.mla import MLA, MLA_PREFILL
 from pytest_kopt.problems import mla as mla_problem
@@ -32,24 +32,15 @@ from pytest_kopt.problems import mla as mla_problem
 FAMILIES = mla_problem.KERNELS_DIR / "families"
 DECODE = FAMILIES / "mla_decode.py"
 PREFILL = FAMILIES / "mla_prefill.py"
-KNOBS_BLOCK = re.compile(r"# kopt:knobs-begin\n(.*?)# kopt:knobs-end\n", re.S)
+FAMILY = {path: load_family(path) for path in (DECODE, PREFILL)}  # read as the search agent reads them
 ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "math", "typing", "functools", "dataclasses"}
 SEEDS = st.integers(0, 2**31 - 1)
 COMPILE_ONLY = {"num_warps", "num_stages"}  # no effect on the interpreter's arithmetic
 
 
 def read_knobs(path) -> tuple[dict, dict]:
-    """KNOBS and SPACE the way the search agent reads them: literal_eval, no import."""
-    source = path.read_text()
-    block = KNOBS_BLOCK.search(source)
-    assert block, f"{path.name}: marked KNOBS block missing"
-    knobs = ast.literal_eval(block.group(1).split("=", 1)[1].strip())
-    tree = ast.parse(source)
-    space = next(
-        ast.literal_eval(node.value) for node in tree.body
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SPACE" for t in node.targets)
-    )
-    return knobs, space
+    """A family's KNOBS and SPACE (copies: tests change them)."""
+    return dict(FAMILY[path].knobs), dict(FAMILY[path].space)
 
 
 _RENDERED: dict = {}
@@ -59,14 +50,7 @@ def render(path, knobs: dict, tmp_dir):
     """A candidate rendered with these knobs (the marked block replaced), imported once."""
     key = (path.name, tuple(sorted(knobs.items())))
     if key not in _RENDERED:
-        source = KNOBS_BLOCK.sub(lambda _: f"# kopt:knobs-begin\nKNOBS = {knobs!r}\n# kopt:knobs-end\n", path.read_text())
-        name = f"{path.stem}_{len(_RENDERED)}"
-        file = tmp_dir / f"{name}.py"
-        file.write_text(source)
-        spec = importlib.util.spec_from_file_location(name, file)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _RENDERED[key] = module
+        _RENDERED[key] = import_rendered(FAMILY[path], knobs, tmp_dir)
     return _RENDERED[key]
 
 
