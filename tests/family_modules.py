@@ -1,15 +1,20 @@
-"""Kernel families imported as candidates are made from them: rendered with some knobs by
-``pytest_kopt.families`` (exactly as the search agent renders them), written to a file and
-imported. Shared by the family test modules."""
+"""What the family test modules share: a family imported as its candidates are made (rendered
+with some knobs by ``pytest_kopt.families``, exactly as the search agent renders them, written
+to a file, imported), and the import contract a family file is held to."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from types import ModuleType
 
 from pytest_kopt.families import Family
 from pytest_kopt.gate import load_module
 from pytest_kopt.judge import candidate_id
+
+# What a candidate may import, as docs/architecture.md states it (the judge's policy lets a
+# few more through): families are held to the stated contract.
+CANDIDATE_IMPORTS = {"torch", "triton", "triton.language", "math", "typing", "functools", "dataclasses"}
 
 
 def import_rendered(family: Family, knobs: dict, directory: Path) -> ModuleType:
@@ -21,3 +26,10 @@ def import_rendered(family: Family, knobs: dict, directory: Path) -> ModuleType:
     module = load_module(path)
     assert module.KNOBS == {**family.knobs, **knobs}
     return module
+
+
+def imported_modules(source: str) -> set[str]:
+    """Every module a source imports, by ``import x`` or ``from x import y``, at any depth."""
+    tree = ast.parse(source)
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    return imported | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
