@@ -133,7 +133,6 @@ def intermediates_reference(x, BT):
 
     q, k, v, g, beta = (x[n].double() for n in ("q", "k", "v", "g", "beta"))
     B, T, H, K = q.shape
-    V = v.shape[-1]
     scale = K ** -0.5 if x.get("scale") is None else x["scale"]
     N = -(-T // BT)
     pad = N * BT - T
@@ -172,8 +171,6 @@ def compare_intermediates(fam, prob, knobs, x):
 
 def hostile(x, seed=3):
     """The problem's inputs with harder gates: -3e4 every 4th step in some heads, -10 runs."""
-    import torch
-
     g = x["g"].clone()
     g[:, 3::4, ::2] = -3.0e4
     g[:, 100:160, 1::2] = -10.0

@@ -131,7 +131,7 @@ def _compile_worker(job):
                 torch.cuda.synchronize()
             except Exception as exc:  # noqa: BLE001 - reported, not hidden
                 result["errors"][describe(case)] = f"{type(exc).__name__}: {str(exc)[:300]}"
-    except Exception as exc:  # noqa: BLE001
+    except Exception:  # noqa: BLE001
         result["errors"]["load"] = traceback.format_exc()[-600:]
     result["compile_s"] = time.time() - t0
     return result
@@ -191,7 +191,6 @@ def host_us(fn, n=30) -> float:
 def ncu_mode(args) -> int:
     """Profile NCU_TARGETS once each between cudaProfilerStart/Stop (run under
     `ncu --profile-from-start off`); every target is called once before, to compile."""
-    out_dir = Path(args.out)
     render_dir = Path(tempfile.mkdtemp(prefix="dev_mla_ncu_"))
     overrides = {(fam, label): ov for fam, label, ov in VARIANTS}
     for fam, label, ci in NCU_TARGETS:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import random
 
-import numpy as np
 import pytest
 import torch
 from family_modules import CANDIDATE_IMPORTS, import_rendered, imported_modules
