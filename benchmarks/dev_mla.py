@@ -8,7 +8,7 @@ o and lse, the median time from triton.testing.do_bench (L2 flushed before every
 eager bf16 PyTorch path timed in the same run, per-kernel times from the profiler (L2 flushed
 too), and the compiled kernels' registers, spills and shared memory. Variants are compiled first,
 in parallel worker processes that fill Triton's on-disk cache. Needs only torch and triton: the
-package itself need not be installed (kernels/ is found through PYTHONPATH=.).
+package itself need not be installed (kernels/ and pytest_kopt/ are found through PYTHONPATH=.).
 A short table is printed last; details go to OUT/dev_mla.json (OUT: --out, else $OUT, else .).
 """
 
@@ -20,7 +20,6 @@ import json
 import math
 import multiprocessing as mp
 import os
-import re
 import sys
 import tempfile
 import time
@@ -29,28 +28,18 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-FAMILIES = ROOT / "kernels" / "families"
-KNOBS_BLOCK = re.compile(r"# kopt:knobs-begin\n(.*?)# kopt:knobs-end\n", re.S)
-SCALE = 1.0 / math.sqrt(192)  # the problems' DeepSeek scale
-TOL = {"o": 5e-3, "lse": 5e-4}
+from pytest_kopt.families import load_family
+from pytest_kopt.problems.mla import MLA, MLA_PREFILL
 
-CASES = {
-    "decode": [
-        {"B": 1, "Sq": 1, "H": 64, "Skv": 8192},
-        {"B": 1, "Sq": 2, "H": 64, "Skv": 8192},
-        {"B": 1, "Sq": 4, "H": 64, "Skv": 8192},
-        {"B": 64, "Sq": 1, "H": 64, "Skv": 8192},
-    ],
-    "prefill": [{"B": 1, "Sq": 8192, "H": 64, "Skv": 8192}],
-}
+TOL = {spec.name: spec.tolerance for spec in MLA.outputs}  # the problems' tolerances
+CASES = {"decode": list(MLA.headline_cases), "prefill": list(MLA_PREFILL.headline_cases)}
+describe = MLA.describe
 
 # (family, label, knob overrides on the family file's KNOBS)
 NARROW = {"CONFIG": "knobs", "BLOCK_H": 16, "BLOCK_N": 64, "KEYS_AS_M": True, "num_warps": 4, "num_stages": 3}
 WIDE = {"CONFIG": "knobs", "BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2}
 VARIANTS = [
     ("decode", "auto", {}),
-    ("decode", "auto-jit", {"LAUNCH": "jit"}),
     ("decode", "auto-bf16", {"PARTIAL_DTYPE": "bfloat16"}),
     ("decode", "narrowS16", {**NARROW, "NUM_SPLITS": 16}),
     ("decode", "narrowS64", {**NARROW, "NUM_SPLITS": 64}),
@@ -62,25 +51,12 @@ VARIANTS = [
 ]
 # under ncu (--ncu): (family, variant label, case index) profiled once each, after a warm-up call
 NCU_TARGETS = [("decode", "auto", 0), ("decode", "auto", 3)]
-# under ncu (--ncu): (family, variant label, case index) profiled once each, after a warm-up call
-
-
-def family_path(family: str) -> Path:
-    return FAMILIES / f"mla_{family}.py"
-
-
-def base_knobs(family: str) -> dict:
-    import ast
-
-    block = KNOBS_BLOCK.search(family_path(family).read_text())
-    return ast.literal_eval(block.group(1).split("=", 1)[1].strip())
 
 
 def render(family: str, label: str, overrides: dict, out_dir: Path) -> Path:
-    knobs = {**base_knobs(family), **overrides}
-    source = KNOBS_BLOCK.sub(lambda _: f"# kopt:knobs-begin\nKNOBS = {knobs!r}\n# kopt:knobs-end\n", family_path(family).read_text())
+    """The family file with these knob overrides, as the search agent renders it, under out_dir."""
     path = out_dir / f"mla_{family}__{label}.py"
-    path.write_text(source)
+    path.write_text(load_family(f"mla_{family}").render(overrides))
     return path
 
 
@@ -92,23 +68,14 @@ def load(path: Path):
 
 
 def make_inputs(case: dict, seed: int, device="cuda"):
-    gen = torch.Generator(device=device).manual_seed(seed)
-    q = torch.randn(case["B"], case["Sq"], case["H"], 576, generator=gen, device=device).to(torch.bfloat16)
-    kv = torch.randn(case["B"], case["Skv"], 576, generator=gen, device=device).to(torch.bfloat16)
-    return {"q": q, "kv": kv, "scale": SCALE}
+    """The problem's own inputs (MLA's maker serves prefill's Sq == Skv too)."""
+    return MLA.make_inputs(case, device=device, seed=seed)
 
 
 def cost(case: dict) -> tuple[float, float]:
-    """(bytes, FLOPs) as the problem counts them: q, kv read once, o, lse written once; QK (576) and
-    PV (512) over the (query, head, key) triples the causal mask keeps."""
-    B, Sq, H, Skv = case["B"], case["Sq"], case["H"], case["Skv"]
-    bytes_ = 2 * (B * Sq * H * 576 + B * Skv * 576 + B * Sq * H * 512) + 4 * B * H * Sq
-    visible = Sq * (Skv - Sq + 1) + Sq * (Sq - 1) // 2
-    return float(bytes_), float(2 * 1088 * B * H * visible)
-
-
-def describe(case: dict) -> str:
-    return f"B{case['B']} Sq{case['Sq']} H{case['H']} Skv{case['Skv']}"
+    """(bytes, FLOPs) of the problem's cost model."""
+    c = MLA.cost(case)
+    return c.bytes, c.flops
 
 
 def rel_rms(out, ref) -> float:
