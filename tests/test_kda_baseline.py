@@ -3,13 +3,9 @@ interpreter, at its default knobs and at every value its SPACE offers."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
-from family_modules import import_rendered
+from family_modules import compile_in_child, import_rendered
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -122,9 +118,4 @@ def test_compiles_for_hopper(tmp_path):
     GPU-only compile error shows up on CPU too. In a child process, since the interpreter
     leaves triton.language patched in this one."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # compile for real, not from a cache
-    child = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, str(FAMILY_PATH)], env=env,
-                           capture_output=True, text=True, timeout=300)
-    assert child.returncode == 0, child.stderr[-3000:]
-    assert "compiled for sm_90" in child.stdout
+    assert "compiled for sm_90" in compile_in_child(COMPILE_FOR_HOPPER, str(FAMILY_PATH), cache_dir=tmp_path / "triton-cache")

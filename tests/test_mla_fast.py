@@ -13,12 +13,11 @@ conftest) makes it round like the GPU, without which bf16 partials alone exceed 
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 import torch
-from family_modules import CANDIDATE_IMPORTS, import_rendered, imported_modules
+from family_modules import CANDIDATE_IMPORTS, compile_in_child, import_rendered, imported_modules
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -274,14 +273,8 @@ def test_compiles_for_hopper():
     interpreted kernels, Triton's real compiler fails on its own."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     import json
-    import subprocess
-    import sys
 
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    proc = subprocess.run([sys.executable, "-c", _SM90_SCRIPT, str(DECODE), str(PREFILL)],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = json.loads(compile_in_child(_SM90_SCRIPT, str(DECODE), str(PREFILL)).strip().splitlines()[-1])
     h100_smem = 232448  # bytes a block may opt into on sm_90
     for family, info in result.items():
         assert info["wgmma"], f"{family}: default knobs do not lower to wgmma"
