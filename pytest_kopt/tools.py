@@ -189,7 +189,7 @@ class Toolbox:
             elif kind == "verdict" and event.get("stage") != "judge":
                 self.results[(event["candidate_id"], event["upto"])] = self._load_result(event)
                 us = _number(event.get("candidate_us"))  # best-so-far follows from the verdicts alone
-                if event.get("verdict") == "pass" and us is not None and us > 0 and (self.best is None or us < self.best["candidate_us"]):
+                if self._beats_best(event.get("verdict"), us):
                     self.best = {"candidate_id": event["candidate_id"], "candidate_us": us, "speedup": event.get("speedup"), "vs_baseline": event.get("vs_baseline"), "call": event.get("call")}
             elif kind == "tool_call":
                 calls[int(event["call"])] = event
@@ -382,11 +382,13 @@ class Toolbox:
         """An agent's note in the log (free)."""
         return self._emit("note", text=str(text))
 
+    def _beats_best(self, verdict: Any, us: float | None) -> bool:
+        """Whether a verdict with this headline time is the new best: the one rule, live and on resume."""
+        return verdict == "pass" and us is not None and us > 0 and (self.best is None or us < self.best["candidate_us"])
+
     def _update_best(self, cid: str, compact: dict, call: int) -> None:
         us = compact.get("candidate_us")
-        if compact["verdict"] != "pass" or us is None or us <= 0:
-            return
-        if self.best is not None and us >= self.best["candidate_us"]:
+        if not self._beats_best(compact["verdict"], us):
             return
         best = {"candidate_id": cid, "candidate_us": us, "speedup": compact.get("speedup"), "vs_baseline": compact.get("vs_baseline"), "call": call}
         self._emit("best", **best)
