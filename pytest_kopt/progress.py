@@ -45,12 +45,10 @@ class Progress:
         self._stop: threading.Event | None = None
         self._started = 0.0
 
-    def _say(self, line: str) -> None:
+    def say(self, line: str) -> None:
+        """Write one line (the heartbeat thread writes too: one line at a time)."""
         with self._lock:
             self.write(line)
-
-    def say(self, line: str) -> None:
-        self._say(line)
 
     def __call__(self, event: dict) -> None:
         kind = event.get("kind")
@@ -61,9 +59,9 @@ class Progress:
                 self.waiting(f"[{event.get('call')}/{self.tools.budget}] {event.get('tool')} {args.get('candidate_id', '')}")
         elif kind == "tool_result":
             self._quiet()
-            self._say(self.line(event))
+            self.say(self.line(event))
         elif kind == "note":
-            self._say(f"       note: {str(event.get('text', ''))[:200]}")
+            self.say(f"       note: {str(event.get('text', ''))[:200]}")
 
     def line(self, event: dict) -> str:
         """``[  n/budget] tool candidate strategy(knobs) verdict time vs-baseline | best``."""
@@ -98,7 +96,7 @@ class Progress:
 
         def run() -> None:
             while not stop.wait(self.heartbeat_s):
-                self._say(f"       … {label} still running ({time.monotonic() - self._started:.0f}s)")
+                self.say(f"       … {label} still running ({time.monotonic() - self._started:.0f}s)")
 
         threading.Thread(target=run, name="kopt-heartbeat", daemon=True).start()
 
