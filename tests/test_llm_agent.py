@@ -122,6 +122,21 @@ SESSION = [
 
 
 # ---- a working session --------------------------------------------------------------------
+
+def kill_during_run_tests(proc: subprocess.Popen, run_dir: Path, *, timeout_s: float) -> None:
+    """SIGKILL the process group once the log shows a run_tests call (the fake judge hangs in it)."""
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and proc.poll() is None:
+            log = run_dir / "events.jsonl"
+            if log.exists() and any(e["kind"] == "tool_call" and e["tool"] == "run_tests" for e in read_events(log)):
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, "the process ended before the in-flight call"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
 def test_scripted_session_fix_benchmark_improve(tmp_path: Path) -> None:
     tools = toolbox(tmp_path)
     with FakeOpenAI(SESSION) as server:
@@ -458,17 +473,7 @@ def test_kill_and_resume_keeps_memory_and_budget(tmp_path: Path) -> None:
     with FakeOpenAI(script) as server:
         driver = RESUME_DRIVER.format(tests=str(Path(__file__).parent), run_dir=str(run_dir), base_url=server.base_url)
         proc = subprocess.Popen([sys.executable, "-c", driver], cwd=REPO, env={**os.environ, "KOPT_FAKE_HANG": "1"}, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and proc.poll() is None:
-                log = run_dir / "events.jsonl"
-                if log.exists() and any(e["kind"] == "tool_call" and e["tool"] == "run_tests" for e in read_events(log)):
-                    break
-                time.sleep(0.1)
-            assert proc.poll() is None, "the driver ended before the in-flight call"
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        kill_during_run_tests(proc, run_dir, timeout_s=60)
         before = read_events(run_dir / "events.jsonl")
         assert any(e["kind"] == "compaction" for e in before)  # the memory is part of what must survive
         in_flight = [e for e in before if e["kind"] == "tool_call"][-1]
@@ -628,17 +633,7 @@ def test_end_to_end_kill_dead_endpoint_resume_and_replay(tmp_path: Path) -> None
         env = {**os.environ, "OPENAI_API_KEY": SECRET, "KOPT_FAKE_HANG": "1"}
         cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *common, "--kopt-budget=30", f"--kopt-base-url={server.base_url}"]
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and proc.poll() is None:
-                log = run_dir / "events.jsonl"
-                if log.exists() and any(e["kind"] == "tool_call" and e["tool"] == "run_tests" for e in read_events(log)):
-                    break
-                time.sleep(0.1)
-            assert proc.poll() is None, "the run ended before the in-flight call"
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        kill_during_run_tests(proc, run_dir, timeout_s=120)
         before = read_events(run_dir / "events.jsonl")
         seen = len(server.requests)
         in_flight = [e for e in before if e["kind"] == "tool_call"][-1]["call"]
