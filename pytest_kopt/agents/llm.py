@@ -30,6 +30,7 @@ from typing import Any, Callable
 import openai
 
 from ..events import read_events
+from ..judge.policy import ALLOWED_IMPORTS
 from ..judge.sandbox import scrub_env
 from .base import Agent
 from .memory import build_memory
@@ -57,18 +58,6 @@ DEFAULT_RETRIES = 3
 DEFAULT_PAUSE_S = 30.0
 DEFAULT_PAUSES = 4
 
-TOOL_DESCRIPTIONS = {
-    "write_candidate": "Store a complete candidate file (Python source defining kernel(...) with @triton.jit kernels). "
-    "Returns its candidate_id. In notes, say what you changed and what you predict it will do.",
-    "run_tests": "Policy check, compile and correctness against the reference on several shapes. "
-    "Returns pass/fail with the judge's reasons (compiler errors, the minimal failing shape).",
-    "benchmark": "Time a candidate on the headline shapes: microseconds, speedup vs the baseline, roofline figures.",
-    "profile": "Per-kernel time breakdown of a candidate.",
-    "show_reference": "The reference implementation's source.",
-    "show_problem": "The problem: signature, outputs and tolerances, shapes, rules.",
-    "show_candidate": "The source of a stored candidate.",
-    "history": "A compact table of every attempt so far with its outcome.",
-}
 SOURCE_RESULT_CHARS = 80_000  # show_candidate / show_reference results (other results: max_result_chars)
 HIDDEN_ARGS = {"write_candidate": ("strategy", "knobs")}  # the search agent's, not the model's
 
@@ -125,7 +114,7 @@ def tool_specs(schemas: dict[str, dict]) -> list[dict]:
             params["properties"] = {k: v for k, v in params["properties"].items() if k not in hidden}
             if "required" in params:
                 params["required"] = [r for r in params["required"] if r not in hidden]
-        description = schema.get("description") or TOOL_DESCRIPTIONS.get(name, name)
+        description = schema.get("description") or name
         specs.append({"type": "function", "function": {"name": name, "description": description, "parameters": params}})
     return specs
 
@@ -169,7 +158,7 @@ def render_objective(objective: dict, best: dict | None, budget_used: int, budge
     lines.append(f"Budget: {budget} tool calls in all, {_budget_left(budget, budget_used)} left. Every tool call costs one.")
     lines.append(
         "Work like a kernel engineer: write a complete, self-contained candidate file with write_candidate "
-        "(imports only torch, triton, triton.language, math, typing, functools, dataclasses; math in @triton.jit kernels; "
+        f"(imports only {', '.join(sorted(ALLOWED_IMPORTS - {'__future__'}))}; math in @triton.jit kernels; "
         "outputs allocated on the inputs' device), run_tests it, benchmark what passes, profile the best, "
         "and state a prediction in the notes of each candidate."
     )
