@@ -1,5 +1,11 @@
 # Source at the start of a device command: installs the carried wheels (.whl/) where the lent
 # GPU machine can import them, and puts the repository on the path (the package is not installed there).
+# .whl/ is gitignored; fill it here first (the H200 image has no jsonlines, optuna or fla, and an old
+# pytest-benchmark), then pass carry=[".whl"]:
+#   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     --platform any -d .whl fla-core==0.6.0 jsonlines==4.0.0 optuna==5.0.0 alembic colorlog sqlalchemy \
+#     Mako greenlet pytest-benchmark==5.3.1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed"
 export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1
