@@ -35,7 +35,7 @@ from . import KERNELS_DIR, REPO_ROOT
 from .events import EventLog, dumps, read_events
 from .families import FamilyError, parse_family
 from .progress import Progress, fmt_us
-from .tools import BudgetExhausted, Toolbox, atomic_write, candidate_id
+from .tools import BudgetExhausted, Toolbox, atomic_write, candidate_id, remove_stale_temp_files
 
 DEFAULT_BUDGET = 100
 DEFAULT_SEED = 0
@@ -264,6 +264,7 @@ class Run:
 
     def _open(self) -> None:
         opts = self.options
+        remove_stale_temp_files(self.run_dir)  # a kill -9 between write and rename leaves one; we own the run now
         self.log = EventLog(self.run_dir / "events.jsonl", run_id=self.run_dir.name)
         events = read_events(self.log.path)
         started = next((e for e in events if e.get("kind") == "run_started"), None)

@@ -115,6 +115,9 @@ def _timings(result: dict) -> dict:
     return timings if isinstance(timings, dict) else {}
 
 
+TEMP_GLOB = ".*.tmp"  # atomic_write's temporary files
+
+
 def atomic_write(path: Path, text: str) -> None:
     """Write ``text`` so that ``path`` holds either the old or the whole new content."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -124,6 +127,14 @@ def atomic_write(path: Path, text: str) -> None:
         fp.flush()
         os.fsync(fp.fileno())
     os.replace(tmp, path)
+
+
+def remove_stale_temp_files(run_dir: Path) -> list[Path]:
+    """Delete temporary files a killed writer left behind; call only while owning the run."""
+    stale = [p for p in Path(run_dir).rglob(TEMP_GLOB) if p.is_file()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
 
 
 class Toolbox:

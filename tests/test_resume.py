@@ -169,6 +169,24 @@ def test_an_evaluation_killed_in_flight_is_redone_and_charged_once(tmp_path, ref
     assert sum(1 for e in events if e["kind"] == "tool_result" and e["call"] == in_flight) == 1
 
 
+def test_temp_files_of_a_writer_killed_before_its_rename_are_removed_on_resume(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, delay=0.2, budget=BUDGET)
+    wait_for(lambda: (e := last_event(run_dir)) is not None and e["kind"] == "tool_call" and e["call"] > 3)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    # What atomic_write leaves when killed between its write and its rename.
+    left = [run_dir / "candidates" / ".0123456789ab.py.999.tmp", run_dir / "evals" / ".0123456789ab-benchmark.json.999.tmp", run_dir / ".best.py.999.tmp"]
+    for path in left:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("half written")
+    proc = launch(run_dir, delay=0.0)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert_same_end(run_dir, reference)  # the candidates/ listing equals the uninterrupted run's
+    assert not any(path.exists() for path in left)
+
+
 @pytest.mark.parametrize("sig, word", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
 def test_ctrl_c_or_sigterm_stops_cleanly_and_resumes(tmp_path, reference, sig, word):
     run_dir = tmp_path / "run"
