@@ -463,6 +463,7 @@ class Judge:
         self.result["timings"] = {
             "case": label, "candidate_us": candidate_us, "baselines": baselines, "reference_us": reference_us,
             "compile_s": self.first_call_s.get(label), "rounds": rounds, "timer": "cuda-events" if self.cuda else "perf_counter",
+            "host_us": meta.extra_info.get("host_us"),
             "candidate_stats": {k: meta.stats.as_dict()[k] for k in ("min", "median", "mean", "iqr", "max", "rounds")},
         }
         if baseline_errors:

@@ -4,12 +4,17 @@ On a GPU a kernel launch returns before the kernel ran, so host clocks lie. ``Ev
 a pytest-benchmark timer backed by CUDA events: pytest-benchmark calls its timer once before
 and once after the timed function; the first call records a start event and returns the clock
 as it stands, the second records an end event, waits for it and advances the clock by the
-events' elapsed time. The difference pytest-benchmark takes is then device time, with the
-launch overlapped by the cache flush queued just before (as ``triton.testing.do_bench`` does).
+events' elapsed time. The difference pytest-benchmark takes is then device time.
 On the CPU (Triton's interpreter) the timer is ``perf_counter``; those figures are indicative.
 
 ``flush_l2`` (zeroing a buffer larger than the L2 cache) is the ``setup`` of every round, so
-no round reads its inputs from a cache the previous round warmed.
+no round reads its inputs from a cache the previous round warmed. It then queues a GPU-side
+wait of about a millisecond, so the host has that long to enqueue the timed call's launches
+before the GPU reaches the start event: the figure is the kernels' device time even for a call
+whose Python and launch overhead exceeds the flush itself (``triton.testing.do_bench`` hides
+only as much host time as its flush takes). That host time is real too, so the clock also
+records each call's host time (``EventClock.host_times``), and ``benchmark`` reports its median
+as ``extra_info["host_us"]`` beside the device time.
 
 Use from a benchmark test::
 
@@ -29,6 +34,9 @@ from typing import Any, Callable
 import torch
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # several times any GPU's L2 (H200: 60 MiB)
+# GPU-side wait after each flush, in clock cycles: about 1 ms at the H200's 1.98 GHz, enough
+# host time to enqueue ten or more Triton launches before the start event is reached.
+HOST_WINDOW_CYCLES = 2_000_000
 
 _flush_buffers: dict[str, torch.Tensor] = {}
 
@@ -43,6 +51,7 @@ def flush_l2(device: str | torch.device) -> None:
     if buffer is None:
         buffer = _flush_buffers[key] = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
     buffer.zero_()
+    torch.cuda._sleep(HOST_WINDOW_CYCLES)
     return None
 
 
@@ -55,13 +64,18 @@ class EventClock:
         self.device = torch.device(device)
         self.now = 0.0
         self._start: Any = None
+        self._host_start = 0.0
+        self.host_times: list[float] = []  # seconds the host spent in each timed call
 
     def __call__(self) -> float:
+        host_end = time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         if self._start is None:
             self._start = event
+            self._host_start = time.perf_counter()
             return self.now
+        self.host_times.append(host_end - self._host_start)
         event.synchronize()
         self.now += self._start.elapsed_time(event) / 1e3
         self._start = None
@@ -119,7 +133,8 @@ def benchmark(
     ``.as_dict()`` is its JSON form).
     """
     store: list = []
-    fixture = _fixture(name, fullname or name, group, timer_for(device), store)
+    clock = timer_for(device)
+    fixture = _fixture(name, fullname or name, group, clock, store)
     fixture.extra_info.update(extra_info or {})
 
     def prepare():
@@ -141,6 +156,10 @@ def benchmark(
         fixture.pedantic(fn, setup=prepare_after_teardown, rounds=rounds, warmup_rounds=warmup_rounds)
         if pending[0]:
             teardown()
+    host_times = getattr(clock, "host_times", None)
+    if host_times:  # the warm-up rounds went through the clock too; their calls may compile
+        timed = sorted(host_times[-store[0].stats.rounds:])
+        store[0].extra_info["host_us"] = timed[len(timed) // 2] * 1e6
     return store[0]
 
 
