@@ -6,7 +6,13 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     --platform any -d .whl fla-core==0.6.0 jsonlines==4.0.0 optuna==5.0.0 alembic colorlog sqlalchemy \
 #     Mako greenlet pytest-benchmark==5.3.1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed"
+# flash-linear-attention goes to a folder of its own (KOPT_FLA_PATH): put it on PYTHONPATH only
+# for the benchmarks that time it, since its first call in every process autotunes for a minute.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  $(ls .whl/*.whl | grep -v fla_core) >/dev/null 2>&1 || echo "wheel install failed"
+export KOPT_FLA_PATH=/tmp/fla
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $KOPT_FLA_PATH \
+  .whl/fla_core-*.whl >/dev/null 2>&1 || echo "fla wheel not installed"
 export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader

@@ -1,0 +1,42 @@
+# Jobs for one device command, run in order on the GPU that CUDA_VISIBLE_DEVICES names:
+#   bash benchmarks/device_jobs.sh JOB SECONDS [JOB SECONDS ...]
+# Source benchmarks/device_setup.sh first. Each job gets at most SECONDS; a loop is stopped with
+# SIGINT (a clean, resumable stop) and killed 30 s later if it is still running. Run directories
+# stay under results/runs/ (tar them into $OUT in the calling command); logs go to stdout.
+# Jobs:
+#   timer-check             benchmarks/check_timer_gpu.py
+#   kda-dev | mla-dev       benchmarks/dev_kda_chunked.py / dev_mla.py (flash-linear-attention importable)
+#   loop:PROBLEM:RUN:BUDGET  the search loop on PROBLEM in results/runs/RUN (resumed if it exists),
+#                           up to BUDGET tool calls, judge in quick mode, best promoted to kernels/best/
+#                           (flash-linear-attention is NOT importable here: its autotune would cost
+#                           every evaluation a minute)
+#   bench:EXPR              benchmarks/test_headline.py -k EXPR, JSON to $OUT/bench-<EXPR>.json
+set -u
+# the plugin is loaded through its entry point where the package is installed, by -p elsewhere
+PLUGIN="-p pytest_kopt.plugin"
+python3 -c 'import importlib.metadata as m, sys; sys.exit(0 if m.entry_points(group="pytest11", name="kopt") else 1)' && PLUGIN=""
+while [ $# -ge 2 ]; do
+  job=$1; secs=$2; shift 2
+  echo "=== $(date -u +%H:%M:%S) gpu=${CUDA_VISIBLE_DEVICES:-all} job=$job limit=${secs}s"
+  case $job in
+    timer-check)
+      timeout -k 30 "$secs" python3 benchmarks/check_timer_gpu.py ;;
+    kda-dev)
+      PYTHONPATH=$KOPT_FLA_PATH:$PYTHONPATH KDA_DEV_BUDGET_S=$((secs - 20)) timeout -k 30 "$secs" python3 benchmarks/dev_kda_chunked.py ;;
+    mla-dev)
+      timeout -k 30 "$secs" python3 benchmarks/dev_mla.py ;;
+    loop:*)
+      IFS=: read -r _ problem run budget <<<"$job"
+      resume=""
+      [ -f "results/runs/$run/events.jsonl" ] && resume="--kopt-resume"
+      timeout -s INT -k 30 "$secs" python3 -m pytest $PLUGIN -q -p no:cacheprovider \
+        --kopt-optimize="$problem" --kopt-budget="$budget" --kopt-quick --kopt-promote \
+        --kopt-run-dir="results/runs/$run" $resume ;;
+    bench:*)
+      expr=${job#bench:}
+      PYTHONPATH=$KOPT_FLA_PATH:$PYTHONPATH timeout -k 30 "$secs" python3 -m pytest $PLUGIN -p no:cacheprovider \
+        benchmarks/test_headline.py -k "$expr" --benchmark-json="$OUT/bench-${expr//[^A-Za-z0-9_-]/_}.json" -q ;;
+    *) echo "unknown job $job" ;;
+  esac
+  echo "=== $(date -u +%H:%M:%S) job=$job exit=$?"
+done
