@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {'CONFIG': 'auto', 'NUM_SPLITS': 8, 'BLOCK_N': 64, 'BLOCK_H': 16, 'KEYS_AS_M': False, 'num_warps': 8, 'num_stages': 4, 'PARTIAL_DTYPE': 'float32'}
+KNOBS = {'CONFIG': 'auto', 'NUM_SPLITS': 0, 'BLOCK_N': 32, 'BLOCK_H': 32, 'KEYS_AS_M': False, 'num_warps': 8, 'num_stages': 2, 'PARTIAL_DTYPE': 'float32'}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the measured tile config of the shape's regime (see REGIMES); knobs: the knobs below
