@@ -6,13 +6,12 @@ K or V = 256), hostile gates (whole-block -1000 resets, long strong-decay runs, 
 per-channel mixtures), every SPACE value and a seeded sample of whole knob combinations, each
 rendered the way the search agent renders them (the KNOBS block replaced, the file imported).
 
-The interpreter computes tf32 products in full float32, so the tf32 parts of the kernels are
-checked for logic here and for precision on the GPU (benchmarks/dev_kda_chunked.py).
+The interpreter computes tf32 products in full float32; ``test_tf32_precision_emulated`` rounds
+their operands as the tensor cores do, and benchmarks/dev_kda_chunked.py checks on the GPU.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 
@@ -138,13 +137,12 @@ def test_hostile_gates_default(family, kind):
     check(family.kernel, hostile_inputs(kind, case, seed=7), case)
 
 
-def test_hostile_gates_pairwise_and_every_recentre(tmp_path):
+def test_hostile_gates_every_recentre(tmp_path):
+    """Each recentre on hostile gates (diag "pairwise" left SPACE after run 1 -- 40 % slower on
+    the H200 -- but its code still runs: the guard falls back to it per block)."""
     case = {"B": 1, "T": 48, "H": 1, "K": 32, "V": 16, "initial_state": True, "output_final_state": True}
-    for kind, (diag, recentre) in zip(
-        itertools.cycle(["channels", "strong_run", "resets"]),
-        [("pairwise", "midpoint"), ("guarded", "start"), ("guarded", "end"), ("guarded", "midpoint")],
-    ):
-        module = render({**FAMILY.knobs, "diag": diag, "recentre": recentre}, tmp_path)
+    for kind, recentre in zip(["channels", "strong_run", "resets"], ["start", "end", "midpoint"]):
+        module = render({**FAMILY.knobs, "recentre": recentre}, tmp_path)
         check(module.kernel, hostile_inputs(kind, case, seed=13), case)
 
 
@@ -169,6 +167,41 @@ def test_sampled_knob_combinations(tmp_path):
         knobs = {name: rng.choice(values) for name, values in FAMILY.space.items()}
         module = render(knobs, tmp_path)
         check(module.kernel, hostile_inputs(HOSTILE[i % len(HOSTILE)], case, seed=100 + i), case)
+
+
+def tf32_rounding(monkeypatch):
+    """Make the interpreter's tf32 products round their float32 operands as the tensor cores do
+    (10 explicit mantissa bits; truncated, the worse of truncation and round-to-nearest)."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    original = builder.create_dot
+    hits = []
+
+    def to_tf32(x):
+        return (np.ascontiguousarray(x, dtype=np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        name = str(input_precision).upper()
+        if "TF32" in name and "X3" not in name and a.data.dtype == np.float32 and b.data.dtype == np.float32:
+            hits.append(1)
+            return interpreter.TensorHandle(np.matmul(to_tf32(a.data), to_tf32(b.data)) + d.data, d.dtype.scalar)
+        return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    monkeypatch.setattr(builder, "create_dot", create_dot)
+    return hits
+
+
+def test_tf32_precision_emulated(tmp_path, monkeypatch):
+    """prec="tf32" with the GPU's tf32 operand rounding emulated: still well inside 5e-3 (the
+    interpreter alone computes tf32 products in full float32 and could not see the loss)."""
+    hits = tf32_rounding(monkeypatch)
+    module = render({**FAMILY.knobs, "prec": "tf32"}, tmp_path)
+    case = {"B": 1, "T": 70, "H": 2, "K": 64, "V": 64, "initial_state": True, "output_final_state": True}
+    errors = check(module.kernel, inputs(case, seed=10), case)
+    assert hits, "no tf32 product was emulated"
+    assert all(e.rel_rms < 4e-3 for e in errors), [(e.name, e.rel_rms) for e in errors]
 
 
 def test_unservable_shapes_and_knobs_raise_value_error(family):
@@ -205,15 +238,15 @@ def build(fn, types, constexprs, warps, stages):
     return c
 
 prep = {"q_ptr": B16, "k_ptr": B16, "v_ptr": B16, "g_ptr": P, "beta_ptr": B16, "w_ptr": B16, "u_ptr": P,
-        "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "akk_ptr": P, "gl_ptr": P, "scale": "fp32"}
+        "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "akk_ptr": P, "gl_ptr": P, "au_ptr": P, "scale": "fp32"}
 for stage in ([0] if fam.KNOBS["fuse_prep"] else [1, 2]):
     build(fam._kda_prep_kernel, prep, dict(K=K, V=V, BT=plan["BT"], BC=plan["BC"], BK=plan["BK"], BVP=plan["BVP"],
           DK=plan["DK"], LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
-          STAGE=stage), fam.KNOBS["solve_warps"] if stage == 2 else fam.KNOBS["block_warps"], 1)
-scan = {"w_ptr": B16, "u_ptr": P, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "h0_ptr": P,
+          TF32=plan["TF32"], PRE=plan["PRE"], STAGE=stage), fam.KNOBS["solve_warps"] if stage == 2 else fam.KNOBS["block_warps"], 1)
+scan = {"w_ptr": B16, "u_ptr": P, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "au_ptr": P, "h0_ptr": P,
         "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P}
 c = build(fam._kda_scan_kernel, scan, dict(K=K, V=V, BT=plan["BT"], BV=plan["BV"], LAYOUT=plan["layout"],
-          FUSE_OUT=plan["fuse"], SPLIT_S=plan["split"], USE_H0=True, STORE_HT=True),
+          FUSE_OUT=plan["fuse"], SPLIT_S=plan["split"], USE_H0=True, STORE_HT=True, PRE=plan["PRE"]),
           fam.KNOBS["scan_warps"], plan["scan_stages"])
 assert "mma" in c.asm["ptx"], "the scan's products should run on the tensor cores"
 print("compiled for sm_90")

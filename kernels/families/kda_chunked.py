@@ -24,13 +24,17 @@ Stages (three launches by default; ``fuse_prep`` folds the first two into one, a
    (I - N)(I + N^2)(I + N^4)... (exact: N is nilpotent; ``merge`` = float32 FMA or bf16 hi/lo
    tensor-core products), then the WY factors w = A (exp(G) k), u = A v (A = inverse times
    diag(beta)) and the pre-decayed tiles the scan reads: kd = exp(G_last - G) k,
-   qd = scale exp(G) q, gl = exp(G_last).
+   qd = scale exp(G) q, gl = exp(G_last).  With ``readout="pre"`` (default) it also folds the
+   read-out's intra-chunk part in: o = qd S0 + Aqk (u - w S0) = qd' S0 + au with
+   qd' = qd - Aqk w (bf16, stored in qd's place) and au = Aqk u (float32).
 3. scan -- ``_kda_scan_kernel``, one program per (V-block, batch*head), walking the chunks in
    order with its K x BV slice of the state in registers (``scan_layout`` "kv": S [K, BV];
    "vk": S^T [BV, K], so the state and delta are the register-side operands of every product):
-   delta = u - w S, S = gl S + kd^T delta, and with ``fuse_output`` o = qd S + Aqk delta.
-4. ``_kda_out_kernel`` (only without ``fuse_output``): o = qd h + Aqk delta from the stored
-   per-chunk states h and deltas, all chunks at once.
+   delta = u - w S, S = gl S + kd^T delta, and with ``fuse_output`` o = qd' S + au
+   (``readout="aqk"``: o = qd S + Aqk delta, version 2's read-out, three more products and the
+   Aqk tiles per step).
+4. ``_kda_out_kernel`` (only without ``fuse_output``): o = qd' h + au (or qd h + Aqk delta) from
+   the stored per-chunk states h (and deltas), all chunks at once.
 
 Keeping exp in range with any gate in (-inf, 0] (isolated -1000, long strong-decay runs,
 -3e4), without clamping anything:
@@ -50,7 +54,10 @@ Keeping exp in range with any gate in (-inf, 0] (isolated -1000, long strong-dec
 
 Precision (relative RMS vs the float64 recurrence; tolerance 5e-3): every product that needs
 more than bf16 is done as bf16 hi/lo pairs (two or three bf16 tensor-core products, ~16
-significant bits), never tf32 -- the CPU interpreter then reproduces the GPU's rounding.  Kept
+significant bits) -- the CPU interpreter then reproduces the GPU's rounding -- or, in the
+preparation with ``prec="tf32"``, as one tf32 product (11 significant bits; the interpreter
+computes it exactly, so tests/test_kda_chunked.py emulates the tf32 operand truncation: worst
+2.9e-3 on the problem's inputs, the same as bf16x3).  Kept
 at that precision: the Aqk/Akk factors, delta in both delta products, Aqk in the read-out, the
 state with ``scan_dot="split"`` (``"mixed"`` rounds the state to bf16 for its two products).
 u stays float32; w, kd, qd are bf16.  Everything all-bf16 (as flash-linear-attention does)
@@ -59,9 +66,11 @@ measures ~3.9e-3 on long sequences and up to 4.3e-3 on short ones; this family m
 
 GPU status (see kernels/notes/kda.md): the first version of this file, which used reverse
 ``tl.cumsum``, tf32 products and a 3D forward substitution written back through the scratch,
-was wrong on the H200 with 4-warp preparation launches (right with 8); this version removes all
-three constructs and runs the solve at 8 warps by default, but had not yet been re-run on the
-GPU when written; ``benchmarks/dev_kda_chunked.py`` checks it (stage by stage) in one call.
+was wrong on the H200 with 4-warp preparation launches (right with 8); version 2 removed all
+three constructs, runs the solve at 8 warps, and passed the judge on the H200 (1500 us at the
+headline).  Version 3 (``prec``, ``readout``) brings tf32 back as a knob value only (default
+bf16x3 until ``benchmarks/dev_kda_chunked.py`` shows it right on the GPU) and has not run on
+the GPU when written.
 """
 
 import math
@@ -79,6 +88,8 @@ KNOBS = {
     "diag": "guarded",
     "recentre": "midpoint",
     "merge": "mma",
+    "prec": "bf16x3",
+    "readout": "pre",
     "fuse_prep": False,
     "fuse_output": True,
     "scan_dot": "mixed",
@@ -93,14 +104,16 @@ KNOBS = {
 SPACE = {
     "BT": [32, 64],
     "BC": [16, 32],
-    "BK": [32, 64, 128],
-    "BV": [16, 32, 64],
-    "diag": ["guarded", "pairwise"],
+    "BK": [16, 32, 64, 128],
+    "BV": [16, 32],
+    "diag": ["guarded"],
     "recentre": ["start", "midpoint", "end"],
     "merge": ["fma", "mma"],
-    "fuse_prep": [True, False],
+    "prec": ["bf16x3", "tf32"],
+    "readout": ["pre", "aqk"],
+    "fuse_prep": [False],
     "fuse_output": [True, False],
-    "scan_dot": ["mixed", "split"],
+    "scan_dot": ["mixed"],
     "scan_layout": ["kv", "vk"],
     "block_warps": [2, 4, 8],
     "solve_warps": [4, 8],
@@ -166,10 +179,20 @@ def _dot3(a, b, acc):
 
 
 @triton.jit
+def _dotp(a, b, acc, TF32: tl.constexpr):
+    """acc + a @ b for float32 operands that need more than bf16: one tf32 tensor-core product
+    (10 explicit mantissa bits per operand, half the bf16 rate) when TF32, else ``_dot3``."""
+    if TF32:
+        return tl.dot(a, b, acc, input_precision="tf32")
+    else:
+        return _dot3(a, b, acc)
+
+
+@triton.jit
 def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi, lo_off,
                s_qt, s_kt, s_gt, s_bt,
                K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr,
-               RECENTRE: tl.constexpr, LIMIT: tl.constexpr):
+               RECENTRE: tl.constexpr, LIMIT: tl.constexpr, TF32: tl.constexpr):
     """Rows bi*BC .. bi*BC+BC-1 of one chunk's Aqk (scaled; hi and lo bf16 halves) and Akk
     (beta-scaled, strictly lower, float32), all BT columns, written to aqk_ptr / akk_ptr
     (pointers at the chunk's first row; the lo half of Aqk sits lo_off elements after)."""
@@ -204,8 +227,8 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
             x_col = g_r[:, None] + tl.cumsum(gs, axis=1)
             kb = k_t * tl.exp(tl.where((ct < r)[None, :], x_col, float("-inf")))
             e_row = tl.exp(e_b)
-            off_q = _dot3(q_b * e_row, kb, off_q)
-            off_k = _dot3(k_b * e_row, kb, off_k)
+            off_q = _dotp(q_b * e_row, kb, off_q, TF32)
+            off_k = _dotp(k_b * e_row, kb, off_k, TF32)
         # the diagonal block
         e_last = tl.min(e_b, axis=0)  # [BK]; the block's decay span per channel is -e_last
         span = -tl.min(e_last, axis=0)
@@ -224,8 +247,8 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
             k_bt = tl.load(k_ptr + (r + cc)[None, :] * s_kt + ck[:, None], mask=rb_ok[None, :], other=0.0).to(tl.float32)
             e_bt = tl.cumsum(tl.where(cc[None, :] > 0, g_bt, 0.0), axis=1)
             down = k_bt * tl.exp(ref[:, None] - e_bt)
-            dq = _dot3(q_b * up, down, tl.zeros([BC, BC], dtype=tl.float32))
-            dk = _dot3(k_b * up, down, tl.zeros([BC, BC], dtype=tl.float32))
+            dq = _dotp(q_b * up, down, tl.zeros([BC, BC], dtype=tl.float32), TF32)
+            dk = _dotp(k_b * up, down, tl.zeros([BC, BC], dtype=tl.float32), TF32)
             # the upper triangle may hold inf / nan: select, never multiply
             dia_q += tl.where(rc[:, None] >= cc[None, :], dq, 0.0)
             dia_k += tl.where(rc[:, None] > cc[None, :], dk, 0.0)
@@ -257,11 +280,15 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
 
 @triton.jit
 def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr, akk_ptr, gl_ptr,
+              aqk_ptr, au_ptr, lo_off,
               scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt,
               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-              BVP: tl.constexpr, LOG_NC: tl.constexpr, MERGE: tl.constexpr):
+              BVP: tl.constexpr, LOG_NC: tl.constexpr, MERGE: tl.constexpr, TF32: tl.constexpr,
+              PRE: tl.constexpr):
     """A = (I + Akk)^-1 diag(beta) for one chunk, then w = A (exp(G) k), u = A v and the
-    pre-decayed tiles kd, qd, gl of the scan (pointers at the chunk's first row)."""
+    pre-decayed tiles kd, qd, gl of the scan (pointers at the chunk's first row).  With PRE the
+    read-out's intra-chunk part is folded in here: qd holds qd - Aqk w (bf16, w as stored) and
+    au = Aqk u (float32), so that the scan's read-out is o = qd S + au."""
     rt = tl.arange(0, BT)
     ct = tl.arange(0, BT)
     rt_ok = t0 + rt < T
@@ -287,22 +314,26 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
         if MERGE == 0:
             n = tl.dot(x, lower, input_precision="ieee")
         else:
-            n = _dot3(x, lower, zero)
+            n = _dotp(x, lower, zero, TF32)
         p = eye - n
         for _ in tl.static_range(LOG_NC - 1):
             if MERGE == 0:
                 n = tl.dot(n, n, input_precision="ieee")
                 p = tl.dot(p, eye + n, input_precision="ieee")
             else:
-                n = _dot3(n, n, zero)
-                p = _dot3(p, eye + n, zero)
+                n = _dotp(n, n, zero, TF32)
+                p = _dotp(p, eye + n, zero, TF32)
         if MERGE == 0:
             x = tl.dot(p, x, input_precision="ieee")
         else:
-            x = _dot3(p, x, zero)
+            x = _dotp(p, x, zero, TF32)
     beta_c = tl.load(beta_ptr + ct * s_bt, mask=rt_ok, other=0.0).to(tl.float32)
     a_wy = (x * beta_c[None, :]).to(tl.bfloat16)  # A = (I + Akk)^-1 diag(beta)
 
+    if PRE:
+        p_aq = aqk_ptr + rt[:, None] * BT + ct[None, :]
+        aq_hi = tl.load(p_aq)
+        aq_lo = tl.load(p_aq + lo_off)
     # reversed rows for the decay to the chunk's end: row j = BT - 1 - i
     m_shift = (rt >= 1) & (t0 + BT - rt < T)
     m_rev = t0 + BT - 1 - rt < T
@@ -313,10 +344,16 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
         k_a = tl.load(k_ptr + rt[:, None] * s_kt + ck[None, :], mask=m, other=0.0).to(tl.float32)
         q_a = tl.load(q_ptr + rt[:, None] * s_qt + ck[None, :], mask=m, other=0.0).to(tl.float32)
         dec = tl.exp(tl.cumsum(g_a, axis=0))  # exp(G_i) <= 1
-        w_t = tl.dot(a_wy, (k_a * dec).to(tl.bfloat16))
+        w_t = tl.dot(a_wy, (k_a * dec).to(tl.bfloat16)).to(tl.bfloat16)
         p_t = rt[:, None] * K + ck[None, :]
-        tl.store(w_ptr + p_t, w_t.to(w_ptr.dtype.element_ty))
-        tl.store(qd_ptr + p_t, (q_a * (dec * scale)).to(qd_ptr.dtype.element_ty))
+        tl.store(w_ptr + p_t, w_t)
+        qd_t = q_a * (dec * scale)
+        if PRE:
+            # Aqk (hi + lo, ~16 bits) times w exactly as the scan reads it
+            aw = tl.dot(aq_hi, w_t)
+            aw = tl.dot(aq_lo, w_t, aw)
+            qd_t = qd_t - aw
+        tl.store(qd_ptr + p_t, qd_t.to(qd_ptr.dtype.element_ty))
         tl.store(gl_ptr + ck, tl.exp(tl.sum(g_a, axis=0)))
         # exp(G_last - G_j) = exp(sum_{t > j} g_t): a forward sum of g[BT-1], g[BT-2], ...
         gs = tl.load(g_ptr + (BT - rt)[:, None] * s_gt + ck[None, :], mask=m_shift[:, None], other=0.0).to(tl.float32)
@@ -328,12 +365,21 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
         v_a = tl.load(v_ptr + rt[:, None] * s_vt + cv[None, :], mask=rt_ok[:, None], other=0.0)
         u_t = tl.dot(a_wy, v_a.to(tl.bfloat16))
         tl.store(u_ptr + rt[:, None] * V + cv[None, :], u_t)
+        if PRE:
+            if TF32:
+                au = tl.dot(aq_hi.to(tl.float32) + aq_lo.to(tl.float32), u_t, input_precision="tf32")
+            else:
+                u_hi, u_lo = _split(u_t)
+                au = tl.dot(aq_hi, u_hi)
+                au = tl.dot(aq_hi, u_lo, au)
+                au = tl.dot(aq_lo, u_hi, au)
+            tl.store(au_ptr + rt[:, None] * V + cv[None, :], au)
 
 
 @triton.jit
 def _kda_prep_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
-    w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, akk_ptr, gl_ptr,
+    w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, akk_ptr, gl_ptr, au_ptr,
     scale, T, TP, NT, H, lo_off,
     s_qb, s_qt, s_qh,
     s_kb, s_kt, s_kh,
@@ -343,7 +389,7 @@ def _kda_prep_kernel(
     K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BVP: tl.constexpr, DK: tl.constexpr,
     LOG_NC: tl.constexpr, RECENTRE: tl.constexpr, LIMIT: tl.constexpr, MERGE: tl.constexpr,
-    STAGE: tl.constexpr,
+    TF32: tl.constexpr, PRE: tl.constexpr, STAGE: tl.constexpr,
 ):
     """STAGE 0: everything for one chunk (block rows, then the solve); 1: one block row of
     one chunk (grid NT * NC); 2: the solve and WY factors of one chunk."""
@@ -369,6 +415,7 @@ def _kda_prep_kernel(
     kd_ptr += row_base * K
     qd_ptr += row_base * K
     u_ptr += row_base * V
+    au_ptr += row_base * V
     aqk_ptr += row_base * BT
     akk_ptr += row_base * BT
     gl_ptr += (i_bh * NT + i_t) * K
@@ -376,14 +423,15 @@ def _kda_prep_kernel(
     if STAGE == 0:
         for b in range(NC):
             _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, b, lo_off,
-                       s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT)
+                       s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32)
         tl.debug_barrier()  # the block rows were written by other threads of this program
     if STAGE == 1:
         _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi, lo_off,
-                   s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT)
+                   s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32)
     if STAGE != 1:
         _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr, akk_ptr, gl_ptr,
-                  scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt, K, V, BT, BC, BK, BVP, LOG_NC, MERGE)
+                  aqk_ptr, au_ptr, lo_off,
+                  scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt, K, V, BT, BC, BK, BVP, LOG_NC, MERGE, TF32, PRE)
 
 
 # ------------------------------------------------------------------------------------------
@@ -391,20 +439,22 @@ def _kda_prep_kernel(
 # ------------------------------------------------------------------------------------------
 @triton.jit
 def _kda_scan_kernel(
-    w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, gl_ptr,
+    w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, gl_ptr, au_ptr,
     h0_ptr, ht_ptr, o_ptr, hbuf_ptr, dbuf_ptr,
     T, TP, NT, H, lo_off,
     s_ob, s_ot, s_oh,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     LAYOUT: tl.constexpr, FUSE_OUT: tl.constexpr, SPLIT_S: tl.constexpr,
-    USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRE: tl.constexpr,
 ):
     """One program per (V-block, batch*head) walks the chunks in order.  LAYOUT 0 keeps the
     state as S [K, BV]; LAYOUT 1 as S^T [BV, K], so that the state and delta are the
     register-resident left operands of every product and the loaded tiles the right ones.
     Products with delta use a bf16 hi/lo split (two bf16 products, ~16 significant bits), the
     read-out's Aqk delta three (Aqk arrives as hi and lo halves); products with the state use
-    the split too when SPLIT_S, else the state rounded to bf16.  No tf32 anywhere."""
+    the split too when SPLIT_S, else the state rounded to bf16.  No tf32 anywhere.  With PRE the
+    read-out is o = qd' S + au (qd' = qd - Aqk w and au = Aqk u from the preparation): no Aqk
+    tiles, no products with delta but the state update's."""
     i_v = tl.program_id(0).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -430,6 +480,7 @@ def _kda_scan_kernel(
     kd_ptr += i_bh * TP * K
     qd_ptr += i_bh * TP * K
     u_ptr += i_bh * TP * V
+    au_ptr += i_bh * TP * V
     aqk_ptr += i_bh * TP * BT
     gl_ptr += i_bh * NT * K
     o_ptr += i_b * s_ob + i_h * s_oh
@@ -454,22 +505,28 @@ def _kda_scan_kernel(
             d_hi, d_lo = _split(d)
             if FUSE_OUT:
                 qd_n = tl.load(qd_ptr + p_k)
-                p_a = aqk_ptr + row[:, None] * BT + ct[None, :]
-                a_hi = tl.load(p_a)
-                a_lo = tl.load(p_a + lo_off)
+                if PRE:
+                    o_n = tl.load(au_ptr + row[:, None] * V + cv[None, :])
+                else:
+                    o_n = tl.zeros([BT, BV], dtype=tl.float32)
                 if SPLIT_S:
-                    o_n = tl.dot(qd_n, s_hi)
+                    o_n = tl.dot(qd_n, s_hi, o_n)
                     o_n = tl.dot(qd_n, s_lo, o_n)
                 else:
-                    o_n = tl.dot(qd_n, S.to(tl.bfloat16))
-                o_n = tl.dot(a_hi, d_hi, o_n)
-                o_n = tl.dot(a_hi, d_lo, o_n)
-                o_n = tl.dot(a_lo, d_hi, o_n)
+                    o_n = tl.dot(qd_n, S.to(tl.bfloat16), o_n)
+                if not PRE:
+                    p_a = aqk_ptr + row[:, None] * BT + ct[None, :]
+                    a_hi = tl.load(p_a)
+                    a_lo = tl.load(p_a + lo_off)
+                    o_n = tl.dot(a_hi, d_hi, o_n)
+                    o_n = tl.dot(a_hi, d_lo, o_n)
+                    o_n = tl.dot(a_lo, d_hi, o_n)
                 tl.store(o_ptr + row[:, None] * s_ot + cv[None, :], o_n.to(o_ptr.dtype.element_ty),
                          mask=(row < T)[:, None])
             else:
                 tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
-                tl.store(dbuf_ptr + row[:, None] * V + cv[None, :], d)
+                if not PRE:
+                    tl.store(dbuf_ptr + row[:, None] * V + cv[None, :], d)
             kt = tl.trans(kd_n)
             upd = tl.dot(kt, d_hi)
             upd = tl.dot(kt, d_lo, upd)
@@ -487,23 +544,29 @@ def _kda_scan_kernel(
             d_hi, d_lo = _split(d)
             if FUSE_OUT:
                 qd_n = tl.load(qd_ptr + p_k)
-                p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
-                a_hi = tl.load(p_a)
-                a_lo = tl.load(p_a + lo_off)
                 qt = tl.trans(qd_n)
+                if PRE:
+                    o_t = tl.load(au_ptr + row[None, :] * V + cv[:, None])  # [BV, BT]
+                else:
+                    o_t = tl.zeros([BV, BT], dtype=tl.float32)
                 if SPLIT_S:
-                    o_t = tl.dot(s_hi, qt)
+                    o_t = tl.dot(s_hi, qt, o_t)
                     o_t = tl.dot(s_lo, qt, o_t)
                 else:
-                    o_t = tl.dot(S.to(tl.bfloat16), qt)
-                o_t = tl.dot(d_hi, a_hi, o_t)
-                o_t = tl.dot(d_lo, a_hi, o_t)
-                o_t = tl.dot(d_hi, a_lo, o_t)
+                    o_t = tl.dot(S.to(tl.bfloat16), qt, o_t)
+                if not PRE:
+                    p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
+                    a_hi = tl.load(p_a)
+                    a_lo = tl.load(p_a + lo_off)
+                    o_t = tl.dot(d_hi, a_hi, o_t)
+                    o_t = tl.dot(d_lo, a_hi, o_t)
+                    o_t = tl.dot(d_hi, a_lo, o_t)
                 tl.store(o_ptr + row[None, :] * s_ot + cv[:, None], o_t.to(o_ptr.dtype.element_ty),
                          mask=(row < T)[None, :])
             else:
                 tl.store(hbuf_ptr + n * K * V + rk[None, :] * V + cv[:, None], S.to(hbuf_ptr.dtype.element_ty))
-                tl.store(dbuf_ptr + row[None, :] * V + cv[:, None], d)
+                if not PRE:
+                    tl.store(dbuf_ptr + row[None, :] * V + cv[:, None], d)
             upd = tl.dot(d_hi, kd_n)
             upd = tl.dot(d_lo, kd_n, upd)
             S = S * gl_n[None, :] + upd
@@ -517,10 +580,11 @@ def _kda_scan_kernel(
 # ------------------------------------------------------------------------------------------
 @triton.jit
 def _kda_out_kernel(
-    qd_ptr, aqk_ptr, hbuf_ptr, dbuf_ptr, o_ptr,
+    qd_ptr, aqk_ptr, hbuf_ptr, dbuf_ptr, o_ptr, au_ptr,
     T, TP, NT, H, lo_off,
     s_ob, s_ot, s_oh,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, SPLIT_S: tl.constexpr,
+    PRE: tl.constexpr,
 ):
     i_t = tl.program_id(0).to(tl.int64)
     i_v = tl.program_id(1).to(tl.int64)
@@ -533,19 +597,24 @@ def _kda_out_kernel(
     row = i_t * BT + rt
     qd = tl.load(qd_ptr + (i_bh * TP + row)[:, None] * K + rk[None, :])
     h = tl.load(hbuf_ptr + ((i_bh * NT + i_t) * K + rk)[:, None] * V + cv[None, :])
-    p_a = aqk_ptr + (i_bh * TP + row)[:, None] * BT + rt[None, :]
-    a_hi = tl.load(p_a)
-    a_lo = tl.load(p_a + lo_off)
-    d_hi, d_lo = _split(tl.load(dbuf_ptr + (i_bh * TP + row)[:, None] * V + cv[None, :]))
+    if PRE:
+        o = tl.load(au_ptr + (i_bh * TP + row)[:, None] * V + cv[None, :])
+    else:
+        o = tl.zeros([BT, BV], dtype=tl.float32)
     if SPLIT_S:
         h_hi, h_lo = _split(h)
-        o = tl.dot(qd, h_hi)
+        o = tl.dot(qd, h_hi, o)
         o = tl.dot(qd, h_lo, o)
     else:
-        o = tl.dot(qd, h)
-    o = tl.dot(a_hi, d_hi, o)
-    o = tl.dot(a_hi, d_lo, o)
-    o = tl.dot(a_lo, d_hi, o)
+        o = tl.dot(qd, h, o)
+    if not PRE:
+        p_a = aqk_ptr + (i_bh * TP + row)[:, None] * BT + rt[None, :]
+        a_hi = tl.load(p_a)
+        a_lo = tl.load(p_a + lo_off)
+        d_hi, d_lo = _split(tl.load(dbuf_ptr + (i_bh * TP + row)[:, None] * V + cv[None, :]))
+        o = tl.dot(a_hi, d_hi, o)
+        o = tl.dot(a_hi, d_lo, o)
+        o = tl.dot(a_lo, d_hi, o)
     tl.store(o_ptr + i_b * s_ob + i_h * s_oh + row[:, None] * s_ot + cv[None, :],
              o.to(o_ptr.dtype.element_ty), mask=(row < T)[:, None])
 
@@ -573,7 +642,9 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     fuse = bool(knobs["fuse_output"])
     split = knobs["scan_dot"] == "split"
     # shared memory one pipeline stage of the scan holds (operand tiles it loads per chunk)
-    per_stage = BT * K * 2 * (3 if fuse else 2) + BT * bv * 4 + K * 4 + (BT * BT * 4 if fuse else 0)
+    pre = knobs["readout"] == "pre"
+    per_stage = (BT * K * 2 * (3 if fuse else 2) + BT * bv * 4 + K * 4
+                 + (0 if not fuse else BT * bv * 4 if pre else BT * BT * 4))
     # layout kv stages the state and delta (right-hand operands) through shared memory each step
     scratch = K * bv * 4 + BT * bv * 8 if knobs["scan_layout"] == "kv" else 0
     stages = knobs["scan_stages"]
@@ -585,6 +656,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "LOG_NC": int(math.log2(BT // BC)),
         "RECENTRE": _RECENTRE_CODE[knobs["recentre"]], "LIMIT": limit,
         "MERGE": 0 if knobs["merge"] == "fma" else 1,
+        "TF32": knobs["prec"] == "tf32", "PRE": knobs["readout"] == "pre",
         "fuse": fuse, "split": split, "scan_stages": stages,
         "layout": 0 if knobs["scan_layout"] == "kv" else 1,
     }
@@ -636,11 +708,12 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
     aqk = torch.empty((2, BH, TP, BT), dtype=torch.bfloat16, device=dev)  # Aqk as bf16 hi, lo
     akk = torch.empty((BH, TP, BT), dtype=torch.float32, device=dev)
     gl = torch.empty((BH, NT, K), dtype=torch.float32, device=dev)
+    au = torch.empty((BH, TP, V), dtype=torch.float32, device=dev) if plan["PRE"] else u  # Aqk u
 
     try:
         prep_args = (
             q, k, v, g, beta,
-            w, u, kd, qd, aqk, akk, gl,
+            w, u, kd, qd, aqk, akk, gl, au,
             float(scale), T, TP, NT, H, BH * TP * BT,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
@@ -651,7 +724,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
         prep_meta = dict(
             K=K, V=V, BT=BT, BC=plan["BC"], BK=plan["BK"], BVP=plan["BVP"], DK=plan["DK"],
             LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
-            num_stages=1,
+            TF32=plan["TF32"], PRE=plan["PRE"], num_stages=1,
         )
         if kn["fuse_prep"]:
             _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=0, num_warps=kn["block_warps"], **prep_meta)
@@ -659,31 +732,32 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             _kda_prep_kernel[(NT * (BT // plan["BC"]), BH)](*prep_args, STAGE=1, num_warps=kn["block_warps"], **prep_meta)
             _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=2, num_warps=kn["solve_warps"], **prep_meta)
         if debug is not None:
-            debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=gl, BT=BT, NT=NT, TP=TP)
+            debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=gl, BT=BT, NT=NT, TP=TP,
+                         pre=plan["PRE"], au=au if plan["PRE"] else None)
         fuse = plan["fuse"]
         if fuse:
             hbuf, dbuf = o, o  # unused
         else:
             # the state entering every chunk: bf16 when its products are bf16 anyway
             hbuf = torch.empty((BH, NT, K, V), dtype=torch.float32 if plan["split"] else torch.bfloat16, device=dev)
-            dbuf = torch.empty((BH, TP, V), dtype=torch.float32, device=dev)
+            dbuf = o if plan["PRE"] else torch.empty((BH, TP, V), dtype=torch.float32, device=dev)
         BV = plan["BV"]
         _kda_scan_kernel[(triton.cdiv(V, BV), BH)](
-            w, u, kd, qd, aqk, gl,
+            w, u, kd, qd, aqk, gl, au,
             h0 if h0 is not None else w, final if final is not None else w, o, hbuf, dbuf,
             T, TP, NT, H, BH * TP * BT,
             o.stride(0), o.stride(1), o.stride(2),
             K=K, V=V, BT=BT, BV=BV,
             LAYOUT=plan["layout"], FUSE_OUT=fuse, SPLIT_S=plan["split"],
-            USE_H0=h0 is not None, STORE_HT=final is not None,
+            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"],
             num_warps=kn["scan_warps"], num_stages=plan["scan_stages"],
         )
         if not fuse:
             _kda_out_kernel[(NT, triton.cdiv(V, BV), BH)](
-                qd, aqk, hbuf, dbuf, o,
+                qd, aqk, hbuf, dbuf, o, au,
                 T, TP, NT, H, BH * TP * BT,
                 o.stride(0), o.stride(1), o.stride(2),
-                K=K, V=V, BT=BT, BV=BV, SPLIT_S=plan["split"],
+                K=K, V=V, BT=BT, BV=BV, SPLIT_S=plan["split"], PRE=plan["PRE"],
                 num_warps=kn["out_warps"], num_stages=2,
             )
     except Exception as err:
