@@ -94,12 +94,37 @@ def test_decode_matches_reference(tmp_dir, case, seed):
 
 
 @settings(max_examples=4, deadline=None)
-@given(case=MLA.case_strategy("cpu"), seed=SEEDS, splits=st.sampled_from([1, 2, 3, 5]), block_n=st.sampled_from([16, 32]))
-def test_decode_split_and_merge(tmp_dir, case, seed, splits, block_n):
+@given(case=MLA.case_strategy("cpu"), seed=SEEDS, splits=st.sampled_from([1, 2, 3, 5]), block_n=st.sampled_from([16, 32]),
+       merge=st.sampled_from([("fused", 16), ("fused", 4), ("kernel", 16)]))
+def test_decode_split_and_merge(tmp_dir, case, seed, splits, block_n, merge):
     """Explicit split counts, including one split (stage 1 writes o directly) and splits of
-    keys that some MTP rows cannot see (their partial lse is -inf)."""
-    knobs = {**decode_knobs()[0], "NUM_SPLITS": splits, "BLOCK_N": block_n, "BLOCK_H": 16}
-    check(MLA, render(DECODE, knobs, tmp_dir).kernel, case, seed)
+    keys that some MTP rows cannot see (their partial lse is -inf); both merges. The second call
+    reuses the scratch: the fused merge must have left its counters at zero."""
+    knobs = {**decode_knobs()[0], "NUM_SPLITS": splits, "BLOCK_N": block_n, "BLOCK_H": 16, "MERGE": merge[0], "MERGERS": merge[1]}
+    kernel = render(DECODE, knobs, tmp_dir).kernel
+    check(MLA, kernel, case, seed)
+    check(MLA, kernel, case, seed + 1)
+
+
+def test_decode_fused_merge_plan_cannot_deadlock(tmp_dir):
+    """On a GPU the last n_mergers programs of a (batch, row block) wait for the others: the plan
+    keeps the waiting programs over all row blocks below the SM count, so a program that has not
+    started always finds an SM; one split needs no merge at all."""
+    module = render(DECODE, read_knobs(DECODE)[0], tmp_dir)
+    n_sms = 132
+    for B, Sq, H, Skv in [(1, 1, 64, 8192), (1, 4, 64, 8192), (64, 1, 64, 8192), (8, 16, 128, 4096), (200, 1, 16, 512), (1, 1, 16, 100)]:
+        plan = module._plan({**module.KNOBS}, B, Sq, H, Skv, None)
+        assert plan["n_mergers"] == 1  # the interpreter: the last arrival merges alone
+        module._sm_count, saved = (lambda index: n_sms), module._sm_count
+        try:
+            plan = module._plan({**module.KNOBS}, B, Sq, H, Skv, 0)
+        finally:
+            module._sm_count = saved
+        programs = B * plan["grid"][0]
+        assert (plan["n_mergers"] - 1) * programs < n_sms, (B, Sq, H, Skv, plan["n_mergers"])
+        assert 1 <= plan["n_mergers"] <= min(plan["splits"], module.KNOBS["MERGERS"])
+        if (B, Sq, H, Skv) == (1, 1, 64, 8192):
+            assert plan["mode"] == 2 and plan["n_mergers"] == 16, plan
 
 
 def decode_knobs() -> tuple[dict, dict]:
@@ -191,7 +216,8 @@ def test_strided_inputs(tmp_dir, path):
     "path,bad",
     [
         (DECODE, {"BLOCK_N": 24}), (DECODE, {"BLOCK_H": 8}), (DECODE, {"PARTIAL_DTYPE": "float16"}), (DECODE, {"NUM_SPLITS": -1}),
-        (DECODE, {"CONFIG": "fastest"}),
+        (DECODE, {"CONFIG": "fastest"}), (DECODE, {"MERGE": "atomic"}), (DECODE, {"MERGERS": 3}),
+        (DECODE, {"RESCALE_TAU": 40}), (PREFILL, {"RESCALE_TAU": -1}),
         (PREFILL, {"BLOCK_M": 48}), (PREFILL, {"BLOCK_N": 8}), (PREFILL, {"V_SPLIT": 3}), (PREFILL, {"HEADS_PER_TILE": 3}),
     ],
     ids=str,
@@ -239,8 +265,8 @@ def build(fn, constexprs, knobs):
             signature[name] = "constexpr"
         elif name == "qk_scale":
             signature[name] = "fp32"
-        elif name in ("q", "kv", "o", "lse", "part_o", "part_lse"):
-            signature[name] = "*bf16" if name in ("q", "kv", "o") else "*fp32"
+        elif name in ("q", "kv", "o", "lse", "part_o", "part_lse", "counters"):
+            signature[name] = "*bf16" if name in ("q", "kv", "o") else ("*i32" if name == "counters" else "*fp32")
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = "i32"
@@ -255,12 +281,15 @@ def build(fn, constexprs, knobs):
 dec, pre = load(sys.argv[1], "mla_decode_sm90"), load(sys.argv[2], "mla_prefill_sm90")
 out = {}
 for name, k in [("decode-knobs", dec.KNOBS)] + [(f"decode-{r}", {**dec.KNOBS, **t}) for r, t in dec.REGIMES.items()]:
-    out[name] = build(dec._mla_decode_partial, dict(BLOCK_H=k["BLOCK_H"], BLOCK_N=k["BLOCK_N"], KEYS_AS_M=k["KEYS_AS_M"],
-                                                    DN=512, DR=64, DIRECT=False), k)
+    w = 512 // k["MERGERS"]
+    out[name] = build(dec._mla_decode_partial, dict(BLOCK_H=k["BLOCK_H"], BLOCK_N=k["BLOCK_N"], KEYS_AS_M=k["KEYS_AS_M"], VALUES_AS_M=k["VALUES_AS_M"],
+                                                    MODE=2 if k["MERGE"] == "fused" else 1, MERGERS=k["MERGERS"], S_P2=32,
+                                                    CHUNK=max(1, min(32, 8192 // (k["BLOCK_H"] * w))),
+                                                    TAU=float(k["RESCALE_TAU"]), DN=512, DR=64), k)
 k = pre.KNOBS
 out["prefill"] = build(pre._mla_prefill_fwd, dict(BLOCK_M=k["BLOCK_M"], BLOCK_N=k["BLOCK_N"], HEADS_PER_TILE=k["HEADS_PER_TILE"],
                                                   BV=512 // k["V_SPLIT"], UNMASKED_LOOP=k["UNMASKED_LOOP"],
-                                                  KEYS_AS_M=k["KEYS_AS_M"], DN=512, DR=64), k)
+                                                  KEYS_AS_M=k["KEYS_AS_M"], TAU=float(k["RESCALE_TAU"]), DN=512, DR=64), k)
 print(json.dumps(out))
 """
 

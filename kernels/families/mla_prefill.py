@@ -16,6 +16,11 @@ output and recomputes S: more FLOPs, a smaller accumulator). Key tiles entirely 
 diagonal are never visited; with UNMASKED_LOOP, tiles entirely below it run in a second loop
 without a mask (two copies of the loop body: more registers; at 64 x 512 it spilled on sm_90).
 
+RESCALE_TAU > 0: the accumulator is rescaled only when some row's max grows by more than TAU
+(log2 units) over the max it is scaled to (a tile-uniform branch); otherwise the stale max stays
+and weights reach up to 2**TAU (exact in fp32, no worse in bf16). Saves the multiply of the whole
+accumulator on most tiles (the instruction-issue limit of the profile, kernels/notes/mla.md).
+
 Tiles are issued heaviest first (last queries first) to shorten the tail.
 Accumulator registers: BLOCK_M * 512 / V_SPLIT floats per program (64 x 512 = 32K: give it 8 warps).
 """
@@ -27,7 +32,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 16, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2}
+KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 16, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2, "RESCALE_TAU": 0}
 # kopt:knobs-end
 SPACE = {
     "BLOCK_M": [32, 64, 128],  # (query, head) rows per program
@@ -38,6 +43,7 @@ SPACE = {
     "KEYS_AS_M": [False, True],  # scores as S^T = K q^T (keys are the M of the dot) instead of q K^T
     "num_warps": [4, 8],
     "num_stages": [1, 2, 3],
+    "RESCALE_TAU": [0, 8],  # 0: rescale the accumulator every tile; 8: only when a row max grows by > 8 (log2)
 }
 
 D_NOPE = 512  # latent width: the value width
@@ -49,7 +55,7 @@ LOG2E = 1.4426950408889634
 def _attend_tile(
     acc, l_i, m_i, qn, qr, kv_b, stride_kn, stride_kd, start, limit, v0, qk_scale,
     BLOCK_N: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr, BV: tl.constexpr, MASKED: tl.constexpr,
-    KEYS_AS_M: tl.constexpr,
+    KEYS_AS_M: tl.constexpr, TAU: tl.constexpr,
 ):
     offs_n = start + tl.arange(0, BLOCK_N)
     offs_dn = tl.arange(0, DN)
@@ -71,10 +77,20 @@ def _attend_tile(
     if MASKED:
         qk = tl.where(offs_n[None, :] <= limit[:, None], qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
+    if TAU > 0:  # lazy: keep the stale max unless some row grew by more than TAU
+        if tl.max(m_new - m_i, 0) > TAU:
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        p = tl.exp2(qk - m_i[:, None])
+        l_i = l_i + tl.sum(p, 1)
+        m_new = m_i
+    else:
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
     if BV == DN:
         acc = tl.dot(p.to(kn.dtype), kn, acc)  # values: the same tile's first 512 columns
     else:
@@ -96,7 +112,7 @@ def _mla_prefill_fwd(
     stride_lb, stride_lh, stride_ls,
     Sq, H, Skv, n_hgroups, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS_PER_TILE: tl.constexpr, BV: tl.constexpr,
-    UNMASKED_LOOP: tl.constexpr, KEYS_AS_M: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr,
+    UNMASKED_LOOP: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr,
 ):
     QB: tl.constexpr = BLOCK_M // HEADS_PER_TILE  # queries per tile
     pid = tl.program_id(0)
@@ -136,10 +152,10 @@ def _mla_prefill_fwd(
         full_end = 0  # one masked loop: less code, fewer registers (the mask is a compare and a select)
     for start in range(0, full_end, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, qn, qr, kv_b, stride_kn, stride_kd, start, limit, v0, qk_scale,
-                                     BLOCK_N, DN, DR, BV, False, KEYS_AS_M)
+                                     BLOCK_N, DN, DR, BV, False, KEYS_AS_M, TAU)
     for start in range(full_end, end, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, qn, qr, kv_b, stride_kn, stride_kd, start, limit, v0, qk_scale,
-                                     BLOCK_N, DN, DR, BV, True, KEYS_AS_M)
+                                     BLOCK_N, DN, DR, BV, True, KEYS_AS_M, TAU)
 
     out = acc / l_i[:, None]  # every real row sees key 0, so l_i > 0
     offs_v = v0 + tl.arange(0, BV)
@@ -182,6 +198,9 @@ def kernel(q, kv, scale):
         raise ValueError(f"V_SPLIT must divide 512 into slices of at least 64 columns (1, 2, 4 or 8), got {v_split}")
     if hpt < 1 or hpt & (hpt - 1):
         raise ValueError(f"HEADS_PER_TILE must be a power of two, got {hpt}")
+    tau = float(K["RESCALE_TAU"])
+    if not 0 <= tau <= 16:
+        raise ValueError(f"RESCALE_TAU must be in [0, 16] (weights grow up to 2**RESCALE_TAU between rescales), got {tau}")
     B, Sq, H, _ = q.shape
     Skv = kv.shape[1]
     hpt = min(hpt, triton.next_power_of_2(H))  # no more head slots than heads
@@ -203,7 +222,7 @@ def kernel(q, kv, scale):
             lse.stride(0), lse.stride(1), lse.stride(2),
             Sq, H, Skv, n_hgroups, float(scale) * LOG2E,
             BLOCK_M=block_m, BLOCK_N=block_n, HEADS_PER_TILE=hpt, BV=bv, UNMASKED_LOOP=bool(K["UNMASKED_LOOP"]),
-            KEYS_AS_M=bool(K["KEYS_AS_M"]),
+            KEYS_AS_M=bool(K["KEYS_AS_M"]), TAU=tau,
             DN=D_NOPE, DR=D_ROPE,
             num_warps=num_warps, num_stages=num_stages,
         )
