@@ -48,21 +48,21 @@ VARIANTS = [
     ("decode", "auto", {}),  # fused merge, 16 mergers: one launch
     ("decode", "auto-2launch", {"MERGE": "kernel"}),  # run 3's default (merge kernel), for the same-run comparison
     ("decode", "auto-M4", {"MERGERS": 4}),
-    ("decode", "auto-M1", {"MERGERS": 1}),  # the last arrival merges alone
     ("decode", "auto-tau8", {"RESCALE_TAU": 8}),
-    ("decode", "auto-bf16", {"PARTIAL_DTYPE": "bfloat16"}),
     ("decode", "nar-st2", {**NARROW, "num_stages": 2}),  # control for VM-st2
     ("decode", "VM-st2", {**NARROW, "num_stages": 2, "VALUES_AS_M": True}),  # P V on wgmma (BN64 st3 does not fit)
-    ("decode", "VM-st2-tau8", {**NARROW, "num_stages": 2, "VALUES_AS_M": True, "RESCALE_TAU": 8}),
     ("decode", "VM-BN32st4", {**NARROW, "BLOCK_N": 32, "num_stages": 4, "VALUES_AS_M": True}),
     ("decode", "wide", WIDE),
+    ("decode", "tma", {"KV_LOAD": "tma"}),  # auto tiles, KV through tensor descriptors
+    ("decode", "tma-VM-st2", {**NARROW, "num_stages": 2, "VALUES_AS_M": True, "KV_LOAD": "tma"}),
+    ("decode", "tma-tau8", {"KV_LOAD": "tma", "RESCALE_TAU": 8}),
     ("prefill", "default", {}),
     ("prefill", "tau8", {"RESCALE_TAU": 8}),
     ("prefill", "tau8-BN32", {"RESCALE_TAU": 8, "BLOCK_N": 32}),
     ("prefill", "HT64", {"HEADS_PER_TILE": 64}),
 ]
 # decode variants timed on the B1 Sq1 case only (the rest: every headline case); keeps the run short
-B1_ONLY = {"auto-M4", "auto-M1", "auto-bf16", "nar-st2", "VM-st2-tau8", "VM-BN32st4"}
+B1_ONLY = {"auto-M4", "nar-st2", "VM-BN32st4", "tma-VM-st2", "tma-tau8"}
 
 
 def cases_of(family: str, label: str) -> list[dict]:
@@ -70,7 +70,7 @@ def cases_of(family: str, label: str) -> list[dict]:
 
 
 # under ncu (--ncu): (family, variant label, case index) profiled once each, after a warm-up call
-NCU_TARGETS = [("decode", "auto", 0), ("decode", "auto", 3)]
+NCU_TARGETS = [("decode", "auto", 0), ("decode", "tma", 0), ("decode", "auto", 3)]
 
 
 def render(family: str, label: str, overrides: dict, out_dir: Path) -> Path:

@@ -106,6 +106,28 @@ def test_decode_split_and_merge(tmp_dir, case, seed, splits, block_n, merge):
     check(MLA, kernel, case, seed + 1)
 
 
+@settings(max_examples=4, deadline=None)
+@given(case=MLA.case_strategy("cpu"), seed=SEEDS, keys_as_m=st.booleans(), values_as_m=st.booleans(), tau=st.sampled_from([0, 8]))
+def test_decode_tma_matches_reference(tmp_dir, case, seed, keys_as_m, values_as_m, tau):
+    """KV through tensor descriptors (rows past Skv read as zeros), both score and value orientations."""
+    knobs = {**decode_knobs()[0], "KV_LOAD": "tma", "BLOCK_N": 16, "NUM_SPLITS": 3, "KEYS_AS_M": keys_as_m,
+             "VALUES_AS_M": values_as_m, "RESCALE_TAU": tau}
+    check(MLA, render(DECODE, knobs, tmp_dir).kernel, case, seed)
+
+
+def test_decode_tma_falls_back_for_unaligned_kv(tmp_dir):
+    """A kv whose rows a descriptor cannot address (odd row stride, unaligned base) takes the
+    pointer kernel: same answer."""
+    module = render(DECODE, {**decode_knobs()[0], "KV_LOAD": "tma", "BLOCK_N": 16}, tmp_dir)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 2, 3, 576, generator=gen).to(torch.bfloat16)
+    big = torch.randn(1, 23 * 577 + 1, generator=gen).to(torch.bfloat16)
+    kv = big[:, 1:].reshape(1, 23, 577)[:, :, :576]  # row stride 577, base offset 2 bytes
+    assert not module._tma_ok(kv)
+    errors = MLA.compare(module.kernel(q, kv, 0.0721), MLA.reference(q=q, kv=kv, scale=0.0721))
+    assert all(e.ok for e in errors), [e.reason for e in errors if not e.ok]
+
+
 def test_decode_fused_merge_plan_cannot_deadlock(tmp_dir):
     """On a GPU the last n_mergers programs of a (batch, row block) wait for the others: the plan
     keeps the waiting programs over all row blocks below the SM count, so a program that has not
@@ -217,7 +239,7 @@ def test_strided_inputs(tmp_dir, path):
     [
         (DECODE, {"BLOCK_N": 24}), (DECODE, {"BLOCK_H": 8}), (DECODE, {"PARTIAL_DTYPE": "float16"}), (DECODE, {"NUM_SPLITS": -1}),
         (DECODE, {"CONFIG": "fastest"}), (DECODE, {"MERGE": "atomic"}), (DECODE, {"MERGERS": 3}),
-        (DECODE, {"RESCALE_TAU": 40}), (PREFILL, {"RESCALE_TAU": -1}),
+        (DECODE, {"RESCALE_TAU": 40}), (DECODE, {"KV_LOAD": "descriptor"}), (PREFILL, {"RESCALE_TAU": -1}),
         (PREFILL, {"BLOCK_M": 48}), (PREFILL, {"BLOCK_N": 8}), (PREFILL, {"V_SPLIT": 3}), (PREFILL, {"HEADS_PER_TILE": 3}),
     ],
     ids=str,
@@ -286,6 +308,10 @@ for name, k in [("decode-knobs", dec.KNOBS)] + [(f"decode-{r}", {**dec.KNOBS, **
                                                     MODE=2 if k["MERGE"] == "fused" else 1, MERGERS=k["MERGERS"], S_P2=32,
                                                     CHUNK=max(1, min(32, 8192 // (k["BLOCK_H"] * w))),
                                                     TAU=float(k["RESCALE_TAU"]), DN=512, DR=64), k)
+k = {**dec.KNOBS, **dec.REGIMES["narrow"]}
+out["decode-tma"] = build(dec._mla_decode_tma, dict(BLOCK_H=k["BLOCK_H"], BLOCK_N=k["BLOCK_N"], KEYS_AS_M=k["KEYS_AS_M"], VALUES_AS_M=False,
+                                                    MODE=2, MERGERS=k["MERGERS"], S_P2=32, CHUNK=max(1, min(32, 8192 // (k["BLOCK_H"] * 512 // k["MERGERS"]))),
+                                                    TAU=0.0, DN=512, DR=64), k)
 k = pre.KNOBS
 out["prefill"] = build(pre._mla_prefill_fwd, dict(BLOCK_M=k["BLOCK_M"], BLOCK_N=k["BLOCK_N"], HEADS_PER_TILE=k["HEADS_PER_TILE"],
                                                   BV=512 // k["V_SPLIT"], UNMASKED_LOOP=k["UNMASKED_LOOP"],

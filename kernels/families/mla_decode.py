@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {"CONFIG": "auto", "NUM_SPLITS": 0, "BLOCK_N": 64, "BLOCK_H": 16, "KEYS_AS_M": True, "VALUES_AS_M": False, "num_warps": 4, "num_stages": 3, "PARTIAL_DTYPE": "float32", "MERGE": "fused", "MERGERS": 16, "RESCALE_TAU": 0}
+KNOBS = {"CONFIG": "auto", "NUM_SPLITS": 0, "BLOCK_N": 64, "BLOCK_H": 16, "KEYS_AS_M": True, "VALUES_AS_M": False, "num_warps": 4, "num_stages": 3, "PARTIAL_DTYPE": "float32", "MERGE": "fused", "MERGERS": 16, "RESCALE_TAU": 0, "KV_LOAD": "pointer"}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the measured tile config of the shape's regime (see REGIMES); knobs: the knobs below
@@ -66,6 +66,7 @@ SPACE = {
     "MERGE": ["fused", "kernel"],  # fused: the last programs of a row block merge (one launch); kernel: a second launch
     "MERGERS": [1, 4, 8, 16],  # fused: how many of the last-arriving programs share the merge (value column slices)
     "RESCALE_TAU": [0, 8],  # 0: rescale the accumulator every tile; 8: only when a row max grows by > 8 (log2)
+    "KV_LOAD": ["pointer", "tma"],  # KV tiles by per-thread pointers (cp.async) or tensor descriptors (TMA)
 }
 
 # CONFIG "auto": the tile config measured best on an H200 (kernels/notes/mla.md, run 2) for each
@@ -117,6 +118,32 @@ def _merge_slice(
     tl.store(o + o_base[:, None] + cols[None, :], out.to(o.dtype.element_ty), mask=row_ok[:, None])
     if c0 == 0:
         tl.store(lse + l_base, (mx + tl.log2(tot_ok)) * 0.6931471805599453, mask=row_ok)
+
+
+@triton.jit
+def _arrive_and_merge(
+    part_o, part_lse, o, lse, counters, b, pid_r, rows, row_ok, s_idx, h_idx, o_base, l_base,
+    Sq, H, R, n_splits, n_mergers,
+    MERGERS: tl.constexpr, S_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, DN: tl.constexpr,
+):
+    """After this program's partial is stored: take a ticket; the last n_mergers arrivals wait
+    for the rest and merge the row block's value column slices (see the module doc)."""
+    tl.debug_barrier()  # every thread's partial stores precede the release below
+    cnt = counters + (b * tl.num_programs(0) + pid_r) * 2  # [arrivals, mergers done]
+    ticket = tl.atomic_add(cnt, 1, sem="acq_rel")
+    first_merger = n_splits - n_mergers
+    if ticket >= first_merger:
+        arrived = ticket + 1
+        while arrived < n_splits:  # only when n_mergers > 1 (never on the interpreter)
+            arrived = tl.atomic_add(cnt, 0, sem="acquire")
+        p_base = b * n_splits * R
+        for sl in range(ticket - first_merger, MERGERS, n_mergers):
+            _merge_slice(part_o, part_lse, o, lse, p_base, rows, row_ok, s_idx, h_idx, o_base, l_base,
+                         Sq, H, R, n_splits, sl * (DN // MERGERS), S_P2, CHUNK, BLOCK_H, DN // MERGERS, DN)
+        done = tl.atomic_add(cnt + 1, 1, sem="acq_rel")
+        if done == n_mergers - 1:  # every merger is past its wait: reset for the next call
+            tl.atomic_xchg(cnt, 0)
+            tl.atomic_xchg(cnt + 1, 0)
 
 
 @triton.jit
@@ -242,22 +269,135 @@ def _mla_decode_partial(
     else:
         tl.store(part_lse + p_row, lse2, mask=row_ok)
         if MODE == 2:
-            tl.debug_barrier()  # every thread's partial stores precede the release below
-            cnt = counters + (b * tl.num_programs(0) + pid_r) * 2  # [arrivals, mergers done]
-            ticket = tl.atomic_add(cnt, 1, sem="acq_rel")
-            first_merger = n_splits - n_mergers
-            if ticket >= first_merger:
-                arrived = ticket + 1
-                while arrived < n_splits:  # only when n_mergers > 1 (never on the interpreter)
-                    arrived = tl.atomic_add(cnt, 0, sem="acquire")
-                p_base = b * n_splits * R
-                for sl in range(ticket - first_merger, MERGERS, n_mergers):
-                    _merge_slice(part_o, part_lse, o, lse, p_base, rows, row_ok, s_idx, h_idx, o_base, l_base,
-                                 Sq, H, R, n_splits, sl * (DN // MERGERS), S_P2, CHUNK, BLOCK_H, DN // MERGERS, DN)
-                done = tl.atomic_add(cnt + 1, 1, sem="acq_rel")
-                if done == n_mergers - 1:  # every merger is past its wait: reset for the next call
-                    tl.atomic_xchg(cnt, 0)
-                    tl.atomic_xchg(cnt + 1, 0)
+            _arrive_and_merge(part_o, part_lse, o, lse, counters, b, pid_r, rows, row_ok, s_idx, h_idx, o_base, l_base,
+                              Sq, H, R, n_splits, n_mergers, MERGERS, S_P2, CHUNK, BLOCK_H, DN)
+
+
+@triton.jit
+def _mla_decode_tma(
+    q, kv, o, lse, part_o, part_lse, counters,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_kn,
+    Sq, H, Skv, n_splits, blocks_per_split, n_mergers, qk_scale,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_AS_M: tl.constexpr, VALUES_AS_M: tl.constexpr, MODE: tl.constexpr,
+    MERGERS: tl.constexpr, S_P2: tl.constexpr, CHUNK: tl.constexpr, TAU: tl.constexpr,
+    DN: tl.constexpr, DR: tl.constexpr,
+):
+    """``_mla_decode_partial`` with the KV tiles loaded through tensor descriptors (TMA on sm_90:
+    one copy per box instead of per-thread cp.async addresses and masks; rows past Skv read as
+    zeros). A box is at most 256 columns, so the latent half-tiles [BLOCK_N, 256] are loaded and
+    multiplied separately (two accumulators), the rope tile [BLOCK_N, 64] through its own descriptor."""
+    HALF: tl.constexpr = DN // 2
+    pid_r = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    R = Sq * H
+
+    rows = pid_r * BLOCK_H + tl.arange(0, BLOCK_H)
+    row_ok = rows < R
+    s_idx = rows // H
+    h_idx = rows % H
+    offs_h = tl.arange(0, HALF)
+    offs_dr = tl.arange(0, DR)
+    q_row = q + b * stride_qb + s_idx.to(tl.int64) * stride_qs + h_idx.to(tl.int64) * stride_qh
+    if KEYS_AS_M:  # q^T halves [256, BLOCK_H] and [64, BLOCK_H]
+        qn0 = tl.load(q_row[None, :] + offs_h[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
+        qn1 = tl.load(q_row[None, :] + (HALF + offs_h)[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
+        qr = tl.load(q_row[None, :] + (DN + offs_dr)[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
+    else:
+        qn0 = tl.load(q_row[:, None] + offs_h[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+        qn1 = tl.load(q_row[:, None] + (HALF + offs_h)[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+        qr = tl.load(q_row[:, None] + (DN + offs_dr)[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+
+    limit = tl.minimum(s_idx + (Skv - Sq), Skv - 1)
+    s_last = tl.minimum((pid_r + 1) * BLOCK_H - 1, R - 1) // H
+    n_start = pid_s * blocks_per_split * BLOCK_N
+    n_end = tl.minimum(n_start + blocks_per_split * BLOCK_N, s_last + (Skv - Sq) + 1)
+
+    kv_b = kv + b * stride_kb
+    kn_desc = tl.make_tensor_descriptor(kv_b, shape=[Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, HALF])
+    kr_desc = tl.make_tensor_descriptor(kv_b, shape=[Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, DR])
+
+    m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    if VALUES_AS_M:
+        acc0 = tl.zeros([HALF, BLOCK_H], dtype=tl.float32)
+        acc1 = tl.zeros([HALF, BLOCK_H], dtype=tl.float32)
+    else:
+        acc0 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
+    for start in range(n_start, n_end, BLOCK_N):
+        kn0 = kn_desc.load([start, 0])
+        kn1 = kn_desc.load([start, HALF])
+        kr = kr_desc.load([start, DN])
+        if KEYS_AS_M:
+            qk = tl.trans(tl.dot(kn1, qn1, tl.dot(kn0, qn0, tl.dot(kr, qr))))
+        else:
+            qk = tl.dot(qn1, tl.trans(kn1), tl.dot(qn0, tl.trans(kn0), tl.dot(qr, tl.trans(kr))))
+        offs_n = start + tl.arange(0, BLOCK_N)
+        qk = qk * qk_scale
+        qk = tl.where(offs_n[None, :] <= limit[:, None], qk, float("-inf"))  # limit < Skv: the zero rows are masked too
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        if TAU > 0:
+            if tl.max(m_new - m_i, 0) > TAU:
+                alpha = tl.exp2(m_i - m_new)
+                l_i = l_i * alpha
+                if VALUES_AS_M:
+                    acc0 = acc0 * alpha[None, :]
+                    acc1 = acc1 * alpha[None, :]
+                else:
+                    acc0 = acc0 * alpha[:, None]
+                    acc1 = acc1 * alpha[:, None]
+                m_i = m_new
+            p = tl.exp2(qk - m_i[:, None])
+            l_i = l_i + tl.sum(p, 1)
+        else:
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if VALUES_AS_M:
+                acc0 = acc0 * alpha[None, :]
+                acc1 = acc1 * alpha[None, :]
+            else:
+                acc0 = acc0 * alpha[:, None]
+                acc1 = acc1 * alpha[:, None]
+            m_i = m_new
+        pb = p.to(kn0.dtype)
+        if VALUES_AS_M:
+            pt = tl.trans(pb)
+            acc0 = tl.dot(tl.trans(kn0), pt, acc0)
+            acc1 = tl.dot(tl.trans(kn1), pt, acc1)
+        else:
+            acc0 = tl.dot(pb, kn0, acc0)
+            acc1 = tl.dot(pb, kn1, acc1)
+
+    has = l_i > 0.0
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)
+    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    o_base = b * R * DN + rows.to(tl.int64) * DN
+    l_base = b * R + h_idx.to(tl.int64) * Sq + s_idx
+    p_row = (b * n_splits + pid_s) * R + rows.to(tl.int64)
+    if MODE == 0:
+        dst = o
+        dst_row = o_base
+    else:
+        dst = part_o
+        dst_row = p_row * DN
+    if VALUES_AS_M:
+        ptr = dst + dst_row[None, :] + offs_h[:, None]
+        tl.store(ptr, (acc0 * inv_l[None, :]).to(dst.dtype.element_ty), mask=row_ok[None, :])
+        tl.store(ptr + HALF, (acc1 * inv_l[None, :]).to(dst.dtype.element_ty), mask=row_ok[None, :])
+    else:
+        ptr = dst + dst_row[:, None] + offs_h[None, :]
+        tl.store(ptr, (acc0 * inv_l[:, None]).to(dst.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(ptr + HALF, (acc1 * inv_l[:, None]).to(dst.dtype.element_ty), mask=row_ok[:, None])
+    if MODE == 0:
+        tl.store(lse + l_base, lse2 * 0.6931471805599453, mask=row_ok)
+    else:
+        tl.store(part_lse + p_row, lse2, mask=row_ok)
+        if MODE == 2:
+            _arrive_and_merge(part_o, part_lse, o, lse, counters, b, pid_r, rows, row_ok, s_idx, h_idx, o_base, l_base,
+                              Sq, H, R, n_splits, n_mergers, MERGERS, S_P2, CHUNK, BLOCK_H, DN)
 
 
 @triton.jit
@@ -344,6 +484,8 @@ def _plan(knobs, B, Sq, H, Skv, dev_index):
     mergers = int(knobs["MERGERS"])
     if mergers not in (1, 2, 4, 8, 16, 32):
         raise ValueError(f"MERGERS must be a power of two from 1 to 32 (it slices the 512 value columns), got {mergers}")
+    if knobs["KV_LOAD"] not in ("pointer", "tma"):
+        raise ValueError(f"KV_LOAD must be 'pointer' or 'tma', got {knobs['KV_LOAD']!r}")
     tau = float(knobs["RESCALE_TAU"])
     if not 0 <= tau <= 16:
         raise ValueError(f"RESCALE_TAU must be in [0, 16] (weights grow up to 2**RESCALE_TAU between rescales), got {tau}")
@@ -389,7 +531,7 @@ def _plan(knobs, B, Sq, H, Skv, dev_index):
     return dict(
         block_n=block_n, block_h=block_h, keys_as_m=keys_as_m, values_as_m=values_as_m, R=R, splits=splits, blocks_per_split=blocks_per_split,
         part_dtype=torch.float32 if part_fp32 else torch.bfloat16, mode=mode, n_mergers=n_mergers, mergers=mergers,
-        chunk=chunk, tau=tau, n_counters=2 * B * n_rb,
+        chunk=chunk, tau=tau, n_counters=2 * B * n_rb, tma=knobs["KV_LOAD"] == "tma",
         grid=(n_rb, splits, B), merge_grid=(R, D_NOPE // merge_bv, B), merge_bv=merge_bv,
         s_p2=s_p2, merge_chunk=merge_chunk,
         num_warps=int(tiles["num_warps"]), num_stages=int(tiles["num_stages"]),
@@ -398,6 +540,16 @@ def _plan(knobs, B, Sq, H, Skv, dev_index):
 
 
 _PLANS = {}
+
+
+def _descriptor_scratch(size, alignment, stream):
+    """Global memory Triton asks for when a kernel builds tensor descriptors on the device."""
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+def _tma_ok(kv):
+    """Tensor descriptors need a 16-byte aligned base, 16-byte aligned row strides, unit column stride."""
+    return kv.stride(2) == 1 and kv.stride(1) % 8 == 0 and kv.stride(0) % 8 == 0 and kv.data_ptr() % 16 == 0
 
 
 def kernel(q, kv, scale):
@@ -430,10 +582,16 @@ def kernel(q, kv, scale):
             plan["scratch"] = {stream_id: scratch}
         part_o, part_lse, counters = scratch
     try:
-        _mla_decode_partial[plan["grid"]](
+        if plan["tma"] and kv.dtype == torch.bfloat16 and _tma_ok(kv):
+            if q.is_cuda:
+                triton.set_allocator(_descriptor_scratch)
+            fn, kv_strides = _mla_decode_tma, (kv.stride(0), kv.stride(1))
+        else:  # the pointer kernel: same math (float32 inputs, or strides a descriptor cannot take)
+            fn, kv_strides = _mla_decode_partial, (kv.stride(0), kv.stride(1), kv.stride(2))
+        fn[plan["grid"]](
             q, kv, o, lse, part_o, part_lse, counters,
             q.stride(0), q.stride(1), q.stride(2), q.stride(3),
-            kv.stride(0), kv.stride(1), kv.stride(2),
+            *kv_strides,
             Sq, H, Skv, plan["splits"], plan["blocks_per_split"], plan["n_mergers"], float(scale) * LOG2E,
             BLOCK_H=plan["block_h"], BLOCK_N=plan["block_n"], KEYS_AS_M=plan["keys_as_m"], VALUES_AS_M=plan["values_as_m"], MODE=mode,
             MERGERS=plan["mergers"], S_P2=plan["s_p2"], CHUNK=plan["chunk"], TAU=plan["tau"],
