@@ -63,7 +63,6 @@ VARIANTS = {
     "tf32_BK64": {**TF, "BK": 64},
     "tf32_solve_w4": {**TF, "solve_warps": 4},
     "tf32_block_w8": {**TF, "block_warps": 8},
-    "tf32_BV32": {**TF, "BV": 32},
     "tf32_scan_w8": {**TF, "scan_warps": 8},
     "tf32_kv_BV32": {**TF, "scan_layout": "kv", "BV": 32},
     "tf32_unfused": {**TF, "fuse_output": False},

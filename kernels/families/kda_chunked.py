@@ -488,6 +488,9 @@ def _kda_scan_kernel(
     hbuf_ptr += i_bh * NT * K * V
 
     for n in range(NT):
+        # Everything the read-out needs is loaded first and the read-out computed last (from
+        # the state entering the chunk), so that its loads -- au is not pipelined by Triton --
+        # overlap the S -> delta -> S chain instead of stalling it.
         row = n * BT + rt
         p_k = row[:, None] * K + rk[None, :]
         w_n = tl.load(w_ptr + p_k)
@@ -495,81 +498,83 @@ def _kda_scan_kernel(
         gl_n = tl.load(gl_ptr + n * K + rk)
         if LAYOUT == 0:
             u_n = tl.load(u_ptr + row[:, None] * V + cv[None, :])
-            if SPLIT_S:
-                s_hi, s_lo = _split(S)
-                ws = tl.dot(w_n, s_hi)
-                ws = tl.dot(w_n, s_lo, ws)
-            else:
-                ws = tl.dot(w_n, S.to(tl.bfloat16))
-            d = u_n - ws  # [BT, BV]
-            d_hi, d_lo = _split(d)
             if FUSE_OUT:
                 qd_n = tl.load(qd_ptr + p_k)
                 if PRE:
                     o_n = tl.load(au_ptr + row[:, None] * V + cv[None, :])
                 else:
                     o_n = tl.zeros([BT, BV], dtype=tl.float32)
-                if SPLIT_S:
-                    o_n = tl.dot(qd_n, s_hi, o_n)
-                    o_n = tl.dot(qd_n, s_lo, o_n)
-                else:
-                    o_n = tl.dot(qd_n, S.to(tl.bfloat16), o_n)
-                if not PRE:
                     p_a = aqk_ptr + row[:, None] * BT + ct[None, :]
                     a_hi = tl.load(p_a)
                     a_lo = tl.load(p_a + lo_off)
-                    o_n = tl.dot(a_hi, d_hi, o_n)
-                    o_n = tl.dot(a_hi, d_lo, o_n)
-                    o_n = tl.dot(a_lo, d_hi, o_n)
-                tl.store(o_ptr + row[:, None] * s_ot + cv[None, :], o_n.to(o_ptr.dtype.element_ty),
-                         mask=(row < T)[:, None])
+            if SPLIT_S:
+                s_hi, s_lo = _split(S)
+                ws = tl.dot(w_n, s_hi)
+                ws = tl.dot(w_n, s_lo, ws)
             else:
+                s_hi = S.to(tl.bfloat16)
+                ws = tl.dot(w_n, s_hi)
+            d = u_n - ws  # [BT, BV]
+            d_hi, d_lo = _split(d)
+            if not FUSE_OUT:
                 tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
                 if not PRE:
                     tl.store(dbuf_ptr + row[:, None] * V + cv[None, :], d)
             kt = tl.trans(kd_n)
             upd = tl.dot(kt, d_hi)
             upd = tl.dot(kt, d_lo, upd)
-            S = S * gl_n[:, None] + upd
+            S_next = S * gl_n[:, None] + upd
+            if FUSE_OUT:
+                o_n = tl.dot(qd_n, s_hi, o_n)
+                if SPLIT_S:
+                    o_n = tl.dot(qd_n, s_lo, o_n)
+                if not PRE:
+                    o_n = tl.dot(a_hi, d_hi, o_n)
+                    o_n = tl.dot(a_hi, d_lo, o_n)
+                    o_n = tl.dot(a_lo, d_hi, o_n)
+                tl.store(o_ptr + row[:, None] * s_ot + cv[None, :], o_n.to(o_ptr.dtype.element_ty),
+                         mask=(row < T)[:, None])
+            S = S_next
         else:
             u_t = tl.load(u_ptr + row[None, :] * V + cv[:, None])  # [BV, BT]
+            if FUSE_OUT:
+                qd_n = tl.load(qd_ptr + p_k)
+                if PRE:
+                    o_t = tl.load(au_ptr + row[None, :] * V + cv[:, None])  # [BV, BT]
+                else:
+                    o_t = tl.zeros([BV, BT], dtype=tl.float32)
+                    p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
+                    a_hi = tl.load(p_a)
+                    a_lo = tl.load(p_a + lo_off)
             wt = tl.trans(w_n)
             if SPLIT_S:
                 s_hi, s_lo = _split(S)
                 ws = tl.dot(s_hi, wt)
                 ws = tl.dot(s_lo, wt, ws)
             else:
-                ws = tl.dot(S.to(tl.bfloat16), wt)
+                s_hi = S.to(tl.bfloat16)
+                ws = tl.dot(s_hi, wt)
             d = u_t - ws  # [BV, BT]
             d_hi, d_lo = _split(d)
-            if FUSE_OUT:
-                qd_n = tl.load(qd_ptr + p_k)
-                qt = tl.trans(qd_n)
-                if PRE:
-                    o_t = tl.load(au_ptr + row[None, :] * V + cv[:, None])  # [BV, BT]
-                else:
-                    o_t = tl.zeros([BV, BT], dtype=tl.float32)
-                if SPLIT_S:
-                    o_t = tl.dot(s_hi, qt, o_t)
-                    o_t = tl.dot(s_lo, qt, o_t)
-                else:
-                    o_t = tl.dot(S.to(tl.bfloat16), qt, o_t)
-                if not PRE:
-                    p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
-                    a_hi = tl.load(p_a)
-                    a_lo = tl.load(p_a + lo_off)
-                    o_t = tl.dot(d_hi, a_hi, o_t)
-                    o_t = tl.dot(d_lo, a_hi, o_t)
-                    o_t = tl.dot(d_hi, a_lo, o_t)
-                tl.store(o_ptr + row[None, :] * s_ot + cv[:, None], o_t.to(o_ptr.dtype.element_ty),
-                         mask=(row < T)[None, :])
-            else:
+            if not FUSE_OUT:
                 tl.store(hbuf_ptr + n * K * V + rk[None, :] * V + cv[:, None], S.to(hbuf_ptr.dtype.element_ty))
                 if not PRE:
                     tl.store(dbuf_ptr + row[None, :] * V + cv[:, None], d)
             upd = tl.dot(d_hi, kd_n)
             upd = tl.dot(d_lo, kd_n, upd)
-            S = S * gl_n[None, :] + upd
+            S_next = S * gl_n[None, :] + upd
+            if FUSE_OUT:
+                qt = tl.trans(qd_n)
+                o_t = tl.dot(s_hi, qt, o_t)
+                if SPLIT_S:
+                    o_t = tl.dot(s_lo, qt, o_t)
+                if not PRE:
+                    o_t = tl.dot(d_hi, a_hi, o_t)
+                    o_t = tl.dot(d_lo, a_hi, o_t)
+                    o_t = tl.dot(d_hi, a_lo, o_t)
+                tl.store(o_ptr + row[None, :] * s_ot + cv[:, None], o_t.to(o_ptr.dtype.element_ty),
+                         mask=(row < T)[None, :])
+            S = S_next
 
     if STORE_HT:
         tl.store(ht_ptr + state_off, S)
