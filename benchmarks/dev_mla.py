@@ -58,8 +58,10 @@ VARIANTS = [
     ("decode", "tma-tau8", {"KV_LOAD": "tma", "RESCALE_TAU": 8}),
     ("prefill", "default", {}),
     ("prefill", "tau8", {"RESCALE_TAU": 8}),
-    ("prefill", "tau8-BN32", {"RESCALE_TAU": 8, "BLOCK_N": 32}),
     ("prefill", "HT64", {"HEADS_PER_TILE": 64}),
+    ("prefill", "tma", {"KV_LOAD": "tma"}),
+    ("prefill", "tma-tau8", {"KV_LOAD": "tma", "RESCALE_TAU": 8}),
+    ("prefill", "tma-HT64", {"KV_LOAD": "tma", "HEADS_PER_TILE": 64}),
 ]
 # decode variants timed on the B1 Sq1 case only (the rest: every headline case); keeps the run short
 B1_ONLY = {"auto-M4", "nar-st2", "VM-BN32st4", "tma-VM-st2", "tma-tau8"}

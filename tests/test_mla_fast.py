@@ -181,6 +181,27 @@ def test_prefill_any_sq_up_to_skv(tmp_dir, case, seed, hpt):
     check(MLA_PREFILL, render(PREFILL, knobs, tmp_dir).kernel, case, seed)
 
 
+@settings(max_examples=4, deadline=None)
+@given(case=small_prefill_cases(), seed=SEEDS, hpt=st.sampled_from([1, 2, 4]), keys_as_m=st.booleans(),
+       unmasked=st.booleans(), tau=st.sampled_from([0, 8]))
+def test_prefill_tma_matches_reference(tmp_dir, case, seed, hpt, keys_as_m, unmasked, tau):
+    """KV through tensor descriptors (rows past Skv read as zeros), with Sq <= Skv."""
+    knobs = {**read_knobs(PREFILL)[0], "KV_LOAD": "tma", "BLOCK_M": 16, "BLOCK_N": 16, "HEADS_PER_TILE": hpt,
+             "KEYS_AS_M": keys_as_m, "UNMASKED_LOOP": unmasked, "RESCALE_TAU": tau}
+    check(MLA_PREFILL, render(PREFILL, knobs, tmp_dir).kernel, case, seed)
+
+
+def test_prefill_tma_falls_back_for_unaligned_kv(tmp_dir):
+    module = render(PREFILL, {**read_knobs(PREFILL)[0], "KV_LOAD": "tma", "BLOCK_M": 16, "BLOCK_N": 16}, tmp_dir)
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(1, 9, 2, 576, generator=gen).to(torch.bfloat16)
+    big = torch.randn(1, 21 * 577 + 1, generator=gen).to(torch.bfloat16)
+    kv = big[:, 1:].reshape(1, 21, 577)[:, :, :576]  # row stride 577, base offset 2 bytes
+    assert not module._tma_ok(kv)
+    errors = MLA.compare(module.kernel(q, kv, 0.0721), MLA.reference(q=q, kv=kv, scale=0.0721))
+    assert all(e.ok for e in errors), [e.reason for e in errors if not e.ok]
+
+
 def test_prefill_every_space_value(tmp_dir):
     knobs, space = read_knobs(PREFILL)
     case = {"B": 1, "Sq": 13, "H": 3, "Skv": 37}  # Sq < Skv, 3 heads: partial head groups
@@ -240,6 +261,7 @@ def test_strided_inputs(tmp_dir, path):
         (DECODE, {"BLOCK_N": 24}), (DECODE, {"BLOCK_H": 8}), (DECODE, {"PARTIAL_DTYPE": "float16"}), (DECODE, {"NUM_SPLITS": -1}),
         (DECODE, {"CONFIG": "fastest"}), (DECODE, {"MERGE": "atomic"}), (DECODE, {"MERGERS": 3}),
         (DECODE, {"RESCALE_TAU": 40}), (DECODE, {"KV_LOAD": "descriptor"}), (PREFILL, {"RESCALE_TAU": -1}),
+        (PREFILL, {"KV_LOAD": "descriptor"}),
         (PREFILL, {"BLOCK_M": 48}), (PREFILL, {"BLOCK_N": 8}), (PREFILL, {"V_SPLIT": 3}), (PREFILL, {"HEADS_PER_TILE": 3}),
     ],
     ids=str,
@@ -313,6 +335,9 @@ out["decode-tma"] = build(dec._mla_decode_tma, dict(BLOCK_H=k["BLOCK_H"], BLOCK_
                                                     MODE=2, MERGERS=k["MERGERS"], S_P2=32, CHUNK=max(1, min(32, 8192 // (k["BLOCK_H"] * 512 // k["MERGERS"]))),
                                                     TAU=0.0, DN=512, DR=64), k)
 k = pre.KNOBS
+out["prefill-tma"] = build(pre._mla_prefill_tma, dict(BLOCK_M=k["BLOCK_M"], BLOCK_N=k["BLOCK_N"], HEADS_PER_TILE=k["HEADS_PER_TILE"],
+                                                      UNMASKED_LOOP=k["UNMASKED_LOOP"], KEYS_AS_M=k["KEYS_AS_M"],
+                                                      TAU=float(k["RESCALE_TAU"]), DN=512, DR=64), k)
 out["prefill"] = build(pre._mla_prefill_fwd, dict(BLOCK_M=k["BLOCK_M"], BLOCK_N=k["BLOCK_N"], HEADS_PER_TILE=k["HEADS_PER_TILE"],
                                                   BV=512 // k["V_SPLIT"], UNMASKED_LOOP=k["UNMASKED_LOOP"],
                                                   KEYS_AS_M=k["KEYS_AS_M"], TAU=float(k["RESCALE_TAU"]), DN=512, DR=64), k)

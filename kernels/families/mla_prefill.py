@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 16, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2, "RESCALE_TAU": 0}
+KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 16, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2, "RESCALE_TAU": 0, "KV_LOAD": "pointer"}
 # kopt:knobs-end
 SPACE = {
     "BLOCK_M": [32, 64, 128],  # (query, head) rows per program
@@ -44,6 +44,7 @@ SPACE = {
     "num_warps": [4, 8],
     "num_stages": [1, 2, 3],
     "RESCALE_TAU": [0, 8],  # 0: rescale the accumulator every tile; 8: only when a row max grows by > 8 (log2)
+    "KV_LOAD": ["pointer", "tma"],  # KV tiles by per-thread pointers (cp.async) or tensor descriptors (TMA; V_SPLIT 1)
 }
 
 D_NOPE = 512  # latent width: the value width
@@ -166,6 +167,126 @@ def _mla_prefill_fwd(
         tl.store(l_ptr, (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=row_ok)
 
 
+@triton.jit
+def _attend_tile_tma(
+    acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
+    BLOCK_N: tl.constexpr, DN: tl.constexpr, MASKED: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr,
+):
+    """``_attend_tile`` on descriptor-loaded tiles: the latent as two [BLOCK_N, 256] boxes (a box
+    is at most 256 wide), each also the value half of its accumulator; rows past Skv read as zeros."""
+    HALF: tl.constexpr = DN // 2
+    kn0 = kn_desc.load([start, 0])
+    kn1 = kn_desc.load([start, HALF])
+    kr = kr_desc.load([start, DN])
+    if KEYS_AS_M:
+        qk = tl.trans(tl.dot(kn1, qn1, tl.dot(kn0, qn0, tl.dot(kr, qr))))
+    else:
+        qk = tl.dot(qn1, tl.trans(kn1), tl.dot(qn0, tl.trans(kn0), tl.dot(qr, tl.trans(kr))))
+    qk = qk * qk_scale
+    if MASKED:
+        offs_n = start + tl.arange(0, BLOCK_N)
+        qk = tl.where(offs_n[None, :] <= limit[:, None], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    if TAU > 0:
+        if tl.max(m_new - m_i, 0) > TAU:
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha
+            acc0 = acc0 * alpha[:, None]
+            acc1 = acc1 * alpha[:, None]
+            m_i = m_new
+        p = tl.exp2(qk - m_i[:, None])
+        l_i = l_i + tl.sum(p, 1)
+        m_new = m_i
+    else:
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc0 = acc0 * alpha[:, None]
+        acc1 = acc1 * alpha[:, None]
+    pb = p.to(kn0.dtype)
+    acc0 = tl.dot(pb, kn0, acc0)
+    acc1 = tl.dot(pb, kn1, acc1)
+    return acc0, acc1, l_i, m_new
+
+
+@triton.jit
+def _mla_prefill_tma(
+    q, kv, o, lse,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_kn,
+    stride_ob, stride_os, stride_oh, stride_od,
+    stride_lb, stride_lh, stride_ls,
+    Sq, H, Skv, n_hgroups, qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS_PER_TILE: tl.constexpr,
+    UNMASKED_LOOP: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr,
+):
+    """``_mla_prefill_fwd`` (V_SPLIT 1) with KV tiles through tensor descriptors (TMA on sm_90)."""
+    HALF: tl.constexpr = DN // 2
+    QB: tl.constexpr = BLOCK_M // HEADS_PER_TILE
+    pid = tl.program_id(0)
+    b = tl.program_id(2).to(tl.int64)
+    n_qblocks = tl.cdiv(Sq, QB)
+    qb = n_qblocks - 1 - pid // n_hgroups
+    hg = pid % n_hgroups
+
+    r = tl.arange(0, BLOCK_M)
+    s_idx = qb * QB + r // HEADS_PER_TILE
+    h_idx = hg * HEADS_PER_TILE + r % HEADS_PER_TILE
+    row_ok = (s_idx < Sq) & (h_idx < H)
+    offs_h = tl.arange(0, HALF)
+    offs_dr = tl.arange(0, DR)
+    q_row = q + b * stride_qb + s_idx.to(tl.int64) * stride_qs + h_idx.to(tl.int64) * stride_qh
+    if KEYS_AS_M:
+        qn0 = tl.load(q_row[None, :] + offs_h[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
+        qn1 = tl.load(q_row[None, :] + (HALF + offs_h)[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
+        qr = tl.load(q_row[None, :] + (DN + offs_dr)[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
+    else:
+        qn0 = tl.load(q_row[:, None] + offs_h[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+        qn1 = tl.load(q_row[:, None] + (HALF + offs_h)[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+        qr = tl.load(q_row[:, None] + (DN + offs_dr)[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+
+    shift = Skv - Sq
+    limit = tl.minimum(s_idx + shift, Skv - 1)
+    lo = qb * QB + shift
+    hi = tl.minimum(qb * QB + QB - 1, Sq - 1) + shift
+    full_end = ((lo + 1) // BLOCK_N) * BLOCK_N
+    end = hi + 1
+
+    kv_b = kv + b * stride_kb
+    kn_desc = tl.make_tensor_descriptor(kv_b, shape=[Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, HALF])
+    kr_desc = tl.make_tensor_descriptor(kv_b, shape=[Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, DR])
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc0 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+    if not UNMASKED_LOOP:
+        full_end = 0
+    for start in range(0, full_end, BLOCK_N):
+        acc0, acc1, l_i, m_i = _attend_tile_tma(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
+                                                BLOCK_N, DN, False, KEYS_AS_M, TAU)
+    for start in range(full_end, end, BLOCK_N):
+        acc0, acc1, l_i, m_i = _attend_tile_tma(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
+                                                BLOCK_N, DN, True, KEYS_AS_M, TAU)
+
+    inv_l = 1.0 / l_i  # every real row sees key 0, so l_i > 0
+    o_row = o + b * stride_ob + s_idx.to(tl.int64) * stride_os + h_idx.to(tl.int64) * stride_oh
+    ptr = o_row[:, None] + offs_h[None, :] * stride_od
+    tl.store(ptr, (acc0 * inv_l[:, None]).to(o.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(ptr + HALF * stride_od, (acc1 * inv_l[:, None]).to(o.dtype.element_ty), mask=row_ok[:, None])
+    l_ptr = lse + b * stride_lb + h_idx.to(tl.int64) * stride_lh + s_idx.to(tl.int64) * stride_ls
+    tl.store(l_ptr, (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=row_ok)
+
+
+def _descriptor_scratch(size, alignment, stream):
+    """Global memory Triton asks for when a kernel builds tensor descriptors on the device."""
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+def _tma_ok(kv):
+    """Tensor descriptors need a 16-byte aligned base, 16-byte aligned row strides, unit column stride."""
+    return kv.stride(2) == 1 and kv.stride(1) % 8 == 0 and kv.stride(0) % 8 == 0 and kv.data_ptr() % 16 == 0
+
+
 def _check(q, kv, scale):
     if q.dim() != 4 or kv.dim() != 3:
         raise ValueError(f"expected q [B,Sq,H,576] and kv [B,Skv,576], got {tuple(q.shape)} and {tuple(kv.shape)}")
@@ -198,6 +319,8 @@ def kernel(q, kv, scale):
         raise ValueError(f"V_SPLIT must divide 512 into slices of at least 64 columns (1, 2, 4 or 8), got {v_split}")
     if hpt < 1 or hpt & (hpt - 1):
         raise ValueError(f"HEADS_PER_TILE must be a power of two, got {hpt}")
+    if K["KV_LOAD"] not in ("pointer", "tma"):
+        raise ValueError(f"KV_LOAD must be 'pointer' or 'tma', got {K['KV_LOAD']!r}")
     tau = float(K["RESCALE_TAU"])
     if not 0 <= tau <= 16:
         raise ValueError(f"RESCALE_TAU must be in [0, 16] (weights grow up to 2**RESCALE_TAU between rescales), got {tau}")
@@ -214,6 +337,22 @@ def kernel(q, kv, scale):
     lse = torch.empty((B, H, Sq), device=q.device, dtype=torch.float32)
     grid = (n_qblocks * n_hgroups, v_split, B)
     try:
+        if K["KV_LOAD"] == "tma" and v_split == 1 and kv.dtype == torch.bfloat16 and _tma_ok(kv):
+            if q.is_cuda:
+                triton.set_allocator(_descriptor_scratch)
+            _mla_prefill_tma[grid](
+                q, kv, o, lse,
+                q.stride(0), q.stride(1), q.stride(2), q.stride(3),
+                kv.stride(0), kv.stride(1),
+                o.stride(0), o.stride(1), o.stride(2), o.stride(3),
+                lse.stride(0), lse.stride(1), lse.stride(2),
+                Sq, H, Skv, n_hgroups, float(scale) * LOG2E,
+                BLOCK_M=block_m, BLOCK_N=block_n, HEADS_PER_TILE=hpt, UNMASKED_LOOP=bool(K["UNMASKED_LOOP"]),
+                KEYS_AS_M=bool(K["KEYS_AS_M"]), TAU=tau, DN=D_NOPE, DR=D_ROPE,
+                num_warps=num_warps, num_stages=num_stages,
+            )
+            return o, lse
+        # the pointer kernel: V_SPLIT > 1, float32 inputs, or strides a descriptor cannot take
         _mla_prefill_fwd[grid](
             q, kv, o, lse,
             q.stride(0), q.stride(1), q.stride(2), q.stride(3),
