@@ -56,6 +56,9 @@ VARIANTS = [
     ("decode", "tma", {"KV_LOAD": "tma"}),  # auto tiles, KV through tensor descriptors
     ("decode", "tma-VM-st2", {**NARROW, "num_stages": 2, "VALUES_AS_M": True, "KV_LOAD": "tma"}),
     ("decode", "tma-tau8", {"KV_LOAD": "tma", "RESCALE_TAU": 8}),
+    ("decode", "tma-st2", {**NARROW, "num_stages": 2, "KV_LOAD": "tma"}),  # 100 KB smem: 2 programs per SM
+    ("decode", "tma-S64-st2", {**NARROW, "num_stages": 2, "KV_LOAD": "tma", "NUM_SPLITS": 64}),  # 256 programs, 2 tiles each
+    ("decode", "tma-S64-st2-bf16", {**NARROW, "num_stages": 2, "KV_LOAD": "tma", "NUM_SPLITS": 64, "PARTIAL_DTYPE": "bfloat16"}),
     ("prefill", "default", {}),
     ("prefill", "tau8", {"RESCALE_TAU": 8}),
     ("prefill", "HT64", {"HEADS_PER_TILE": 64}),
@@ -64,7 +67,7 @@ VARIANTS = [
     ("prefill", "tma-HT64", {"KV_LOAD": "tma", "HEADS_PER_TILE": 64}),
 ]
 # decode variants timed on the B1 Sq1 case only (the rest: every headline case); keeps the run short
-B1_ONLY = {"auto-M4", "nar-st2", "VM-BN32st4", "tma-VM-st2", "tma-tau8"}
+B1_ONLY = {"auto-M4", "nar-st2", "VM-BN32st4", "tma-VM-st2", "tma-tau8", "tma-st2", "tma-S64-st2", "tma-S64-st2-bf16"}
 
 
 def cases_of(family: str, label: str) -> list[dict]:
