@@ -67,7 +67,7 @@ VARIANTS = [
     ("prefill", "tma-HT64", {"KV_LOAD": "tma", "HEADS_PER_TILE": 64}),
 ]
 # decode variants timed on the B1 Sq1 case only (the rest: every headline case); keeps the run short
-B1_ONLY = {"auto-M4", "nar-st2", "VM-BN32st4", "tma-VM-st2", "tma-tau8", "tma-st2", "tma-S64-st2", "tma-S64-st2-bf16"}
+B1_ONLY = {"auto-M4", "auto-tau8", "VM-st2", "nar-st2", "VM-BN32st4", "tma-VM-st2", "tma-tau8", "tma-st2", "tma-S64-st2", "tma-S64-st2-bf16"}
 
 
 def cases_of(family: str, label: str) -> list[dict]:
@@ -239,7 +239,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", choices=["decode", "prefill"])
     parser.add_argument("--budget-s", type=float, default=200.0, help="stop timing new variants after this")
-    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--ncu", action="store_true", help="profile NCU_TARGETS between cudaProfilerStart/Stop")
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny cases, wall-clock timing: checks this script")

