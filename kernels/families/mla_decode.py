@@ -547,9 +547,17 @@ def _plan(knobs, B, Sq, H, Skv, dev_index):
 _PLANS = {}
 
 
+_DESCRIPTOR_SCRATCH = {}
+
+
 def _descriptor_scratch(size, alignment, stream):
-    """Global memory Triton asks for when a kernel builds tensor descriptors on the device."""
-    return torch.empty(size, device="cuda", dtype=torch.int8)
+    """Global memory Triton asks for when a kernel builds tensor descriptors on the device: one
+    buffer per (size, stream), reused (launches on one stream are ordered; each program writes
+    its descriptors before it reads them)."""
+    buf = _DESCRIPTOR_SCRATCH.get((size, stream))
+    if buf is None:
+        buf = _DESCRIPTOR_SCRATCH[(size, stream)] = torch.empty(size, device="cuda", dtype=torch.int8)
+    return buf
 
 
 def _tma_ok(kv):
