@@ -20,7 +20,9 @@ Stages (three launches by default; ``fuse_prep`` folds the first two into one, a
    batch*head): that block row of Aqk (scaled; stored as bf16 hi + lo halves) and of Akk
    (beta-scaled, strictly lower, float32 scratch).
 2. solve -- STAGE 2, one program per (chunk, batch*head): forward substitution on the BC x BC
-   diagonal blocks of I + Akk (all blocks side by side, float32), then the block-level product
+   diagonal blocks of I + Akk (all blocks side by side, float32; ``subst="direct"`` works on the
+   transpose with each step's Akk rows loaded in place, ``"extract"`` is version 2's loop), then
+   the block-level product
    (I - N)(I + N^2)(I + N^4)... (exact: N is nilpotent; ``merge`` = float32 FMA or bf16 hi/lo
    tensor-core products), then the WY factors w = A (exp(G) k), u = A v (A = inverse times
    diag(beta)) and the pre-decayed tiles the scan reads: kd = exp(G_last - G) k,
@@ -68,9 +70,10 @@ GPU status (see kernels/notes/kda.md): the first version of this file, which use
 ``tl.cumsum``, tf32 products and a 3D forward substitution written back through the scratch,
 was wrong on the H200 with 4-warp preparation launches (right with 8); version 2 removed all
 three constructs, runs the solve at 8 warps, and passed the judge on the H200 (1500 us at the
-headline).  Version 3 (``prec``, ``readout``) brings tf32 back as a knob value only (default
-bf16x3 until ``benchmarks/dev_kda_chunked.py`` shows it right on the GPU) and has not run on
-the GPU when written.
+headline; 1307 us beside fla's 1366 us in run 3, where its 4-warp solve computed a wrong w).
+Version 3 (``prec`` tf32, ``readout`` pre, ``subst`` direct, the solve's 64-wide key tile) had
+not run on the GPU when written; ``benchmarks/dev_kda_chunked.py`` has a ``v2`` row with version
+2's configuration and one row undoing each change.
 """
 
 import math
@@ -88,8 +91,9 @@ KNOBS = {
     "diag": "guarded",
     "recentre": "midpoint",
     "merge": "mma",
-    "prec": "bf16x3",
+    "prec": "tf32",
     "readout": "pre",
+    "subst": "direct",
     "fuse_prep": False,
     "fuse_output": True,
     "scan_dot": "mixed",
@@ -103,19 +107,20 @@ KNOBS = {
 # kopt:knobs-end
 SPACE = {
     "BT": [32, 64],
-    "BC": [16, 32],
-    "BK": [16, 32, 64, 128],
-    "BV": [16, 32],
+    "BC": [16],
+    "BK": [16, 32, 64],
+    "BV": [16],
     "diag": ["guarded"],
     "recentre": ["start", "midpoint", "end"],
-    "merge": ["fma", "mma"],
+    "merge": ["mma"],
     "prec": ["bf16x3", "tf32"],
     "readout": ["pre", "aqk"],
+    "subst": ["extract", "direct"],
     "fuse_prep": [False],
     "fuse_output": [True, False],
     "scan_dot": ["mixed"],
     "scan_layout": ["kv", "vk"],
-    "block_warps": [2, 4, 8],
+    "block_warps": [2, 4],
     "solve_warps": [4, 8],
     "scan_warps": [4, 8],
     "scan_stages": [1, 2, 3],
@@ -284,7 +289,7 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
               scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt,
               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
               BVP: tl.constexpr, LOG_NC: tl.constexpr, MERGE: tl.constexpr, TF32: tl.constexpr,
-              PRE: tl.constexpr):
+              PRE: tl.constexpr, SUBST: tl.constexpr):
     """A = (I + Akk)^-1 diag(beta) for one chunk, then w = A (exp(G) k), u = A v and the
     pre-decayed tiles kd, qd, gl of the scan (pointers at the chunk's first row).  With PRE the
     read-out's intra-chunk part is folded in here: qd holds qd - Aqk w (bf16, w as stored) and
@@ -295,20 +300,38 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
     # forward substitution inside the NC diagonal BC x BC blocks, all blocks side by side:
     # row s of every block is finished at step s; arow[c] = Akk[blk(c) * BC + s, c]
     same_blk = (rt[:, None] // BC) == (ct[None, :] // BC)
-    sc = tl.arange(0, BC)
-    # arows[s, c] = Akk[blk(c) * BC + s, c], all BC steps' rows fetched at once
-    arows = tl.load(akk_ptr + ((ct // BC) * BC)[None, :] * BT + sc[:, None] * BT + ct[None, :])
-    x = tl.zeros([BT, BT], dtype=tl.float32)
-    for s in range(BC):
-        arow = tl.sum(tl.where((sc == s)[:, None], arows, 0.0), axis=0)
-        contrib = tl.sum(arow[:, None] * x, axis=0)
-        newrow = tl.where((ct % BC) == s, 1.0, -contrib)
-        x = tl.where(((rt % BC) == s)[:, None] & same_blk, newrow[None, :], x)
+    if SUBST == 0:
+        sc = tl.arange(0, BC)
+        # arows[s, c] = Akk[blk(c) * BC + s, c], all BC steps' rows fetched at once
+        arows = tl.load(akk_ptr + ((ct // BC) * BC)[None, :] * BT + sc[:, None] * BT + ct[None, :])
+        x = tl.zeros([BT, BT], dtype=tl.float32)
+        for s in range(BC):
+            arow = tl.sum(tl.where((sc == s)[:, None], arows, 0.0), axis=0)
+            contrib = tl.sum(arow[:, None] * x, axis=0)
+            newrow = tl.where((ct % BC) == s, 1.0, -contrib)
+            x = tl.where(((rt % BC) == s)[:, None] & same_blk, newrow[None, :], x)
+    else:
+        # the transpose xt[c, r] = X[r, c]: step s reduces along axis 1 with a tile of Akk loaded
+        # straight in xt's shape (m[c, r] = Akk[blk(c) * BC + s, r], same block only) -- no
+        # row extraction, no layout conversion inside the loop; the chunk's Akk tile is read
+        # whole first (the block merge below uses it) so that the per-step loads hit L1
+        akk_tile = tl.load(akk_ptr + rt[:, None] * BT + ct[None, :])
+        xt = tl.zeros([BT, BT], dtype=tl.float32)
+        first = (rt // BC) * BC
+        for s in tl.static_range(BC):
+            a_s = tl.load(akk_ptr + (first + s)[:, None] * BT + ct[None, :], mask=same_blk, other=0.0)
+            contrib = tl.sum(a_s * xt, axis=1)
+            newcol = tl.where((rt % BC) == s, 1.0, -contrib)
+            xt = tl.where(((ct % BC) == s)[None, :] & same_blk, newcol[:, None], xt)
+        x = tl.trans(xt)
     # across blocks: (D + L)^-1 = (I + N)^-1 D^-1, N = D^-1 L nilpotent of index NC, so
     # (I + N)^-1 = (I - N)(I + N^2)(I + N^4)... exactly.  MERGE 0: float32 FMA products;
     # MERGE 1: bf16 hi/lo tensor-core products (~16 bits)
     if LOG_NC > 0:
-        lower = tl.load(akk_ptr + rt[:, None] * BT + ct[None, :], mask=(rt[:, None] // BC) > (ct[None, :] // BC), other=0.0)
+        if SUBST == 0:
+            lower = tl.load(akk_ptr + rt[:, None] * BT + ct[None, :], mask=(rt[:, None] // BC) > (ct[None, :] // BC), other=0.0)
+        else:
+            lower = tl.where((rt[:, None] // BC) > (ct[None, :] // BC), akk_tile, 0.0)
         eye = tl.where(rt[:, None] == ct[None, :], 1.0, 0.0)
         zero = tl.zeros([BT, BT], dtype=tl.float32)
         if MERGE == 0:
@@ -387,9 +410,9 @@ def _kda_prep_kernel(
     s_gb, s_gt, s_gh,
     s_bb, s_bt, s_bh,
     K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BVP: tl.constexpr, DK: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BKP: tl.constexpr, BVP: tl.constexpr, DK: tl.constexpr,
     LOG_NC: tl.constexpr, RECENTRE: tl.constexpr, LIMIT: tl.constexpr, MERGE: tl.constexpr,
-    TF32: tl.constexpr, PRE: tl.constexpr, STAGE: tl.constexpr,
+    TF32: tl.constexpr, PRE: tl.constexpr, SUBST: tl.constexpr, STAGE: tl.constexpr,
 ):
     """STAGE 0: everything for one chunk (block rows, then the solve); 1: one block row of
     one chunk (grid NT * NC); 2: the solve and WY factors of one chunk."""
@@ -431,7 +454,7 @@ def _kda_prep_kernel(
     if STAGE != 1:
         _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr, akk_ptr, gl_ptr,
                   aqk_ptr, au_ptr, lo_off,
-                  scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt, K, V, BT, BC, BK, BVP, LOG_NC, MERGE, TF32, PRE)
+                  scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt, K, V, BT, BC, BKP, BVP, LOG_NC, MERGE, TF32, PRE, SUBST)
 
 
 # ------------------------------------------------------------------------------------------
@@ -639,6 +662,9 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     BT, BC, BK, BV = knobs["BT"], knobs["BC"], knobs["BK"], knobs["BV"]
     if BC > BT:
         raise ValueError(f"sub-chunk BC={BC} must not exceed the chunk BT={BT}")
+    if knobs["solve_warps"] == 4 and knobs["subst"] == "extract":
+        raise ValueError("solve_warps=4 with subst='extract' computes a wrong w on the H200 "
+                         "(run 2b, relative error 1.25; the CPU interpreter passes it)")
     if not (_pow2(K) and _pow2(V) and 16 <= K <= 256 and 16 <= V <= 256):
         raise ValueError(f"K={K} and V={V} must be powers of two in [16, 256] (tl.dot tiles)")
     bk = min(BK, K)
@@ -656,12 +682,16 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     while stages > 1 and stages * per_stage + scratch > _SCAN_SMEM_BUDGET:
         stages -= 1
     return {
-        "BT": BT, "BC": BC, "BK": bk, "BV": bv, "BVP": min(64, V),
+        # the solve's key and value tiles: as wide as the WY matrix's own products (64), so that
+        # every product with A takes it in one register layout (a 4-warp solve with 32-wide key
+        # tiles converted A between two wgmma layouts and computed a wrong w on the H200)
+        "BT": BT, "BC": BC, "BK": bk, "BV": bv, "BKP": min(64, K), "BVP": min(64, V),
         "DK": max(1, min(bk, 2048 // (BC * BC))),
         "LOG_NC": int(math.log2(BT // BC)),
         "RECENTRE": _RECENTRE_CODE[knobs["recentre"]], "LIMIT": limit,
         "MERGE": 0 if knobs["merge"] == "fma" else 1,
         "TF32": knobs["prec"] == "tf32", "PRE": knobs["readout"] == "pre",
+        "SUBST": 0 if knobs["subst"] == "extract" else 1,
         "fuse": fuse, "split": split, "scan_stages": stages,
         "layout": 0 if knobs["scan_layout"] == "kv" else 1,
     }
@@ -727,9 +757,9 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             beta.stride(0), beta.stride(1), beta.stride(2),
         )
         prep_meta = dict(
-            K=K, V=V, BT=BT, BC=plan["BC"], BK=plan["BK"], BVP=plan["BVP"], DK=plan["DK"],
+            K=K, V=V, BT=BT, BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"], DK=plan["DK"],
             LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
-            TF32=plan["TF32"], PRE=plan["PRE"], num_stages=1,
+            TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], num_stages=1,
         )
         if kn["fuse_prep"]:
             _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=0, num_warps=kn["block_warps"], **prep_meta)
