@@ -145,6 +145,9 @@ def test_decode_fused_merge_plan_cannot_deadlock(tmp_dir):
         programs = B * plan["grid"][0]
         assert (plan["n_mergers"] - 1) * programs < n_sms, (B, Sq, H, Skv, plan["n_mergers"])
         assert 1 <= plan["n_mergers"] <= min(plan["splits"], module.KNOBS["MERGERS"])
+        # value slices: at most one per merging program, unless the merge tile would be too wide
+        assert plan["mergers"] <= max(plan["n_mergers"], plan["block_h"] // 16)
+        assert plan["block_h"] * 512 // plan["mergers"] <= module.FUSED_MERGE_ELEMS
         if (B, Sq, H, Skv) == (1, 1, 64, 8192):
             assert plan["mode"] == 2 and plan["n_mergers"] == 16, plan
 

@@ -20,7 +20,9 @@ acq_rel atomic (release: its partial is visible before the ticket; acquire: a me
 partial stored before the tickets it waited for). The last ``mergers`` programs to arrive merge:
 each waits (spinning on the counter) until every split has arrived, then combines all splits'
 partials for 512 / MERGERS value columns (its slice, or several slices when fewer programs merge)
-by log-sum-exp weights and writes o (and, for slice 0, the natural-log lse). The last merger to
+by log-sum-exp weights and writes o (and, for slice 0, the natural-log lse). On a GPU the
+value columns are cut into no more slices than there are mergers, but into at least BLOCK_H / 16
+(B64 with 2 splits: 2 mergers walk 4 slices of 128 columns). The last merger to
 finish resets both counters to zero for the next call (calls on one stream are ordered).
 Deadlock-freedom: at most (mergers - 1) programs per (batch, row block) wait, and the plan keeps
 that count over all row blocks below the SM count, so a program that has not arrived always finds
@@ -528,14 +530,20 @@ def _plan(knobs, B, Sq, H, Skv, dev_index):
         n_mergers = 1
     else:
         n_mergers = max(1, min(mergers, splits, 1 + (n_sms - 1) // (B * n_rb)))
-    w = D_NOPE // mergers
+    # Value column slices: on a GPU no more than the programs that merge (a merger walks its
+    # slices one after another); on the interpreter the knob's count, so every slice width runs
+    # there. Never wider than FUSED_MERGE_ELEMS / BLOCK_H columns: a [BLOCK_H, 256] merge tile at
+    # BLOCK_H 64 spilled the whole kernel on sm_90 (88 LDL/STL, main loop 1004 -> 1175 instructions).
+    slices = mergers if dev_index is None else min(mergers, 1 << (n_mergers.bit_length() - 1))
+    slices = max(slices, block_h * D_NOPE // FUSED_MERGE_ELEMS)
+    w = D_NOPE // slices
     s_p2 = max(128, triton.next_power_of_2(splits))  # one constant for every split count up to 128 (fewer compiles)
     chunk = max(1, min(s_p2, FUSED_MERGE_ELEMS // (block_h * w)))
     merge_bv = MERGE_BLOCK_V if B * R * (D_NOPE // MERGE_BLOCK_V) <= 16 * n_sms else D_NOPE
     merge_chunk = min(MERGE_SPLIT_CHUNK if merge_bv == MERGE_BLOCK_V else 4, s_p2)
     return dict(
         block_n=block_n, block_h=block_h, keys_as_m=keys_as_m, values_as_m=values_as_m, R=R, splits=splits, blocks_per_split=blocks_per_split,
-        part_dtype=torch.float32 if part_fp32 else torch.bfloat16, mode=mode, n_mergers=n_mergers, mergers=mergers,
+        part_dtype=torch.float32 if part_fp32 else torch.bfloat16, mode=mode, n_mergers=n_mergers, mergers=slices,
         chunk=chunk, tau=tau, n_counters=2 * B * n_rb, tma=knobs["KV_LOAD"] == "tma",
         grid=(n_rb, splits, B), merge_grid=(R, D_NOPE // merge_bv, B), merge_bv=merge_bv,
         s_p2=s_p2, merge_chunk=merge_chunk,
