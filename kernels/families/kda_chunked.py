@@ -100,6 +100,8 @@ KNOBS = {
     "scan_layout": "vk",
     "block_warps": 4,
     "solve_warps": 8,
+    "block_maxnreg": 0,
+    "solve_maxnreg": 0,
     "scan_warps": 4,
     "scan_stages": 2,
     "out_warps": 4,
@@ -121,6 +123,8 @@ SPACE = {
     "scan_dot": ["mixed"],
     "scan_layout": ["kv", "vk"],
     "block_warps": [2, 4],
+    "block_maxnreg": [0, 128],
+    "solve_maxnreg": [0, 128],
     "solve_warps": [4, 8],
     "scan_warps": [4, 8],
     "scan_stages": [1, 2, 3],
@@ -761,11 +765,17 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
             TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], num_stages=1,
         )
+        # block_maxnreg / solve_maxnreg: cap the registers per thread (ptxas spills the rest to
+        # L1-backed local memory) so that more programs are resident: at 128, 4 block-row
+        # programs (4 warps) or 2 solve programs (8 warps) per SM instead of 3 and 1
+        block_regs = {"maxnreg": kn["block_maxnreg"]} if kn["block_maxnreg"] else {}
+        solve_regs = {"maxnreg": kn["solve_maxnreg"]} if kn["solve_maxnreg"] else {}
         if kn["fuse_prep"]:
-            _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=0, num_warps=kn["block_warps"], **prep_meta)
+            _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=0, num_warps=kn["block_warps"], **block_regs, **prep_meta)
         else:
-            _kda_prep_kernel[(NT * (BT // plan["BC"]), BH)](*prep_args, STAGE=1, num_warps=kn["block_warps"], **prep_meta)
-            _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=2, num_warps=kn["solve_warps"], **prep_meta)
+            _kda_prep_kernel[(NT * (BT // plan["BC"]), BH)](*prep_args, STAGE=1, num_warps=kn["block_warps"],
+                                                            **block_regs, **prep_meta)
+            _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=2, num_warps=kn["solve_warps"], **solve_regs, **prep_meta)
         if debug is not None:
             debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=gl, BT=BT, NT=NT, TP=TP,
                          pre=plan["PRE"], au=au if plan["PRE"] else None)
