@@ -64,6 +64,7 @@ VARIANTS = {
     "solve_w4": {"solve_warps": 4},
     "nreg128": {"block_maxnreg": 128, "solve_maxnreg": 128},
     "block_nreg128": {"block_maxnreg": 128},
+    "BT32_nreg128": {"BT": 32, "block_maxnreg": 128, "solve_maxnreg": 128},
     "BT32_solve_w4": {"BT": 32, "solve_warps": 4},
     "BK16": {"BK": 16},
     "BK64": {"BK": 64},
