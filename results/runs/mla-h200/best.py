@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {'CONFIG': 'auto', 'NUM_SPLITS': 0, 'BLOCK_N': 32, 'BLOCK_H': 32, 'KEYS_AS_M': False, 'num_warps': 8, 'num_stages': 2, 'PARTIAL_DTYPE': 'float32'}
+KNOBS = {'CONFIG': 'auto', 'NUM_SPLITS': 32, 'BLOCK_N': 16, 'BLOCK_H': 32, 'KEYS_AS_M': False, 'num_warps': 8, 'num_stages': 3, 'PARTIAL_DTYPE': 'float32'}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the measured tile config of the shape's regime (see REGIMES); knobs: the knobs below

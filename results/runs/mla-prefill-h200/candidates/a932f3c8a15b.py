@@ -1,0 +1,217 @@
+"""MLA causal prefill (Sq = Skv; correct for any 1 <= Sq <= Skv), absorbed form.
+
+Shapes: q [B, Sq, H, 576] (512 latent + 64 rope), kv [B, Skv, 576] (one latent cache shared by
+all heads: the whole row is the key, its first 512 columns the value), float ``scale``.
+Query s sees keys j <= s + Skv - Sq (bottom-right-aligned causal mask).
+Returns o [B, Sq, H, 512] in q's dtype and lse [B, H, Sq] float32 (natural log).
+
+Flash-attention forward, one program per (row tile, value slice, batch). A row tile is BLOCK_M
+(query, head) rows: BLOCK_M // HEADS_PER_TILE consecutive queries times HEADS_PER_TILE
+consecutive heads (HEADS_PER_TILE = 1 is the classic per-head tile; larger values put several
+heads of one query in the M dimension, which share the one latent cache). Per KV tile of
+BLOCK_N keys: S = q_nope @ k_nope^T + q_rope @ k_rope^T (a 576-wide contraction done as 512 + 64),
+online softmax in base 2, acc += P @ V where V is the same tile's first 512 columns, or, when
+V_SPLIT > 1, a 512 / V_SPLIT column slice of it (the program then owns only that slice of the
+output and recomputes S: more FLOPs, a smaller accumulator). Key tiles entirely above the
+diagonal are never visited; with UNMASKED_LOOP, tiles entirely below it run in a second loop
+without a mask (two copies of the loop body: more registers; at 64 x 512 it spilled on sm_90).
+
+Tiles are issued heaviest first (last queries first) to shorten the tail.
+Accumulator registers: BLOCK_M * 512 / V_SPLIT floats per program (64 x 512 = 32K: give it 8 warps).
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+# kopt:knobs-begin
+KNOBS = {'BLOCK_M': 32, 'BLOCK_N': 64, 'HEADS_PER_TILE': 1, 'V_SPLIT': 1, 'UNMASKED_LOOP': True, 'KEYS_AS_M': True, 'num_warps': 4, 'num_stages': 2}
+# kopt:knobs-end
+SPACE = {
+    "BLOCK_M": [32, 64, 128],  # (query, head) rows per program
+    "BLOCK_N": [16, 32, 64],  # keys per KV tile
+    "HEADS_PER_TILE": [1, 2, 4, 16, 64],  # heads per row tile (rows = queries x heads)
+    "V_SPLIT": [1, 2, 4],  # value slices: each program writes 512 / V_SPLIT output columns
+    "UNMASKED_LOOP": [False, True],  # key tiles below the diagonal in a second, mask-free loop
+    "KEYS_AS_M": [False, True],  # scores as S^T = K q^T (keys are the M of the dot) instead of q K^T
+    "num_warps": [4, 8],
+    "num_stages": [1, 2, 3],
+}
+
+D_NOPE = 512  # latent width: the value width
+D_ROPE = 64  # rope width; key width = D_NOPE + D_ROPE = 576
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_tile(
+    acc, l_i, m_i, qn, qr, kv_b, stride_kn, stride_kd, start, limit, v0, qk_scale,
+    BLOCK_N: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr, BV: tl.constexpr, MASKED: tl.constexpr,
+    KEYS_AS_M: tl.constexpr,
+):
+    offs_n = start + tl.arange(0, BLOCK_N)
+    offs_dn = tl.arange(0, DN)
+    offs_dr = tl.arange(0, DR)
+    kv_row = kv_b + offs_n.to(tl.int64)[:, None] * stride_kn
+    if MASKED:
+        n_ok = (offs_n <= tl.max(limit, 0))[:, None]  # limit <= Skv - 1 for every row
+        kn = tl.load(kv_row + offs_dn[None, :] * stride_kd, mask=n_ok, other=0.0)
+        kr = tl.load(kv_row + (DN + offs_dr)[None, :] * stride_kd, mask=n_ok, other=0.0)
+    else:
+        kn = tl.load(kv_row + offs_dn[None, :] * stride_kd)
+        kr = tl.load(kv_row + (DN + offs_dr)[None, :] * stride_kd)
+    if KEYS_AS_M:  # qn, qr hold q^T: keys form the M of the score dot
+        qk = tl.trans(tl.dot(kn, qn, tl.dot(kr, qr)))
+    else:
+        qk = tl.dot(qr, tl.trans(kr))
+        qk = tl.dot(qn, tl.trans(kn), qk)
+    qk = qk * qk_scale
+    if MASKED:
+        qk = tl.where(offs_n[None, :] <= limit[:, None], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if BV == DN:
+        acc = tl.dot(p.to(kn.dtype), kn, acc)  # values: the same tile's first 512 columns
+    else:
+        offs_v = v0 + tl.arange(0, BV)
+        if MASKED:
+            vv = tl.load(kv_row + offs_v[None, :] * stride_kd, mask=n_ok, other=0.0)
+        else:
+            vv = tl.load(kv_row + offs_v[None, :] * stride_kd)
+        acc = tl.dot(p.to(vv.dtype), vv, acc)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _mla_prefill_fwd(
+    q, kv, o, lse,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kd,
+    stride_ob, stride_os, stride_oh, stride_od,
+    stride_lb, stride_lh, stride_ls,
+    Sq, H, Skv, n_hgroups, qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS_PER_TILE: tl.constexpr, BV: tl.constexpr,
+    UNMASKED_LOOP: tl.constexpr, KEYS_AS_M: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr,
+):
+    QB: tl.constexpr = BLOCK_M // HEADS_PER_TILE  # queries per tile
+    pid = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    n_qblocks = tl.cdiv(Sq, QB)
+    qb = n_qblocks - 1 - pid // n_hgroups  # heaviest (latest queries) first
+    hg = pid % n_hgroups
+
+    r = tl.arange(0, BLOCK_M)
+    s_idx = qb * QB + r // HEADS_PER_TILE
+    h_idx = hg * HEADS_PER_TILE + r % HEADS_PER_TILE
+    row_ok = (s_idx < Sq) & (h_idx < H)
+    offs_dn = tl.arange(0, DN)
+    offs_dr = tl.arange(0, DR)
+    q_row = q + b * stride_qb + s_idx.to(tl.int64) * stride_qs + h_idx.to(tl.int64) * stride_qh
+    if KEYS_AS_M:  # q^T [576, BLOCK_M]: the B operand of S^T = K q^T
+        qn = tl.load(q_row[None, :] + offs_dn[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
+        qr = tl.load(q_row[None, :] + (DN + offs_dr)[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
+    else:
+        qn = tl.load(q_row[:, None] + offs_dn[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+        qr = tl.load(q_row[:, None] + (DN + offs_dr)[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+
+    shift = Skv - Sq
+    limit = tl.minimum(s_idx + shift, Skv - 1)  # last visible key of each row
+    lo = qb * QB + shift  # the tile's smallest limit (its first query)
+    hi = tl.minimum(qb * QB + QB - 1, Sq - 1) + shift  # and its largest
+    full_end = ((lo + 1) // BLOCK_N) * BLOCK_N  # key tiles below this need no mask
+    end = hi + 1
+
+    v0 = pid_v * BV
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BV], dtype=tl.float32)
+    kv_b = kv + b * stride_kb
+    if not UNMASKED_LOOP:
+        full_end = 0  # one masked loop: less code, fewer registers (the mask is a compare and a select)
+    for start in range(0, full_end, BLOCK_N):
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, qn, qr, kv_b, stride_kn, stride_kd, start, limit, v0, qk_scale,
+                                     BLOCK_N, DN, DR, BV, False, KEYS_AS_M)
+    for start in range(full_end, end, BLOCK_N):
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, qn, qr, kv_b, stride_kn, stride_kd, start, limit, v0, qk_scale,
+                                     BLOCK_N, DN, DR, BV, True, KEYS_AS_M)
+
+    out = acc / l_i[:, None]  # every real row sees key 0, so l_i > 0
+    offs_v = v0 + tl.arange(0, BV)
+    o_row = o + b * stride_ob + s_idx.to(tl.int64) * stride_os + h_idx.to(tl.int64) * stride_oh
+    tl.store(o_row[:, None] + offs_v[None, :] * stride_od, out.to(o.dtype.element_ty), mask=row_ok[:, None])
+    if pid_v == 0:
+        l_ptr = lse + b * stride_lb + h_idx.to(tl.int64) * stride_lh + s_idx.to(tl.int64) * stride_ls
+        tl.store(l_ptr, (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=row_ok)
+
+
+def _check(q, kv, scale):
+    if q.dim() != 4 or kv.dim() != 3:
+        raise ValueError(f"expected q [B,Sq,H,576] and kv [B,Skv,576], got {tuple(q.shape)} and {tuple(kv.shape)}")
+    B, Sq, H, D = q.shape
+    if D != D_NOPE + D_ROPE or kv.shape[2] != D_NOPE + D_ROPE:
+        raise ValueError(f"key width must be {D_NOPE + D_ROPE} (512 latent + 64 rope), got q {D} and kv {kv.shape[2]}")
+    if kv.shape[0] != B:
+        raise ValueError(f"batch mismatch: q {B}, kv {kv.shape[0]}")
+    if Sq < 1 or Sq > kv.shape[1]:
+        raise ValueError(f"need 1 <= Sq <= Skv, got Sq={Sq}, Skv={kv.shape[1]}")
+    if q.dtype != kv.dtype:
+        raise ValueError(f"q and kv dtypes differ: {q.dtype} vs {kv.dtype}")
+    if q.device != kv.device:
+        raise ValueError("q and kv are on different devices")
+    if not math.isfinite(float(scale)):
+        raise ValueError(f"scale must be finite, got {scale}")
+
+
+def kernel(q, kv, scale):
+    _check(q, kv, scale)
+    K = KNOBS
+    block_m, block_n = int(K["BLOCK_M"]), int(K["BLOCK_N"])
+    hpt, v_split = int(K["HEADS_PER_TILE"]), int(K["V_SPLIT"])
+    num_warps, num_stages = int(K["num_warps"]), int(K["num_stages"])
+    if block_m not in (16, 32, 64, 128):
+        raise ValueError(f"BLOCK_M must be 16, 32, 64 or 128 (the M of a tl.dot), got {block_m}")
+    if block_n not in (16, 32, 64, 128):
+        raise ValueError(f"BLOCK_N must be 16, 32, 64 or 128 (a tl.dot dimension), got {block_n}")
+    if v_split not in (1, 2, 4, 8):
+        raise ValueError(f"V_SPLIT must divide 512 into slices of at least 64 columns (1, 2, 4 or 8), got {v_split}")
+    if hpt < 1 or hpt & (hpt - 1):
+        raise ValueError(f"HEADS_PER_TILE must be a power of two, got {hpt}")
+    B, Sq, H, _ = q.shape
+    Skv = kv.shape[1]
+    hpt = min(hpt, triton.next_power_of_2(H))  # no more head slots than heads
+    if hpt > block_m:
+        raise ValueError(f"HEADS_PER_TILE={hpt} exceeds BLOCK_M={block_m}: a tile must hold at least one query")
+    bv = D_NOPE // v_split
+    n_hgroups = triton.cdiv(H, hpt)
+    n_qblocks = triton.cdiv(Sq, block_m // hpt)
+
+    o = torch.empty((B, Sq, H, D_NOPE), device=q.device, dtype=q.dtype)
+    lse = torch.empty((B, H, Sq), device=q.device, dtype=torch.float32)
+    grid = (n_qblocks * n_hgroups, v_split, B)
+    try:
+        _mla_prefill_fwd[grid](
+            q, kv, o, lse,
+            q.stride(0), q.stride(1), q.stride(2), q.stride(3),
+            kv.stride(0), kv.stride(1), kv.stride(2),
+            o.stride(0), o.stride(1), o.stride(2), o.stride(3),
+            lse.stride(0), lse.stride(1), lse.stride(2),
+            Sq, H, Skv, n_hgroups, float(scale) * LOG2E,
+            BLOCK_M=block_m, BLOCK_N=block_n, HEADS_PER_TILE=hpt, BV=bv, UNMASKED_LOOP=bool(K["UNMASKED_LOOP"]),
+            KEYS_AS_M=bool(K["KEYS_AS_M"]),
+            DN=D_NOPE, DR=D_ROPE,
+            num_warps=num_warps, num_stages=num_stages,
+        )
+    except Exception as exc:  # compile-time resource limits are a property of the knobs
+        if type(exc).__name__ == "OutOfResources":
+            raise ValueError(
+                f"knobs BLOCK_M={block_m} BLOCK_N={block_n} V_SPLIT={v_split} num_warps={num_warps} "
+                f"num_stages={num_stages} need more registers or shared memory than the device has: {exc}"
+            ) from exc
+        raise
+    return o, lse
