@@ -132,7 +132,7 @@ def test_decode_fused_merge_plan_cannot_deadlock(tmp_dir):
     """On a GPU the last n_mergers programs of a (batch, row block) wait for the others: the plan
     keeps the waiting programs over all row blocks below the SM count, so a program that has not
     started always finds an SM; one split needs no merge at all."""
-    module = render(DECODE, read_knobs(DECODE)[0], tmp_dir)
+    module = render(DECODE, {**read_knobs(DECODE)[0], "MERGE": "fused"}, tmp_dir)
     n_sms = 132
     for B, Sq, H, Skv in [(1, 1, 64, 8192), (1, 4, 64, 8192), (64, 1, 64, 8192), (8, 16, 128, 4096), (200, 1, 16, 512), (1, 1, 16, 100)]:
         plan = module._plan({**module.KNOBS}, B, Sq, H, Skv, None)

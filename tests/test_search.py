@@ -9,6 +9,7 @@ from pytest_kopt.agents.search import SearchAgent
 from pytest_kopt.events import read_events
 from pytest_kopt.families import parse_family
 from pytest_kopt.run import Run, RunOptions
+from pytest_kopt.tools import candidate_id
 
 TINY = '''# kopt:knobs-begin
 KNOBS = {"BLOCK": 32, "num_warps": 4}
@@ -106,3 +107,14 @@ def test_rendered_candidates_are_ordinary_files_with_their_knobs(tmp_path):
     for e in (e for e in events if e["kind"] == "candidate" and e["strategy"] in ("slow", "fast")):
         source = (tmp_path / "run" / e["path"]).read_text()
         assert parse_family(source, e["strategy"]).knobs == e["knobs"]
+
+
+def test_every_family_is_tried_at_its_defaults_right_after_the_baseline(tmp_path):
+    problem = FakeProblem(tmp_path / "p")
+    _, events, agent = run(tmp_path, 12, problem=problem)
+    written = [e for e in events if e["kind"] == "candidate"]
+    baseline = next(e for e in events if e["kind"] == "run_started")["objective"]["baseline_candidate"]
+    others = [f for f in agent.families.values() if f is not agent.baseline_family]
+    assert written[0]["candidate_id"] == baseline
+    defaults = {candidate_id(f.render(f.knobs)) for f in others}
+    assert {e["candidate_id"] for e in written[1:1 + len(others)]} == defaults

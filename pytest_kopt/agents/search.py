@@ -2,7 +2,9 @@
 
 It renders concrete candidates from the problem's kernel families (``kernels/families``) and
 picks the next (family, knobs) with Optuna's TPE sampler (seeded, ask/tell). The first attempt
-is the baseline candidate; each attempt then walks one pipeline, one tool call per ``act``::
+is the baseline candidate, then every other family at its default knobs (its author's best
+known configuration: on the H200 a random start-up trial is often several times slower), then
+whatever the sampler proposes. Each attempt walks one pipeline, one tool call per ``act``::
 
     write_candidate -> run_tests -> (pass) benchmark -> (pass, new best or within 5%) profile
 
@@ -109,8 +111,10 @@ class SearchAgent(Agent):
         self.best: tuple[float, str] | None = None  # (us, id) among finished attempts
         self.baseline_done = False
         self.notes: list[str] = list(self.load_notes)
-        if self.baseline_family is not None:
-            params = self._params(self.baseline_family, self.baseline_family.knobs)
+        defaults_first = [self.baseline_family] if self.baseline_family is not None else []
+        defaults_first += [f for f in self.families.values() if f is not self.baseline_family]
+        for family in defaults_first:
+            params = self._params(family, family.knobs)
             if params is not None:
                 self.study.enqueue_trial(params)
 
