@@ -8,8 +8,9 @@
 #   kda-dev | mla-dev       benchmarks/dev_kda_chunked.py / dev_mla.py (flash-linear-attention importable)
 #   loop:PROBLEM:RUN:BUDGET  the search loop on PROBLEM in results/runs/RUN (resumed if it exists),
 #                           up to BUDGET tool calls, judge in quick mode, best promoted to kernels/best/
-#                           (flash-linear-attention is NOT importable here: its autotune would cost
-#                           every evaluation a minute)
+#                           (flash-linear-attention is NOT importable here: its first call autotunes
+#                           for 85 s on a fresh machine; the judge caches that choice on disk, but a
+#                           short loop still pays for it once)
 #   bench:EXPR              benchmarks/test_headline.py -k EXPR, JSON to $OUT/bench-<EXPR>.json
 set -u
 # the plugin is loaded through its entry point where the package is installed, by -p elsewhere

@@ -104,6 +104,14 @@ def test_child_runs_in_scratch_without_secrets(tmp_path: Path, monkeypatch: pyte
     assert run.stdout.split() == [str(tmp_path), "None", "visible"]
 
 
+def test_child_keeps_compiled_kernels_and_autotuning_across_evaluations(tmp_path: Path) -> None:
+    env = sandbox.child_env(tmp_path, base={"PATH": "/bin"})
+    assert env["TRITON_CACHE_DIR"] == os.path.expanduser(os.path.join("~", ".triton", "cache"))  # not the scratch
+    assert env["TRITON_CACHE_AUTOTUNING"] == "1"
+    chosen = sandbox.child_env(tmp_path, base={"TRITON_CACHE_AUTOTUNING": "0", "TRITON_CACHE_DIR": "/c"})
+    assert (chosen["TRITON_CACHE_AUTOTUNING"], chosen["TRITON_CACHE_DIR"]) == ("0", "/c")  # the user's choice stands
+
+
 def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     pid_file = tmp_path / "grandchild.pid"
     code = textwrap.dedent(f"""

@@ -38,6 +38,10 @@ def child_env(scratch: Path, base: dict[str, str] | None = None) -> dict[str, st
     env["TMPDIR"] = str(scratch)
     if "TRITON_CACHE_DIR" not in env:  # keep compiled kernels across evaluations
         env["TRITON_CACHE_DIR"] = str(Path(os.path.expanduser("~")) / ".triton" / "cache")
+    # keep autotuning results across evaluations too: every evaluation is a fresh process, and a
+    # baseline such as flash-linear-attention's chunk_kda autotunes for over a minute on its first
+    # call in each one (Triton keys the cached choice by kernel source, tuning key and device)
+    env.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     return env
 
 
