@@ -23,7 +23,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kopt", "pytest-kopt: long-horizon kernel optimization")
     group.addoption("--kopt-problem", help="problem to judge a candidate against (kda, mla, mla-prefill, ...)")
     group.addoption("--kopt-candidate", help="candidate file to judge (with --kopt-problem)")
-    group.addoption("--kopt-quick", action="store_true", help="judge quickly: the first headline shape and a few hypothesis shapes, no profile (also for --kopt-optimize)")
+    group.addoption("--kopt-quick", action="store_true", help="judge quickly: the first headline shape, a few hypothesis shapes, fewer rounds; no profile stage for --kopt-candidate (the loop still profiles when its agent asks)")
     group.addoption("--kopt-json", help="judge: write the result JSON here")
     group.addoption("--kopt-optimize", metavar="PROBLEM", help="run the optimization loop on PROBLEM")
     group.addoption("--kopt-budget", type=int, default=None, help="tool calls the loop may spend (default 100)")

@@ -38,6 +38,19 @@ def test_kopt_eval_passes_an_honest_candidate_and_saves_both_jsons(tmp_path: Pat
     assert len(candidate["stats"]["data"]) == candidate["stats"]["rounds"] >= 2
 
 
+def test_quick_mode_stops_before_the_profile_unless_the_profile_is_asked_for(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The loop's profile calls judge in quick mode with upto="profile": they must get a profile
+    (quick trims shapes and rounds, not stages); ``kopt eval --quick`` alone stops at benchmark."""
+    from pytest_kopt.judge import evaluate
+
+    asked = evaluate(TOY_REF, HOSTILE / "good_axpy.py", quick=True, upto="profile")
+    assert asked["verdict"] == "pass" and asked["stage"] == "profile" and asked["profile"]["kernels"]
+    out = tmp_path / "quick.json"
+    assert main(["eval", "--problem", TOY_REF, str(HOSTILE / "good_axpy.py"), "--quick", "--json", str(out)]) == 0
+    default = json.loads(out.read_text())
+    assert default["stage"] == "benchmark" and default["profile"] is None
+
+
 def test_kopt_eval_fails_with_the_reason_and_exit_status_1(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "result.json"
     code = main(["eval", "--problem", "kda", str(HOSTILE / "calls_reference.py"), "--json", str(out)])

@@ -45,7 +45,8 @@ def evaluate(
     """Judge one candidate file; returns the result dict (``verdict`` is "pass" or "fail").
 
     ``upto`` is the last stage to run (policy|compile|correctness|benchmark|profile); quick
-    mode runs few random shapes and no profile. ``seed`` makes the hidden input seeds
+    mode runs the first headline shape, few random shapes and fewer rounds (the command-line
+    front ends also stop quick evaluations before the profile unless told otherwise). ``seed`` makes the hidden input seeds
     reproducible (default: fresh secret seeds). ``static_policy=False`` skips the AST policy,
     for tests that prove the runtime checks hold on their own.
     """

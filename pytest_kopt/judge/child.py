@@ -536,7 +536,7 @@ class Judge:
     # ---- the whole evaluation -------------------------------------------------------------
     def run(self) -> dict:
         start = time.perf_counter()
-        stop_after = "benchmark" if self.quick and self.upto == "profile" else self.upto
+        stop_after = self.upto  # quick mode trims shapes and rounds, never a stage that was asked for
         last = STAGES.index(stop_after)
         try:
             smoke_inputs = self.make(self.problem.smoke_case)

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--problem", required=True, help="problem name (kda, mla, mla-prefill, ...) or package.module:attribute")
     parser.add_argument("--json", dest="json_out", help="write the result JSON here")
     parser.add_argument("--quick", action="store_true", help="few random shapes, no profile")
-    parser.add_argument("--upto", default="profile", choices=STAGES, help="last stage to run (default: profile)")
+    parser.add_argument("--upto", default=None, choices=STAGES, help="last stage to run (default: profile; benchmark with --quick)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before the evaluation is killed (default 900)")
     parser.add_argument("--seed", type=int, default=None, help="reproducible hidden input seeds (default: fresh secret seeds)")
     parser.add_argument("--benchmark-json", help="also save the timings as pytest-benchmark JSON here")
@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if os.getcwd() not in sys.path:  # as ``python -m`` does: a module:attribute problem may live here
         sys.path.insert(0, os.getcwd())
-    result = evaluate(args.problem, args.candidate, upto=args.upto, quick=args.quick, timeout_s=args.timeout,
+    upto = args.upto or ("benchmark" if args.quick else "profile")
+    result = evaluate(args.problem, args.candidate, upto=upto, quick=args.quick, timeout_s=args.timeout,
                       json_out=args.json_out, seed=args.seed)
     print(summary(result))
     if args.benchmark_json and result.get("benchmarks"):
