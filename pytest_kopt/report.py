@@ -151,9 +151,27 @@ def _best_section(run: RunSummary) -> list[str]:
         achieved.append(f"{roofline['achieved_TFLOPs']:.4g} TFLOP/s")
     if achieved:
         lines += ["", "Achieved: " + ", ".join(achieved) + "."]
+    lines += _cases_table(timings, roofline)
     if not result:
         lines += ["", "_(the judge's result file for this candidate was not found; figures from the event log)_"]
     return lines
+
+
+def _cases_table(timings: dict, roofline: dict) -> list[str]:
+    """Each timed case of a geometric-mean objective, with the first baseline beside it."""
+    cases = [c for c in timings.get("cases") or [] if isinstance(c, dict)]
+    if not cases:
+        return []
+    roofs = [r if isinstance(r, dict) else {} for r in roofline.get("cases") or []] + [{}] * len(cases)
+    rows = []
+    for case, roof in zip(cases, roofs):
+        name = case.get("baseline")
+        base = _num((case.get("baselines") or {}).get(name)) if name else None
+        rows.append([str(case.get("case")), _us(_num(case.get("candidate_us"))), f"{name} {_us(base)}" if base else "—",
+                     _ratio(base, _num(case.get("candidate_us")), "faster") if base else "—",
+                     f"{roof['achieved_GBps']:.4g}" if _num(roof.get("achieved_GBps")) else "—"])
+    return ["", "Timed cases (the figures above are their geometric means):", ""] + _table(
+        ["case", "time", "baseline", "this candidate is", "GB/s"], rows)
 
 
 def _floor_us(run: RunSummary) -> float | None:

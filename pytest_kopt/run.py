@@ -278,6 +278,7 @@ class Run:
         elif not opts.resume:  # another process started it after we looked
             raise RunError(f"{self.run_dir} already holds a run; pass --kopt-resume to continue it")
         else:
+            self._check_objective(objective)
             self.resumed = True
             self.tools.restore(events)
             in_flight = self.tools.in_flight
@@ -286,6 +287,19 @@ class Run:
                 agent_settings=opts.agent_settings, seed=opts.seed,
                 in_flight=in_flight["call"] if in_flight else None, repaired_bytes=self.log.repaired_bytes, environment=environment(),
             )
+
+    def _check_objective(self, objective: dict) -> None:
+        """Goal conditioning: a resumed run must be timed on what its objective was fixed on."""
+        timed_label = getattr(self.problem, "timed_label", None)
+        recorded = objective.get("case")
+        if timed_label is None or not recorded:
+            return
+        import torch
+
+        now = timed_label("cuda" if torch.cuda.is_available() else "cpu")
+        if now != recorded:
+            raise RunError(f"{self.run_dir} was started with its objective timed on {recorded!r}, but here {self.problem.name} "
+                           f"is timed on {now!r} (another machine, or another version of the problem): start a new run")
 
     def _start(self) -> None:
         """Time the baseline candidate, fix the objective, record the start (nothing charged)."""
@@ -307,7 +321,8 @@ class Run:
         passed = result.get("verdict") == "pass"
         tools.objective.update(problem.summary())
         tools.objective.update({
-            "metric": "time of one kernel(...) call on the headline case, in microseconds (lower is better); only candidates that pass the judge's correctness checks count",
+            "metric": ("geometric mean over the timed cases of " if timings.get("cases") else "")
+            + "time of one kernel(...) call on the headline case, in microseconds (lower is better); only candidates that pass the judge's correctness checks count",
             "case": timings.get("case"),
             "baseline_candidate": cid,
             "baseline_path": _shown(Path(problem.baseline_candidate_path)),

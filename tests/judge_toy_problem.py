@@ -67,3 +67,17 @@ class AxpyProblem(Problem):
 
 
 AXPY = register_problem(AxpyProblem(), replace=True)
+
+
+class AxpyTwoCases(AxpyProblem):
+    """The same problem timed on two shapes (here on the CPU too), as a problem with several
+    ``timed_headline`` cases is on a GPU: its figures are geometric means."""
+
+    name = "judge-toy-axpy-two-cases"
+    timed_shapes = ({"B": 2, "N": 100}, {"B": 1, "N": 700})
+
+    def timed_cases(self, device: str) -> tuple[Case, ...]:
+        return self.timed_shapes
+
+
+AXPY_TWO = register_problem(AxpyTwoCases(), replace=True)

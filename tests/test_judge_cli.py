@@ -51,6 +51,23 @@ def test_quick_mode_stops_before_the_profile_unless_the_profile_is_asked_for(tmp
     assert default["stage"] == "benchmark" and default["profile"] is None
 
 
+def test_several_timed_cases_give_geometric_means_and_keep_each_case() -> None:
+    from pytest_kopt.judge import evaluate
+
+    result = evaluate("judge_toy_problem:AXPY_TWO", HOSTILE / "good_axpy.py", quick=True, upto="benchmark")
+    assert result["verdict"] == "pass", result["reasons"]
+    timings = result["timings"]
+    cases = timings["cases"]
+    assert [c["case"] for c in cases] == ["B2 N100", "B1 N700"] and timings["case"] == "geomean of B2 N100 | B1 N700"
+    product = cases[0]["candidate_us"] * cases[1]["candidate_us"]
+    assert timings["candidate_us"] == pytest.approx(product ** 0.5)
+    eager = (cases[0]["baselines"]["torch-eager"] * cases[1]["baselines"]["torch-eager"]) ** 0.5
+    assert timings["baselines"]["torch-eager"] == pytest.approx(eager)
+    assert result["speedup"] == pytest.approx(eager / timings["candidate_us"])
+    assert len(result["roofline"]["cases"]) == 2
+    assert {b["extra_info"]["case"]["N"] for b in result["benchmarks"]} == {100, 700}  # every case timed and saved
+
+
 def test_kopt_eval_fails_with_the_reason_and_exit_status_1(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "result.json"
     code = main(["eval", "--problem", "kda", str(HOSTILE / "calls_reference.py"), "--json", str(out)])

@@ -128,6 +128,28 @@ def test_promote_copies_the_best_and_a_run_without_a_verified_best_fails(tmp_pat
     assert not (tmp_path / "best2").exists()
 
 
+def test_resume_refuses_a_run_whose_objective_was_timed_on_other_cases(tmp_path):
+    """Goal conditioning: the objective fixed at the start (here timed on "fake B1") must be what
+    a resumed run is timed on; a problem that now times other cases needs a new run."""
+    from pytest_kopt.agents.search import SearchAgent
+    from pytest_kopt.run import RunError
+
+    problem = FakeProblem(tmp_path / "p")
+    problem.timed_label = lambda device: "fake B1"
+    with Run(RunOptions(problem="fake", budget=4, run_dir=tmp_path / "run"), problem=problem, evaluate=FakeJudge()) as run:
+        run.execute(SearchAgent(problem=problem, profile=False))
+    resume = RunOptions(problem="fake", budget=8, run_dir=tmp_path / "run", resume=True)
+    with Run(resume, problem=problem, evaluate=FakeJudge()) as run:  # same objective: resumes
+        assert run.execute(SearchAgent(problem=problem, profile=False)).budget_used == 8
+    problem.timed_label = lambda device: "geomean of fake B1 | fake B64"
+    with pytest.raises(RunError, match="start a new run"):
+        Run(RunOptions(problem="fake", budget=12, run_dir=tmp_path / "run", resume=True), problem=problem, evaluate=FakeJudge()).__enter__()
+    # the refusal released the run's lock (else RunLocked here), and a problem object without
+    # timed_label (not a Problem subclass) is not checked
+    with Run(resume, problem=FakeProblem(tmp_path / "p"), evaluate=FakeJudge()) as run:
+        assert run.resumed
+
+
 def test_main_command_with_the_real_judge_on_the_interpreter(tmp_path):
     """``pytest --kopt-optimize=kda --kopt-budget=N`` as the README runs it (tiny budget: each
     judge evaluation on the CPU interpreter takes tens of seconds)."""

@@ -139,6 +139,23 @@ def test_report_of_an_interpreter_run_leaves_out_the_roofline(tmp_path):
     assert "| roofline floor |" not in md and "| the run's baseline candidate | 400 µs |" in md
 
 
+def test_report_lists_each_timed_case_of_a_geometric_mean_objective(tmp_path):
+    expected = make_run(tmp_path / "gm", run_id="gm", agent="search", n_candidates=6, seed=3)
+    cid, us, _ = expected["best"]
+    path = tmp_path / "gm" / "evals" / f"{cid}-benchmark.json"
+    result = json.loads(path.read_text())
+    result["timings"]["cases"] = [
+        {"case": "B1 T8192 H16 K128 V128", "candidate_us": us / 2, "baselines": {"fla chunk_kda": 45.0}, "baseline": "fla chunk_kda"},
+        {"case": "B8 T1024 H8 K64 V64", "candidate_us": us * 2, "baselines": {"fla chunk_kda": 180.0}, "baseline": "fla chunk_kda"},
+    ]
+    result["roofline"]["cases"] = [{"achieved_GBps": 1234.0}, {"achieved_GBps": 567.0}]
+    path.write_text(json.dumps(result))
+    md = write_report([tmp_path / "gm"], tmp_path / "out").read_text()
+    assert "Timed cases (the figures above are their geometric means)" in md
+    assert "| B8 T1024 H8 K64 V64 |" in md and "| 1234 |" in md and "| 567 |" in md
+    assert "fla chunk_kda 45 µs" in md and "fla chunk_kda 180 µs" in md
+
+
 def test_report_of_a_run_that_has_timed_nothing(tmp_path):
     run_dir = tmp_path / "empty"
     run_dir.mkdir()

@@ -77,6 +77,40 @@ def sign(result: dict, key: bytes) -> str:
     return hmac.new(key, payload.encode(), "sha256").hexdigest()
 
 
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def combine_cases(label: str, per_case: list[tuple[dict, dict]]) -> tuple[dict, dict]:
+    """One figure for several timed cases: geometric means of the candidate's, each baseline's
+    and the reference's times (a baseline missing at any case is left out) and of the floors;
+    every case's own timings and roofline are kept under ``cases``."""
+    timings = [t for t, _ in per_case]
+    roofs = [r for _, r in per_case]
+    names = [n for n in timings[0]["baselines"] if all(n in t["baselines"] for t in timings)]
+    combined: dict[str, Any] = {
+        "case": label,
+        "candidate_us": geomean([t["candidate_us"] for t in timings]),
+        "baselines": {n: geomean([t["baselines"][n] for t in timings]) for n in names},
+        "reference_us": geomean([t["reference_us"] for t in timings]) if all(t.get("reference_us") for t in timings) else None,
+        "compile_s": timings[0].get("compile_s"),
+        "rounds": min(t["rounds"] for t in timings),
+        "timer": timings[0]["timer"],
+        "host_us": max((t["host_us"] for t in timings if t.get("host_us") is not None), default=None),
+        "cases": timings,
+    }
+    if names:
+        combined["baseline"] = names[0]
+    errors = {k: v for t in timings for k, v in (t.get("baseline_errors") or {}).items()}
+    if errors:
+        combined["baseline_errors"] = errors
+    floor_us = geomean([r["floor_us"] for r in roofs])
+    roof = {"floor_us": floor_us, "floor_fraction": floor_us / combined["candidate_us"], "achieved_GBps": None,
+            "achieved_TFLOPs": None, "ceilings": roofs[0].get("ceilings"), "cases": roofs}
+    return combined, roof
+
+
 class Judge:
     """One evaluation. ``run()`` returns the result dict (see docs/architecture.md)."""
 
@@ -100,6 +134,7 @@ class Judge:
         self.tamper: checks.TamperCheck | None = None
         self.kernel: Any = None
         self.first_call_s: dict[str, float] = {}
+        self.timed: tuple[dict, dict] | None = None  # (case, live inputs) the profile stage reuses
         self.output_names = [o.name for o in problem.outputs]
         self.tolerance = {o.name: o.tolerance for o in problem.outputs}
         self.result: dict[str, Any] = {
@@ -284,7 +319,8 @@ class Judge:
         problem = self.problem
         cases = [problem.smoke_case]
         if self.cuda and problem.headline_cases:
-            cases += list(problem.headline_cases[:1] if self.quick else problem.headline_cases)
+            explicit = list(problem.headline_cases[:1] if self.quick else problem.headline_cases)
+            cases += explicit + [c for c in problem.timed_cases(str(self.device)) if c not in explicit]
         reasons: list[str] = []
         try:
             reasons += self.check_explicit(problem.smoke_case, smoke_inputs, first)
@@ -349,18 +385,47 @@ class Judge:
         self.result.setdefault("correctness", {})["hypothesis_examples"] = len(tried)
 
     def stage_benchmark(self) -> None:
+        """Time the problem's timed cases; with several, the figures are geometric means."""
         self.enter("benchmark")
-        from . import timing
-        from .profile import measure_ceilings, roofline
+        from .profile import measure_ceilings
         from ..problems.base import H200_BF16_FLOPS_PER_S, H200_COPY_BYTES_PER_S
 
-        torch, problem = self.torch, self.problem
-        case = problem.headline_cases[0] if self.cuda and problem.headline_cases else problem.smoke_case
-        label = self.label(case)
-        group = f"{problem.name} {label}"
+        problem = self.problem
         if not self.cuda:
             self.result["notes"].append("CPU: timings are of the smoke case under the Triton interpreter, indicative only; "
                                         "the physical-floor check is skipped and roofline figures use the H200 ceilings")
+        ceilings = {"bytes_per_s": H200_COPY_BYTES_PER_S, "flops_per_s": H200_BF16_FLOPS_PER_S, "source": "H200 defaults"}
+        if self.cuda and not self.quick:
+            try:
+                measured = measure_ceilings(self.device)
+                ceilings = {"bytes_per_s": measured["bytes_per_s"], "flops_per_s": measured["flops_per_s"], "source": "measured in this run"}
+            except Exception as exc:  # keep the defaults
+                self.result["notes"].append(f"could not measure ceilings: {exc}")
+        per_case = []
+        for case in problem.timed_cases(str(self.device)):
+            timings, roof, live = self.benchmark_case(case, ceilings)
+            per_case.append((timings, roof))
+            if self.timed is None:
+                self.timed = (case, live)  # the profile looks at the first timed case
+            del live
+        if len(per_case) == 1:
+            self.result["timings"], self.result["roofline"] = per_case[0]
+        else:
+            self.result["timings"], self.result["roofline"] = combine_cases(problem.timed_label(str(self.device)), per_case)
+        timings = self.result["timings"]
+        if timings.get("baseline"):
+            self.result["speedup"] = timings["baselines"][timings["baseline"]] / timings["candidate_us"]
+
+    def benchmark_case(self, case: dict, ceilings: dict) -> tuple[dict, dict, dict]:
+        """(timings, roofline, live inputs) of one case: the candidate on two alternating input
+        sets with every timed output checked, then the baselines and the reference."""
+        from . import timing
+        from .profile import roofline
+        from ..problems.base import H200_BF16_FLOPS_PER_S, H200_COPY_BYTES_PER_S
+
+        torch, problem = self.torch, self.problem
+        label = self.label(case)
+        group = f"{problem.name} {label}"
         sets = [self.make(case), self.make(case)]
         expected = [problem.reference(**s) for s in sets]
         live = dict(sets[0])
@@ -460,29 +525,19 @@ class Judge:
             except Exception as exc:  # a baseline that cannot run here is reported, not fatal
                 baseline_errors[name] = f"{type(exc).__name__}: {exc}"[:300]
         candidate_us = candidate_s * 1e6
-        self.result["timings"] = {
+        timings = {
             "case": label, "candidate_us": candidate_us, "baselines": baselines, "reference_us": reference_us,
             "compile_s": self.first_call_s.get(label), "rounds": rounds, "timer": "cuda-events" if self.cuda else "perf_counter",
             "host_us": meta.extra_info.get("host_us"),
             "candidate_stats": {k: meta.stats.as_dict()[k] for k in ("min", "median", "mean", "iqr", "max", "rounds")},
         }
         if baseline_errors:
-            self.result["timings"]["baseline_errors"] = baseline_errors
-        first_baseline = next(iter(baselines.values()), None)
-        if first_baseline is not None:
-            self.result["speedup"] = first_baseline / candidate_us
-            self.result["timings"]["baseline"] = next(iter(baselines))
-
-        ceilings = {"bytes_per_s": H200_COPY_BYTES_PER_S, "flops_per_s": H200_BF16_FLOPS_PER_S, "source": "H200 defaults"}
-        if self.cuda and not self.quick:
-            try:
-                measured = measure_ceilings(self.device)
-                ceilings = {"bytes_per_s": measured["bytes_per_s"], "flops_per_s": measured["flops_per_s"], "source": "measured in this run"}
-            except Exception as exc:  # keep the defaults
-                self.result["notes"].append(f"could not measure ceilings: {exc}")
+            timings["baseline_errors"] = baseline_errors
+        if baselines:
+            timings["baseline"] = next(iter(baselines))
         cost = problem.cost(case)
-        self.result["roofline"] = roofline(cost, candidate_s, bytes_per_s=ceilings["bytes_per_s"], flops_per_s=ceilings["flops_per_s"])
-        self.result["roofline"]["ceilings"]["source"] = ceilings["source"]
+        roof = roofline(cost, candidate_s, bytes_per_s=ceilings["bytes_per_s"], flops_per_s=ceilings["flops_per_s"])
+        roof["ceilings"]["source"] = ceilings["source"]
         if self.cuda:
             # The impossibility check uses the larger of measured and default ceilings: a fast
             # but honest kernel is never rejected because one measurement came out low.
@@ -490,7 +545,7 @@ class Judge:
             if candidate_s < IMPOSSIBLE_MARGIN * floor_s:
                 raise StageFailed("benchmark", [f"impossible time: {candidate_us:.2f} us is below the physical floor of {floor_s * 1e6:.2f} us "
                                                 f"({cost.bytes / 1e6:.1f} MB / bandwidth, {cost.flops / 1e9:.2f} GFLOP / peak) for {label}"])
-        self.timed = (case, live)
+        return timings, roof, live
 
     def timed_mismatch(self, out: Any, first: Any, expected: Any) -> str | None:
         """Why a timed call's outputs are wrong: bit-identical to the checked first call is

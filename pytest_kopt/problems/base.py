@@ -92,6 +92,9 @@ class Problem(ABC):
     baseline_candidate_path: Path  # the plain, correct Triton candidate every run starts from
     families: tuple[str, ...] = ()  # kernels/families/<name>.py the search agent renders from
     headline_cases: tuple[Case, ...] = ()  # the first is THE headline
+    # which headline cases a candidate is timed on (on a GPU); with several, the metric is the
+    # geometric mean of their times, so a kernel tuned for one shape cannot regress the others
+    timed_headline: tuple[int, ...] = (0,)
     smoke_case: Case = {}  # small case the judge times on the CPU interpreter (indicative only)
     rules: tuple[str, ...] = (
         "Triton only: the math is done in @triton.jit kernels defined in the candidate file.",
@@ -120,6 +123,18 @@ class Problem(ABC):
     @abstractmethod
     def describe(self, case: Case) -> str:
         """A short label such as ``B1 T8192 H16 K128 V128``."""
+
+    def timed_cases(self, device: str) -> tuple[Case, ...]:
+        """The cases a candidate is timed on: the ``timed_headline`` cases on a GPU, the smoke
+        case on the CPU interpreter (where headline shapes would take hours)."""
+        if str(device).startswith("cuda") and self.headline_cases:
+            return tuple(self.headline_cases[i] for i in self.timed_headline)
+        return (self.smoke_case,)
+
+    def timed_label(self, device: str) -> str:
+        """How the objective names what is timed: a case, or the geometric mean of several."""
+        labels = [self.describe(c) for c in self.timed_cases(device)]
+        return labels[0] if len(labels) == 1 else "geomean of " + " | ".join(labels)
 
     def baselines(self, device: str) -> list[Baseline]:
         """What the candidate is timed against, best-known first. Override per problem."""
