@@ -44,30 +44,20 @@ describe = MLA.describe
 # (family, label, knob overrides on the family file's KNOBS)
 NARROW = {"CONFIG": "knobs", "BLOCK_H": 16, "BLOCK_N": 64, "KEYS_AS_M": True, "num_warps": 4, "num_stages": 3}
 WIDE = {"CONFIG": "knobs", "BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2}
+# Run 5 list (run 4's rows: git history). Decode: controls only (nothing new in the decode family this
+# round). Prefill: QK_SPLIT, the score dot off Triton's chained-dot layout (kernels/notes/mla.md, run 5).
 VARIANTS = [
-    ("decode", "auto", {}),  # fused merge, 16 mergers: one launch
-    ("decode", "auto-2launch", {"MERGE": "kernel"}),  # run 3's default (merge kernel), for the same-run comparison
-    ("decode", "auto-M4", {"MERGERS": 4}),
-    ("decode", "auto-tau8", {"RESCALE_TAU": 8}),
-    ("decode", "nar-st2", {**NARROW, "num_stages": 2}),  # control for VM-st2
-    ("decode", "VM-st2", {**NARROW, "num_stages": 2, "VALUES_AS_M": True}),  # P V on wgmma (BN64 st3 does not fit)
-    ("decode", "VM-BN32st4", {**NARROW, "BLOCK_N": 32, "num_stages": 4, "VALUES_AS_M": True}),
-    ("decode", "wide", WIDE),
-    ("decode", "tma", {"KV_LOAD": "tma"}),  # auto tiles, KV through tensor descriptors
-    ("decode", "tma-VM-st2", {**NARROW, "num_stages": 2, "VALUES_AS_M": True, "KV_LOAD": "tma"}),
-    ("decode", "tma-tau8", {"KV_LOAD": "tma", "RESCALE_TAU": 8}),
-    ("decode", "tma-st2", {**NARROW, "num_stages": 2, "KV_LOAD": "tma"}),  # 100 KB smem: 2 programs per SM
-    ("decode", "tma-S64-st2", {**NARROW, "num_stages": 2, "KV_LOAD": "tma", "NUM_SPLITS": 64}),  # 256 programs, 2 tiles each
-    ("decode", "tma-S64-st2-bf16", {**NARROW, "num_stages": 2, "KV_LOAD": "tma", "NUM_SPLITS": 64, "PARTIAL_DTYPE": "bfloat16"}),
-    ("prefill", "default", {}),
-    ("prefill", "tau8", {"RESCALE_TAU": 8}),
-    ("prefill", "HT64", {"HEADS_PER_TILE": 64}),
-    ("prefill", "tma", {"KV_LOAD": "tma"}),
-    ("prefill", "tma-tau8", {"KV_LOAD": "tma", "RESCALE_TAU": 8}),
-    ("prefill", "tma-HT64", {"KV_LOAD": "tma", "HEADS_PER_TILE": 64}),
+    ("decode", "auto", {}),  # the default: auto tiles, merge kernel (two launches)
+    ("decode", "wide", WIDE),  # B64's tiles on every case (BH64 w8: the duplicated 64 x 64 score tile, as prefill)
+    ("prefill", "tma", {}),  # the default (KV_LOAD tma): control, run 4 13.96 ms
+    ("prefill", "split", {"QK_SPLIT": True}),
+    ("prefill", "split-km", {"QK_SPLIT": True, "KEYS_AS_M": True}),  # S^T = K q^T: P^T without a transpose
+    ("prefill", "split-unm", {"QK_SPLIT": True, "UNMASKED_LOOP": True}),  # mask only on the diagonal tiles
+    ("prefill", "split-HT64", {"QK_SPLIT": True, "HEADS_PER_TILE": 64}),  # one query's 64 heads per row tile
+    ("prefill", "split-tau8", {"QK_SPLIT": True, "RESCALE_TAU": 8}),  # lazy rescale inside the branch
 ]
 # decode variants timed on the B1 Sq1 case only (the rest: every headline case); keeps the run short
-B1_ONLY = {"auto-M4", "auto-tau8", "VM-st2", "nar-st2", "VM-BN32st4", "tma-VM-st2", "tma-tau8", "tma-st2", "tma-S64-st2", "tma-S64-st2-bf16"}
+B1_ONLY: set[str] = set()
 
 
 def cases_of(family: str, label: str) -> list[dict]:
@@ -75,7 +65,7 @@ def cases_of(family: str, label: str) -> list[dict]:
 
 
 # under ncu (--ncu): (family, variant label, case index) profiled once each, after a warm-up call
-NCU_TARGETS = [("decode", "auto", 0), ("decode", "tma", 0), ("decode", "auto", 3)]
+NCU_TARGETS = [("prefill", "tma", 0), ("prefill", "split", 0), ("decode", "auto", 0)]
 
 
 def render(family: str, label: str, overrides: dict, out_dir: Path) -> Path:

@@ -194,6 +194,17 @@ def test_prefill_tma_matches_reference(tmp_dir, case, seed, hpt, keys_as_m, unma
     check(MLA_PREFILL, render(PREFILL, knobs, tmp_dir).kernel, case, seed)
 
 
+@settings(max_examples=4, deadline=None)
+@given(case=small_prefill_cases(), seed=SEEDS, hpt=st.sampled_from([1, 2, 4]), unmasked=st.booleans(),
+       keys_as_m=st.booleans(), tau=st.sampled_from([0, 8]))
+def test_prefill_qk_split_matches_reference(tmp_dir, case, seed, hpt, unmasked, keys_as_m, tau):
+    """QK_SPLIT (TMA kernel): unchained score dots, P and alpha through an always-taken branch,
+    transposed accumulators; both score orientations, eager and lazy rescale."""
+    knobs = {**read_knobs(PREFILL)[0], "KV_LOAD": "tma", "QK_SPLIT": True, "BLOCK_M": 16, "BLOCK_N": 16,
+             "HEADS_PER_TILE": hpt, "UNMASKED_LOOP": unmasked, "KEYS_AS_M": keys_as_m, "RESCALE_TAU": tau}
+    check(MLA_PREFILL, render(PREFILL, knobs, tmp_dir).kernel, case, seed)
+
+
 def test_prefill_tma_falls_back_for_unaligned_kv(tmp_dir):
     module = render(PREFILL, {**read_knobs(PREFILL)[0], "KV_LOAD": "tma", "BLOCK_M": 16, "BLOCK_N": 16}, tmp_dir)
     gen = torch.Generator().manual_seed(6)
@@ -322,7 +333,7 @@ def build(fn, constexprs, knobs):
     c = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": knobs["num_warps"], "num_stages": knobs["num_stages"]})
-    return {"shared": c.metadata.shared, "wgmma": "wgmma" in c.asm["ptx"]}
+    return {"shared": c.metadata.shared, "wgmma": "wgmma" in c.asm["ptx"], "ttgir": c.asm["ttgir"]}
 
 
 dec, pre = load(sys.argv[1], "mla_decode_sm90"), load(sys.argv[2], "mla_prefill_sm90")
@@ -338,9 +349,10 @@ out["decode-tma"] = build(dec._mla_decode_tma, dict(BLOCK_H=k["BLOCK_H"], BLOCK_
                                                     MODE=2, MERGERS=k["MERGERS"], S_P2=32, CHUNK=max(1, min(32, 8192 // (k["BLOCK_H"] * 512 // k["MERGERS"]))),
                                                     TAU=0.0, DN=512, DR=64), k)
 k = pre.KNOBS
-out["prefill-tma"] = build(pre._mla_prefill_tma, dict(BLOCK_M=k["BLOCK_M"], BLOCK_N=k["BLOCK_N"], HEADS_PER_TILE=k["HEADS_PER_TILE"],
-                                                      UNMASKED_LOOP=k["UNMASKED_LOOP"], KEYS_AS_M=k["KEYS_AS_M"],
-                                                      TAU=float(k["RESCALE_TAU"]), DN=512, DR=64), k)
+for name, split in (("prefill-tma", k["QK_SPLIT"]), ("prefill-tma-qk-split", True)):
+    out[name] = build(pre._mla_prefill_tma, dict(BLOCK_M=k["BLOCK_M"], BLOCK_N=k["BLOCK_N"], HEADS_PER_TILE=k["HEADS_PER_TILE"],
+                                                 UNMASKED_LOOP=k["UNMASKED_LOOP"], KEYS_AS_M=k["KEYS_AS_M"],
+                                                 TAU=float(k["RESCALE_TAU"]), DN=512, DR=64, QK_SPLIT=split), k)
 out["prefill"] = build(pre._mla_prefill_fwd, dict(BLOCK_M=k["BLOCK_M"], BLOCK_N=k["BLOCK_N"], HEADS_PER_TILE=k["HEADS_PER_TILE"],
                                                   BV=512 // k["V_SPLIT"], UNMASKED_LOOP=k["UNMASKED_LOOP"],
                                                   KEYS_AS_M=k["KEYS_AS_M"], TAU=float(k["RESCALE_TAU"]), DN=512, DR=64), k)
@@ -362,3 +374,10 @@ def test_compiles_for_hopper():
     for family, info in result.items():
         assert info["wgmma"], f"{family}: default knobs do not lower to wgmma"
         assert info["shared"] <= h100_smem, f"{family}: {info['shared']} bytes of shared memory at the default knobs"
+    # QK_SPLIT exists to take the score dot off Triton's chained-dot layout (all 8 warps on M = 64, i.e.
+    # both warpgroups computing the whole score tile): its score dots must split the warps [4, 2]
+    layouts = [line for line in result["prefill-tma-qk-split"]["ttgir"].splitlines() if "nvidia_mma" in line]
+    assert any("warpsPerCTA = [4, 2], instrShape = [16, 32, 16]" in line for line in layouts), layouts
+    if not read_knobs(PREFILL)[0]["QK_SPLIT"]:  # the chained default: [8, 1] on the 64 x 64 score tile
+        layouts = [line for line in result["prefill-tma"]["ttgir"].splitlines() if "nvidia_mma" in line]
+        assert any("warpsPerCTA = [8, 1], instrShape = [16, 32, 16]" in line for line in layouts), layouts

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 16, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2, "RESCALE_TAU": 0, "KV_LOAD": "tma"}
+KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 16, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2, "RESCALE_TAU": 0, "KV_LOAD": "tma", "QK_SPLIT": False}
 # kopt:knobs-end
 SPACE = {
     "BLOCK_M": [32, 64, 128],  # (query, head) rows per program
@@ -45,6 +45,7 @@ SPACE = {
     "num_stages": [1, 2, 3],
     "RESCALE_TAU": [0, 8],  # 0: rescale the accumulator every tile; 8: only when a row max grows by > 8 (log2)
     "KV_LOAD": ["pointer", "tma"],  # KV tiles by per-thread pointers (cp.async) or tensor descriptors (TMA; V_SPLIT 1)
+    "QK_SPLIT": [False, True],  # TMA kernel: score keys split over the warpgroups (no duplicated QK), P V as V^T P^T
 }
 
 D_NOPE = 512  # latent width: the value width
@@ -210,6 +211,60 @@ def _attend_tile_tma(
 
 
 @triton.jit
+def _attend_tile_split(
+    acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale, live,
+    BLOCK_N: tl.constexpr, DN: tl.constexpr, MASKED: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr,
+):
+    """``_attend_tile_tma`` for QK_SPLIT: no score dot may feed another dot in the same block, else
+    Triton's chained-dot rule puts all 8 warps on the M of the score dot, and at M = 64 both
+    warpgroups then compute the whole score tile. So the three partial score dots get fresh
+    accumulators (scaled, then summed: an add of a zero-accumulator dot would be folded back into a
+    chain), and P and alpha reach the P V dots through a branch that is always taken (``live``: the
+    forward slice that the rule follows stops at a branch's yield). P V is transposed, acc^T = V^T P^T
+    (the 512 value columns are the wgmma M, P^T the B operand through shared memory): acc0 / acc1 are
+    [256, rows]. KEYS_AS_M: scores as S^T = K q^T (keys are the M; qn0, qn1, qr hold q^T), which is
+    P^T's own layout."""
+    HALF: tl.constexpr = DN // 2
+    kn0 = kn_desc.load([start, 0])
+    kn1 = kn_desc.load([start, HALF])
+    kr = kr_desc.load([start, DN])
+    offs_n = start + tl.arange(0, BLOCK_N)
+    if KEYS_AS_M:  # s [BLOCK_N, rows]; reductions over axis 0
+        s = tl.dot(kr, qr) * qk_scale + tl.dot(kn0, qn0) * qk_scale + tl.dot(kn1, qn1) * qk_scale
+        if MASKED:
+            s = tl.where(offs_n[:, None] <= limit[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+    else:  # s [rows, BLOCK_N]
+        s = tl.dot(qr, tl.trans(kr)) * qk_scale + tl.dot(qn0, tl.trans(kn0)) * qk_scale + tl.dot(qn1, tl.trans(kn1)) * qk_scale
+        if MASKED:
+            s = tl.where(offs_n[None, :] <= limit[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+    grow = True
+    if TAU > 0:  # lazy: keep the stale max unless some row grew by more than TAU (tile-uniform)
+        grow = tl.max(m_new - m_i, 0) > TAU
+        m_new = tl.where(grow, m_new, m_i)
+    alpha = tl.exp2(m_i - m_new)
+    if KEYS_AS_M:
+        p = tl.exp2(s - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p, 0)
+    else:
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+    pt = tl.zeros([BLOCK_N, acc0.shape[1]], dtype=kn0.dtype)
+    if live > 0:  # always taken: P and alpha leave through the branch, so no dot is downstream of a score dot
+        if KEYS_AS_M:
+            pt = p.to(kn0.dtype)
+        else:
+            pt = tl.trans(p.to(kn0.dtype))
+        if grow:
+            acc0 = acc0 * alpha[None, :]
+            acc1 = acc1 * alpha[None, :]
+    acc0 = tl.dot(tl.trans(kn0), pt, acc0)
+    acc1 = tl.dot(tl.trans(kn1), pt, acc1)
+    return acc0, acc1, l_i, m_new
+
+
+@triton.jit
 def _mla_prefill_tma(
     q, kv, o, lse,
     stride_qb, stride_qs, stride_qh, stride_qd,
@@ -219,6 +274,7 @@ def _mla_prefill_tma(
     Sq, H, Skv, n_hgroups, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS_PER_TILE: tl.constexpr,
     UNMASKED_LOOP: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr,
+    QK_SPLIT: tl.constexpr,
 ):
     """``_mla_prefill_fwd`` (V_SPLIT 1) with KV tiles through tensor descriptors (TMA on sm_90)."""
     HALF: tl.constexpr = DN // 2
@@ -257,22 +313,36 @@ def _mla_prefill_tma(
     kr_desc = tl.make_tensor_descriptor(kv_b, shape=[Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, DR])
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc0 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
     if not UNMASKED_LOOP:
         full_end = 0
-    for start in range(0, full_end, BLOCK_N):
-        acc0, acc1, l_i, m_i = _attend_tile_tma(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
-                                                BLOCK_N, DN, False, KEYS_AS_M, TAU)
-    for start in range(full_end, end, BLOCK_N):
-        acc0, acc1, l_i, m_i = _attend_tile_tma(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
-                                                BLOCK_N, DN, True, KEYS_AS_M, TAU)
-
-    inv_l = 1.0 / l_i  # every real row sees key 0, so l_i > 0
     o_row = o + b * stride_ob + s_idx.to(tl.int64) * stride_os + h_idx.to(tl.int64) * stride_oh
-    ptr = o_row[:, None] + offs_h[None, :] * stride_od
-    tl.store(ptr, (acc0 * inv_l[:, None]).to(o.dtype.element_ty), mask=row_ok[:, None])
-    tl.store(ptr + HALF * stride_od, (acc1 * inv_l[:, None]).to(o.dtype.element_ty), mask=row_ok[:, None])
+    if QK_SPLIT:  # transposed accumulators [256, BLOCK_M]
+        live = Skv  # >= 1, but the compiler cannot know: keeps the branches around the score dots
+        acc0 = tl.zeros([HALF, BLOCK_M], dtype=tl.float32)
+        acc1 = tl.zeros([HALF, BLOCK_M], dtype=tl.float32)
+        for start in range(0, full_end, BLOCK_N):
+            acc0, acc1, l_i, m_i = _attend_tile_split(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
+                                                      live, BLOCK_N, DN, False, KEYS_AS_M, TAU)
+        for start in range(full_end, end, BLOCK_N):
+            acc0, acc1, l_i, m_i = _attend_tile_split(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
+                                                      live, BLOCK_N, DN, True, KEYS_AS_M, TAU)
+        inv_l = 1.0 / l_i
+        ptr = o_row[None, :] + offs_h[:, None] * stride_od
+        tl.store(ptr, (acc0 * inv_l[None, :]).to(o.dtype.element_ty), mask=row_ok[None, :])
+        tl.store(ptr + HALF * stride_od, (acc1 * inv_l[None, :]).to(o.dtype.element_ty), mask=row_ok[None, :])
+    else:
+        acc0 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+        for start in range(0, full_end, BLOCK_N):
+            acc0, acc1, l_i, m_i = _attend_tile_tma(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
+                                                    BLOCK_N, DN, False, KEYS_AS_M, TAU)
+        for start in range(full_end, end, BLOCK_N):
+            acc0, acc1, l_i, m_i = _attend_tile_tma(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
+                                                    BLOCK_N, DN, True, KEYS_AS_M, TAU)
+        inv_l = 1.0 / l_i  # every real row sees key 0, so l_i > 0
+        ptr = o_row[:, None] + offs_h[None, :] * stride_od
+        tl.store(ptr, (acc0 * inv_l[:, None]).to(o.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(ptr + HALF * stride_od, (acc1 * inv_l[:, None]).to(o.dtype.element_ty), mask=row_ok[:, None])
     l_ptr = lse + b * stride_lb + h_idx.to(tl.int64) * stride_lh + s_idx.to(tl.int64) * stride_ls
     tl.store(l_ptr, (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=row_ok)
 
@@ -337,6 +407,7 @@ def kernel(q, kv, scale):
     hpt = min(hpt, triton.next_power_of_2(H))  # no more head slots than heads
     if hpt > block_m:
         raise ValueError(f"HEADS_PER_TILE={hpt} exceeds BLOCK_M={block_m}: a tile must hold at least one query")
+    qk_split = bool(K["QK_SPLIT"])
     bv = D_NOPE // v_split
     n_hgroups = triton.cdiv(H, hpt)
     n_qblocks = triton.cdiv(Sq, block_m // hpt)
@@ -356,7 +427,7 @@ def kernel(q, kv, scale):
                 lse.stride(0), lse.stride(1), lse.stride(2),
                 Sq, H, Skv, n_hgroups, float(scale) * LOG2E,
                 BLOCK_M=block_m, BLOCK_N=block_n, HEADS_PER_TILE=hpt, UNMASKED_LOOP=bool(K["UNMASKED_LOOP"]),
-                KEYS_AS_M=bool(K["KEYS_AS_M"]), TAU=tau, DN=D_NOPE, DR=D_ROPE,
+                KEYS_AS_M=bool(K["KEYS_AS_M"]), TAU=tau, DN=D_NOPE, DR=D_ROPE, QK_SPLIT=qk_split,
                 num_warps=num_warps, num_stages=num_stages,
             )
             return o, lse
