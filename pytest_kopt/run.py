@@ -288,16 +288,19 @@ class Run:
                 in_flight=in_flight["call"] if in_flight else None, repaired_bytes=self.log.repaired_bytes, environment=environment(),
             )
 
-    def _check_objective(self, objective: dict) -> None:
-        """Goal conditioning: a resumed run must be timed on what its objective was fixed on."""
+    def _timed_label(self) -> str | None:
+        """What the problem is timed on, on this machine (None for a problem object without it)."""
         timed_label = getattr(self.problem, "timed_label", None)
-        recorded = objective.get("case")
-        if timed_label is None or not recorded:
-            return
+        if timed_label is None:
+            return None
         import torch
 
-        now = timed_label("cuda" if torch.cuda.is_available() else "cpu")
-        if now != recorded:
+        return timed_label("cuda" if torch.cuda.is_available() else "cpu")
+
+    def _check_objective(self, objective: dict) -> None:
+        """Goal conditioning: a resumed run must be timed on what its objective was fixed on."""
+        recorded, now = objective.get("timed"), self._timed_label()
+        if recorded and now and now != recorded:
             raise RunError(f"{self.run_dir} was started with its objective timed on {recorded!r}, but here {self.problem.name} "
                            f"is timed on {now!r} (another machine, or another version of the problem): start a new run")
 
@@ -324,6 +327,7 @@ class Run:
             "metric": ("geometric mean over the timed cases of " if timings.get("cases") else "")
             + "time of one kernel(...) call on the headline case, in microseconds (lower is better); only candidates that pass the judge's correctness checks count",
             "case": timings.get("case"),
+            "timed": self._timed_label(),
             "baseline_candidate": cid,
             "baseline_path": _shown(Path(problem.baseline_candidate_path)),
             "baseline_us": timings.get("candidate_us") if passed else None,
