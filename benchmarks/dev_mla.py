@@ -44,11 +44,17 @@ describe = MLA.describe
 # (family, label, knob overrides on the family file's KNOBS)
 NARROW = {"CONFIG": "knobs", "BLOCK_H": 16, "BLOCK_N": 64, "KEYS_AS_M": True, "num_warps": 4, "num_stages": 3}
 WIDE = {"CONFIG": "knobs", "BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2}
-# Run 5 list (run 4's rows: git history). Decode: controls only (nothing new in the decode family this
-# round). Prefill: QK_SPLIT, the score dot off Triton's chained-dot layout (kernels/notes/mla.md, run 5).
+# Run 5 list (run 4's rows: git history). QK_SPLIT in both families: the score dot taken off Triton's
+# chained-dot layout, so at 64 rows on 8 warps the two warpgroups split the score tile instead of
+# both computing all of it (kernels/notes/mla.md, run 5).
+WSPLIT = {**WIDE, "KV_LOAD": "tma", "QK_SPLIT": True}  # 64 heads per program, no duplicated score tile
 VARIANTS = [
-    ("decode", "auto", {}),  # the default: auto tiles, merge kernel (two launches)
-    ("decode", "wide", WIDE),  # B64's tiles on every case (BH64 w8: the duplicated 64 x 64 score tile, as prefill)
+    ("decode", "auto", {}),  # the default: narrow tiles at B1, wide at B64, merge kernel (two launches)
+    ("decode", "wide-tma", {**WIDE, "KV_LOAD": "tma"}),  # control for wide-split (run 4 B64: 296.5 us)
+    ("decode", "wide-split", WSPLIT),  # every case; B64 is the one it is for
+    ("decode", "split-S128-bf16", {**WSPLIT, "NUM_SPLITS": 128, "PARTIAL_DTYPE": "bfloat16"}),  # B1: 128 programs, 1 tile each
+    ("decode", "split-S64-bf16", {**WSPLIT, "NUM_SPLITS": 64, "PARTIAL_DTYPE": "bfloat16"}),  # B1: 2 tiles each
+    ("decode", "split-S128", {**WSPLIT, "NUM_SPLITS": 128}),  # fp32 partials: 16 MB through the merge
     ("prefill", "tma", {}),  # the default (KV_LOAD tma): control, run 4 13.96 ms
     ("prefill", "split", {"QK_SPLIT": True}),
     ("prefill", "split-km", {"QK_SPLIT": True, "KEYS_AS_M": True}),  # S^T = K q^T: P^T without a transpose
@@ -57,7 +63,7 @@ VARIANTS = [
     ("prefill", "split-tau8", {"QK_SPLIT": True, "RESCALE_TAU": 8}),  # lazy rescale inside the branch
 ]
 # decode variants timed on the B1 Sq1 case only (the rest: every headline case); keeps the run short
-B1_ONLY: set[str] = set()
+B1_ONLY = {"split-S128-bf16", "split-S64-bf16", "split-S128"}
 
 
 def cases_of(family: str, label: str) -> list[dict]:
@@ -65,7 +71,7 @@ def cases_of(family: str, label: str) -> list[dict]:
 
 
 # under ncu (--ncu): (family, variant label, case index) profiled once each, after a warm-up call
-NCU_TARGETS = [("prefill", "tma", 0), ("prefill", "split", 0), ("decode", "auto", 0)]
+NCU_TARGETS = [("prefill", "tma", 0), ("prefill", "split", 0), ("decode", "split-S128-bf16", 0)]
 
 
 def render(family: str, label: str, overrides: dict, out_dir: Path) -> Path:

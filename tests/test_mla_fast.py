@@ -115,6 +115,20 @@ def test_decode_tma_matches_reference(tmp_dir, case, seed, keys_as_m, values_as_
     check(MLA, render(DECODE, knobs, tmp_dir).kernel, case, seed)
 
 
+@settings(max_examples=4, deadline=None)
+@given(case=MLA.case_strategy("cpu"), seed=SEEDS, keys_as_m=st.booleans(), tau=st.sampled_from([0, 8]),
+       block_h=st.sampled_from([16, 64]), merge=st.sampled_from(["fused", "kernel"]))
+def test_decode_qk_split_matches_reference(tmp_dir, case, seed, keys_as_m, tau, block_h, merge):
+    """QK_SPLIT (TMA kernel, 8 warps): unchained score dots, P and alpha through an always-taken
+    branch, transposed accumulators; both score orientations, eager and lazy rescale, both merges."""
+    knobs = {**decode_knobs()[0], "KV_LOAD": "tma", "QK_SPLIT": True, "num_warps": 8, "num_stages": 2, "BLOCK_N": 16,
+             "BLOCK_H": block_h, "NUM_SPLITS": 3, "KEYS_AS_M": keys_as_m, "RESCALE_TAU": tau, "MERGE": merge}
+    module = render(DECODE, knobs, tmp_dir)
+    check(MLA, module.kernel, case, seed)
+    plan = next(iter(module._PLANS.values()))
+    assert plan["qk_split"], plan
+
+
 def test_decode_tma_falls_back_for_unaligned_kv(tmp_dir):
     """A kv whose rows a descriptor cannot address (odd row stride, unaligned base) takes the
     pointer kernel: same answer."""
@@ -275,6 +289,7 @@ def test_strided_inputs(tmp_dir, path):
         (DECODE, {"BLOCK_N": 24}), (DECODE, {"BLOCK_H": 8}), (DECODE, {"PARTIAL_DTYPE": "float16"}), (DECODE, {"NUM_SPLITS": -1}),
         (DECODE, {"CONFIG": "fastest"}), (DECODE, {"MERGE": "atomic"}), (DECODE, {"MERGERS": 3}),
         (DECODE, {"RESCALE_TAU": 40}), (DECODE, {"KV_LOAD": "descriptor"}), (PREFILL, {"RESCALE_TAU": -1}),
+        (DECODE, {"QK_SPLIT": True, "num_warps": 8, "KEYS_AS_M": True, "BLOCK_H": 16, "BLOCK_N": 64, "num_stages": 3}),
         (PREFILL, {"KV_LOAD": "descriptor"}),
         (PREFILL, {"BLOCK_M": 48}), (PREFILL, {"BLOCK_N": 8}), (PREFILL, {"V_SPLIT": 3}), (PREFILL, {"HEADS_PER_TILE": 3}),
     ],
@@ -344,10 +359,12 @@ for name, k in [("decode-knobs", dec.KNOBS)] + [(f"decode-{r}", {**dec.KNOBS, **
                                                     MODE=2 if k["MERGE"] == "fused" else 1, MERGERS=k["MERGERS"], S_P2=32,
                                                     CHUNK=max(1, min(32, 8192 // (k["BLOCK_H"] * w))),
                                                     TAU=float(k["RESCALE_TAU"]), DN=512, DR=64), k)
-k = {**dec.KNOBS, **dec.REGIMES["narrow"]}
-out["decode-tma"] = build(dec._mla_decode_tma, dict(BLOCK_H=k["BLOCK_H"], BLOCK_N=k["BLOCK_N"], KEYS_AS_M=k["KEYS_AS_M"], VALUES_AS_M=False,
-                                                    MODE=2, MERGERS=k["MERGERS"], S_P2=32, CHUNK=max(1, min(32, 8192 // (k["BLOCK_H"] * 512 // k["MERGERS"]))),
-                                                    TAU=0.0, DN=512, DR=64), k)
+for name, regime, split in (("decode-tma", "narrow", False), ("decode-tma-wide-qk-split", "wide", True)):
+    k = {**dec.KNOBS, **dec.REGIMES[regime]}
+    out[name] = build(dec._mla_decode_tma, dict(BLOCK_H=k["BLOCK_H"], BLOCK_N=k["BLOCK_N"], KEYS_AS_M=k["KEYS_AS_M"], VALUES_AS_M=False,
+                                                MODE=1 if split else 2, MERGERS=k["MERGERS"], S_P2=32,
+                                                CHUNK=max(1, min(32, 8192 // (k["BLOCK_H"] * 512 // k["MERGERS"]))),
+                                                TAU=0.0, DN=512, DR=64, QK_SPLIT=split), k)
 k = pre.KNOBS
 for name, split in (("prefill-tma", k["QK_SPLIT"]), ("prefill-tma-qk-split", True)):
     out[name] = build(pre._mla_prefill_tma, dict(BLOCK_M=k["BLOCK_M"], BLOCK_N=k["BLOCK_N"], HEADS_PER_TILE=k["HEADS_PER_TILE"],
@@ -376,8 +393,9 @@ def test_compiles_for_hopper():
         assert info["shared"] <= h100_smem, f"{family}: {info['shared']} bytes of shared memory at the default knobs"
     # QK_SPLIT exists to take the score dot off Triton's chained-dot layout (all 8 warps on M = 64, i.e.
     # both warpgroups computing the whole score tile): its score dots must split the warps [4, 2]
-    layouts = [line for line in result["prefill-tma-qk-split"]["ttgir"].splitlines() if "nvidia_mma" in line]
-    assert any("warpsPerCTA = [4, 2], instrShape = [16, 32, 16]" in line for line in layouts), layouts
+    for name in ("prefill-tma-qk-split", "decode-tma-wide-qk-split"):
+        layouts = [line for line in result[name]["ttgir"].splitlines() if "nvidia_mma" in line]
+        assert any("warpsPerCTA = [4, 2], instrShape = [16, 32, 16]" in line for line in layouts), (name, layouts)
     if not read_knobs(PREFILL)[0]["QK_SPLIT"]:  # the chained default: [8, 1] on the 64 x 64 score tile
         layouts = [line for line in result["prefill-tma"]["ttgir"].splitlines() if "nvidia_mma" in line]
         assert any("warpsPerCTA = [8, 1], instrShape = [16, 32, 16]" in line for line in layouts), layouts

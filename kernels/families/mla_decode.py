@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {"CONFIG": "auto", "NUM_SPLITS": 0, "BLOCK_N": 64, "BLOCK_H": 16, "KEYS_AS_M": True, "VALUES_AS_M": False, "num_warps": 4, "num_stages": 3, "PARTIAL_DTYPE": "float32", "MERGE": "kernel", "MERGERS": 16, "RESCALE_TAU": 0, "KV_LOAD": "pointer"}
+KNOBS = {"CONFIG": "auto", "NUM_SPLITS": 0, "BLOCK_N": 64, "BLOCK_H": 16, "KEYS_AS_M": True, "VALUES_AS_M": False, "num_warps": 4, "num_stages": 3, "PARTIAL_DTYPE": "float32", "MERGE": "kernel", "MERGERS": 16, "RESCALE_TAU": 0, "KV_LOAD": "pointer", "QK_SPLIT": False}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the measured tile config of the shape's regime (see REGIMES); knobs: the knobs below
@@ -71,6 +71,7 @@ SPACE = {
     "MERGERS": [1, 4, 8, 16],  # fused: how many of the last-arriving programs share the merge (value column slices)
     "RESCALE_TAU": [0, 8],  # 0: rescale the accumulator every tile; 8: only when a row max grows by > 8 (log2)
     "KV_LOAD": ["pointer", "tma"],  # KV tiles by per-thread pointers (cp.async) or tensor descriptors (TMA)
+    "QK_SPLIT": [False, True],  # TMA kernel: score dots unchained, so 8 warps split the score tile (no duplicate); P V as V^T P^T
 }
 
 # CONFIG "auto": the tile config measured best on an H200 (kernels/notes/mla.md, run 2) for each
@@ -92,6 +93,7 @@ MERGE_BLOCK_V = 64  # merge kernel: value columns per program (512 when there ar
 MERGE_SPLIT_CHUNK = 32  # merge kernel: partials loaded at once per loop step (one round trip up to 32 splits)
 MERGE_WARPS = 4
 FUSED_MERGE_ELEMS = 8192  # fused merge: partial elements loaded per step ([splits, rows, columns] tile)
+SMEM_LIMIT = 232448  # bytes of shared memory a block may opt into on sm_90
 
 
 @triton.jit
@@ -290,13 +292,21 @@ def _mla_decode_tma(
     Sq, H, Skv, n_splits, blocks_per_split, n_mergers, qk_scale,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_AS_M: tl.constexpr, VALUES_AS_M: tl.constexpr, MODE: tl.constexpr,
     MERGERS: tl.constexpr, S_P2: tl.constexpr, CHUNK: tl.constexpr, TAU: tl.constexpr,
-    DN: tl.constexpr, DR: tl.constexpr,
+    DN: tl.constexpr, DR: tl.constexpr, QK_SPLIT: tl.constexpr,
 ):
     """``_mla_decode_partial`` with the KV tiles loaded through tensor descriptors (TMA on sm_90:
     one copy per box instead of per-thread cp.async addresses and masks; rows past Skv read as
     zeros). A box is at most 256 columns, so the latent half-tiles [BLOCK_N, 256] are loaded and
-    multiplied separately (two accumulators), the rope tile [BLOCK_N, 64] through its own descriptor."""
+    multiplied separately (two accumulators), the rope tile [BLOCK_N, 64] through its own descriptor.
+
+    QK_SPLIT: no score dot feeds another dot in the loop body, so Triton's chained-dot rule (all
+    warps on the score dot's M) does not apply and at BLOCK_H 64 on 8 warps the two warpgroups
+    split the score tile's keys instead of both computing all of it (as in mla_prefill's QK_SPLIT):
+    the three partial score dots get fresh accumulators (scaled, then summed), P and alpha reach
+    the P V dots through an always-taken branch (``live``), and P V is O^T = V^T P^T (VALUES_AS_M)."""
     HALF: tl.constexpr = DN // 2
+    VT: tl.constexpr = VALUES_AS_M or QK_SPLIT  # accumulators transposed: [256, BLOCK_H]
+    live = Skv  # >= 1, unknown to the compiler (not specialised): the QK_SPLIT branch stays
     pid_r = tl.program_id(0)
     pid_s = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -329,7 +339,7 @@ def _mla_decode_tma(
 
     m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    if VALUES_AS_M:
+    if VT:
         acc0 = tl.zeros([HALF, BLOCK_H], dtype=tl.float32)
         acc1 = tl.zeros([HALF, BLOCK_H], dtype=tl.float32)
     else:
@@ -339,18 +349,56 @@ def _mla_decode_tma(
         kn0 = kn_desc.load([start, 0])
         kn1 = kn_desc.load([start, HALF])
         kr = kr_desc.load([start, DN])
-        if KEYS_AS_M:
-            qk = tl.trans(tl.dot(kn1, qn1, tl.dot(kn0, qn0, tl.dot(kr, qr))))
+        if QK_SPLIT:
+            if KEYS_AS_M:
+                qk = tl.trans(tl.dot(kr, qr) * qk_scale + tl.dot(kn0, qn0) * qk_scale + tl.dot(kn1, qn1) * qk_scale)
+            else:
+                qk = tl.dot(qr, tl.trans(kr)) * qk_scale + tl.dot(qn0, tl.trans(kn0)) * qk_scale + tl.dot(qn1, tl.trans(kn1)) * qk_scale
+            offs_n = start + tl.arange(0, BLOCK_N)
+            qk = tl.where(offs_n[None, :] <= limit[:, None], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            grow = True
+            if TAU > 0:  # lazy rescale: tile-uniform, inside the always-taken branch
+                grow = tl.max(m_new - m_i, 0) > TAU
+                m_new = tl.where(grow, m_new, m_i)
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i = m_new
+            pt = tl.zeros([BLOCK_N, BLOCK_H], dtype=kn0.dtype)
+            if live > 0:  # always taken: P and alpha leave through the branch
+                pt = tl.trans(p.to(kn0.dtype))
+                if grow:
+                    acc0 = acc0 * alpha[None, :]
+                    acc1 = acc1 * alpha[None, :]
+            acc0 = tl.dot(tl.trans(kn0), pt, acc0)
+            acc1 = tl.dot(tl.trans(kn1), pt, acc1)
         else:
-            qk = tl.dot(qn1, tl.trans(kn1), tl.dot(qn0, tl.trans(kn0), tl.dot(qr, tl.trans(kr))))
-        offs_n = start + tl.arange(0, BLOCK_N)
-        qk = qk * qk_scale
-        qk = tl.where(offs_n[None, :] <= limit[:, None], qk, float("-inf"))  # limit < Skv: the zero rows are masked too
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        if TAU > 0:
-            if tl.max(m_new - m_i, 0) > TAU:
+            if KEYS_AS_M:
+                qk = tl.trans(tl.dot(kn1, qn1, tl.dot(kn0, qn0, tl.dot(kr, qr))))
+            else:
+                qk = tl.dot(qn1, tl.trans(kn1), tl.dot(qn0, tl.trans(kn0), tl.dot(qr, tl.trans(kr))))
+            offs_n = start + tl.arange(0, BLOCK_N)
+            qk = qk * qk_scale
+            qk = tl.where(offs_n[None, :] <= limit[:, None], qk, float("-inf"))  # limit < Skv: the zero rows are masked too
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            if TAU > 0:
+                if tl.max(m_new - m_i, 0) > TAU:
+                    alpha = tl.exp2(m_i - m_new)
+                    l_i = l_i * alpha
+                    if VALUES_AS_M:
+                        acc0 = acc0 * alpha[None, :]
+                        acc1 = acc1 * alpha[None, :]
+                    else:
+                        acc0 = acc0 * alpha[:, None]
+                        acc1 = acc1 * alpha[:, None]
+                    m_i = m_new
+                p = tl.exp2(qk - m_i[:, None])
+                l_i = l_i + tl.sum(p, 1)
+            else:
                 alpha = tl.exp2(m_i - m_new)
-                l_i = l_i * alpha
+                p = tl.exp2(qk - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
                 if VALUES_AS_M:
                     acc0 = acc0 * alpha[None, :]
                     acc1 = acc1 * alpha[None, :]
@@ -358,27 +406,14 @@ def _mla_decode_tma(
                     acc0 = acc0 * alpha[:, None]
                     acc1 = acc1 * alpha[:, None]
                 m_i = m_new
-            p = tl.exp2(qk - m_i[:, None])
-            l_i = l_i + tl.sum(p, 1)
-        else:
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
+            pb = p.to(kn0.dtype)
             if VALUES_AS_M:
-                acc0 = acc0 * alpha[None, :]
-                acc1 = acc1 * alpha[None, :]
+                pt = tl.trans(pb)
+                acc0 = tl.dot(tl.trans(kn0), pt, acc0)
+                acc1 = tl.dot(tl.trans(kn1), pt, acc1)
             else:
-                acc0 = acc0 * alpha[:, None]
-                acc1 = acc1 * alpha[:, None]
-            m_i = m_new
-        pb = p.to(kn0.dtype)
-        if VALUES_AS_M:
-            pt = tl.trans(pb)
-            acc0 = tl.dot(tl.trans(kn0), pt, acc0)
-            acc1 = tl.dot(tl.trans(kn1), pt, acc1)
-        else:
-            acc0 = tl.dot(pb, kn0, acc0)
-            acc1 = tl.dot(pb, kn1, acc1)
+                acc0 = tl.dot(pb, kn0, acc0)
+                acc1 = tl.dot(pb, kn1, acc1)
 
     has = l_i > 0.0
     inv_l = 1.0 / tl.where(has, l_i, 1.0)
@@ -392,7 +427,7 @@ def _mla_decode_tma(
     else:
         dst = part_o
         dst_row = p_row * DN
-    if VALUES_AS_M:
+    if VT:
         ptr = dst + dst_row[None, :] + offs_h[:, None]
         tl.store(ptr, (acc0 * inv_l[None, :]).to(dst.dtype.element_ty), mask=row_ok[None, :])
         tl.store(ptr + HALF, (acc1 * inv_l[None, :]).to(dst.dtype.element_ty), mask=row_ok[None, :])
@@ -511,6 +546,17 @@ def _plan(knobs, B, Sq, H, Skv, dev_index):
         raise ValueError(f"BLOCK_H must be 16, 32, 64 or 128 (the M of a tl.dot), got {block_h}")
     keys_as_m = bool(tiles["KEYS_AS_M"])
     values_as_m = bool(tiles["VALUES_AS_M"])
+    # QK_SPLIT splits a score tile that two warpgroups would otherwise both compute: with 4 warps
+    # (one warpgroup; the narrow regime) there is nothing to split and the knob does nothing.
+    qk_split = bool(knobs["QK_SPLIT"]) and int(tiles["num_warps"]) == 8
+    if qk_split and keys_as_m and block_h < 64:
+        # offline sm_90: this form keeps num_stages KV tiles in shared memory (one more than without QK_SPLIT)
+        smem = int(tiles["num_stages"]) * block_n * (D_NOPE + D_ROPE) * 2 + block_h * (D_NOPE + D_ROPE) * 2 + block_n * block_h * 2
+        if smem > SMEM_LIMIT:
+            raise ValueError(
+                f"QK_SPLIT with KEYS_AS_M, BLOCK_H={block_h}, BLOCK_N={block_n}, num_stages={tiles['num_stages']} keeps "
+                f"{tiles['num_stages']} KV tiles in shared memory: ~{smem // 1024} KB, over the {SMEM_LIMIT // 1024} KB of sm_90"
+            )
     part_fp32 = knobs["PARTIAL_DTYPE"] == "float32"
     # fewer rows than BLOCK_H: shrink the row block (never below 16, the smallest dot M/N)
     block_h = min(block_h, max(16, triton.next_power_of_2(R)))
@@ -546,7 +592,7 @@ def _plan(knobs, B, Sq, H, Skv, dev_index):
     return dict(
         block_n=block_n, block_h=block_h, keys_as_m=keys_as_m, values_as_m=values_as_m, R=R, splits=splits, blocks_per_split=blocks_per_split,
         part_dtype=torch.float32 if part_fp32 else torch.bfloat16, mode=mode, n_mergers=n_mergers, mergers=slices,
-        chunk=chunk, tau=tau, n_counters=2 * B * n_rb, tma=knobs["KV_LOAD"] == "tma",
+        chunk=chunk, tau=tau, n_counters=2 * B * n_rb, tma=knobs["KV_LOAD"] == "tma", qk_split=qk_split,
         grid=(n_rb, splits, B), merge_grid=(R, D_NOPE // merge_bv, B), merge_bv=merge_bv,
         s_p2=s_p2, merge_chunk=merge_chunk,
         num_warps=int(tiles["num_warps"]), num_stages=int(tiles["num_stages"]),
@@ -608,9 +654,9 @@ def kernel(q, kv, scale):
         if plan["tma"] and kv.dtype == torch.bfloat16 and _tma_ok(kv):
             if q.is_cuda:
                 triton.set_allocator(_descriptor_scratch)
-            fn, kv_strides = _mla_decode_tma, (kv.stride(0), kv.stride(1))
-        else:  # the pointer kernel: same math (float32 inputs, or strides a descriptor cannot take)
-            fn, kv_strides = _mla_decode_partial, (kv.stride(0), kv.stride(1), kv.stride(2))
+            fn, kv_strides, extra = _mla_decode_tma, (kv.stride(0), kv.stride(1)), {"QK_SPLIT": plan["qk_split"]}
+        else:  # the pointer kernel: same math (float32 inputs, or strides a descriptor cannot take); no QK_SPLIT form
+            fn, kv_strides, extra = _mla_decode_partial, (kv.stride(0), kv.stride(1), kv.stride(2)), {}
         fn[plan["grid"]](
             q, kv, o, lse, part_o, part_lse, counters,
             q.stride(0), q.stride(1), q.stride(2), q.stride(3),
@@ -618,7 +664,7 @@ def kernel(q, kv, scale):
             Sq, H, Skv, plan["splits"], plan["blocks_per_split"], plan["n_mergers"], float(scale) * LOG2E,
             BLOCK_H=plan["block_h"], BLOCK_N=plan["block_n"], KEYS_AS_M=plan["keys_as_m"], VALUES_AS_M=plan["values_as_m"], MODE=mode,
             MERGERS=plan["mergers"], S_P2=plan["s_p2"], CHUNK=plan["chunk"], TAU=plan["tau"],
-            DN=D_NOPE, DR=D_ROPE, num_warps=plan["num_warps"], num_stages=plan["num_stages"],
+            DN=D_NOPE, DR=D_ROPE, num_warps=plan["num_warps"], num_stages=plan["num_stages"], **extra,
         )
         if mode == 1:
             _mla_decode_merge[plan["merge_grid"]](
