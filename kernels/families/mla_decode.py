@@ -528,7 +528,7 @@ def _plan(knobs, B, Sq, H, Skv, dev_index):
     mergers = int(knobs["MERGERS"])
     if mergers not in (1, 2, 4, 8, 16, 32):
         raise ValueError(f"MERGERS must be a power of two from 1 to 32 (it slices the 512 value columns), got {mergers}")
-    if knobs["KV_LOAD"] not in ("pointer", "tma"):
+    if knobs["KV_LOAD"] not in ("pointer", "tma"):  # REGIMES may set KV_LOAD and QK_SPLIT too (validated values only)
         raise ValueError(f"KV_LOAD must be 'pointer' or 'tma', got {knobs['KV_LOAD']!r}")
     tau = float(knobs["RESCALE_TAU"])
     if not 0 <= tau <= 16:
@@ -548,7 +548,7 @@ def _plan(knobs, B, Sq, H, Skv, dev_index):
     values_as_m = bool(tiles["VALUES_AS_M"])
     # QK_SPLIT splits a score tile that two warpgroups would otherwise both compute: with 4 warps
     # (one warpgroup; the narrow regime) there is nothing to split and the knob does nothing.
-    qk_split = bool(knobs["QK_SPLIT"]) and int(tiles["num_warps"]) == 8
+    qk_split = bool(tiles["QK_SPLIT"]) and int(tiles["num_warps"]) == 8
     if qk_split and keys_as_m and block_h < 64:
         # offline sm_90: this form keeps num_stages KV tiles in shared memory (one more than without QK_SPLIT)
         smem = int(tiles["num_stages"]) * block_n * (D_NOPE + D_ROPE) * 2 + block_h * (D_NOPE + D_ROPE) * 2 + block_n * block_h * 2
@@ -592,7 +592,7 @@ def _plan(knobs, B, Sq, H, Skv, dev_index):
     return dict(
         block_n=block_n, block_h=block_h, keys_as_m=keys_as_m, values_as_m=values_as_m, R=R, splits=splits, blocks_per_split=blocks_per_split,
         part_dtype=torch.float32 if part_fp32 else torch.bfloat16, mode=mode, n_mergers=n_mergers, mergers=slices,
-        chunk=chunk, tau=tau, n_counters=2 * B * n_rb, tma=knobs["KV_LOAD"] == "tma", qk_split=qk_split,
+        chunk=chunk, tau=tau, n_counters=2 * B * n_rb, tma=tiles["KV_LOAD"] == "tma", qk_split=qk_split,
         grid=(n_rb, splits, B), merge_grid=(R, D_NOPE // merge_bv, B), merge_bv=merge_bv,
         s_p2=s_p2, merge_chunk=merge_chunk,
         num_warps=int(tiles["num_warps"]), num_stages=int(tiles["num_stages"]),

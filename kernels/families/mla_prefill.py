@@ -21,6 +21,18 @@ RESCALE_TAU > 0: the accumulator is rescaled only when some row's max grows by m
 and weights reach up to 2**TAU (exact in fp32, no worse in bf16). Saves the multiply of the whole
 accumulator on most tiles (the instruction-issue limit of the profile, kernels/notes/mla.md).
 
+QK_SPLIT (TMA kernel): Triton gives a dot whose result feeds another dot all warps along M
+(its "chained dot" rule, meant for flash attention's in-warp row reductions). At BLOCK_M 64 on 8
+warps a wgmma warpgroup needs M = 64, so both warpgroups compute the whole 64 x BLOCK_N score tile
+and its softmax: the score dots (53% of the FLOPs) run twice (offline sm_90: 72 instead of 36
+HGMMA.64x32x16 per tile). QK_SPLIT keeps every score dot out of that rule: the three partial score
+dots get fresh accumulators (each scaled, then summed: an add of a dot with a zero accumulator
+would be folded back into a chain), and P and the rescale factor reach the P V dots through a
+branch that is always taken (the rule follows uses and stops at a branch's yield). The score tile
+is then split over the two warpgroups ([4, 2] warps), the row max and sum cross them through
+shared memory, and P V is acc^T = V^T P^T (the value columns are the wgmma M, P^T the B operand in
+shared memory; accumulators [256, BLOCK_M]). V_SPLIT > 1 and the pointer kernel have no QK_SPLIT form.
+
 Tiles are issued heaviest first (last queries first) to shorten the tail.
 Accumulator registers: BLOCK_M * 512 / V_SPLIT floats per program (64 x 512 = 32K: give it 8 warps).
 """
