@@ -55,9 +55,22 @@ if DRY:
 # "extract" solve at 8 warps, kv scan layout; see kernels/notes/kda.md).  "v2" is version 2's
 # configuration at BT64 (right on the H200, run 3); the others change one thing from the default.
 # Most informative first: the loop stops when the budget runs low.  subst="direct" and a 4-warp
-# solve are refused by the family's _plan (wrong on the H200) and so are not rows here.
+# solve are refused by the family's _plan (wrong on the H200) and so are not rows here, except the
+# 4-warp solve with version 4's subst="rows" at BT=32 (no substitution loop, mma.sync tiles).
+# Version 4 rows (prepared, not run; predictions in kernels/notes/kda.md "Version 4"): "rows" moves
+# the diagonal-block inverses into the block rows; "scan_w2"/"scan_w1_vk" run the scan with one or
+# two warps (no cross-warp barriers in the step chain); "v4" is both with the 4-warp solve.
 VARIANTS = {
     "default": {},
+    "rows": {"subst": "rows"},
+    "rows_w4": {"subst": "rows", "solve_warps": 4},
+    "scan_w2": {"scan_warps": 2},
+    "v4": {"subst": "rows", "solve_warps": 4, "scan_warps": 2},
+    "scan_w2_vk": {"scan_warps": 2, "scan_layout": "vk"},
+    "scan_w1_vk": {"scan_warps": 1, "scan_layout": "vk"},
+    "v4_w1_vk": {"subst": "rows", "solve_warps": 4, "scan_warps": 1, "scan_layout": "vk"},
+    "rows_w4_nreg0": {"subst": "rows", "solve_warps": 4, "solve_maxnreg": 0},
+    "rows_block_w4": {"subst": "rows", "solve_warps": 4, "block_warps": 4},
     "v2": {"BT": 64, "prec": "bf16x3", "readout": "aqk", "fuse_output": True, "scan_layout": "vk",
            "block_warps": 4, "solve_maxnreg": 0, "scan_warps": 4, "scan_stages": 2},
     "BT64": {"BT": 64},
@@ -75,7 +88,7 @@ VARIANTS = {
     "start": {"recentre": "start"},
 }
 if DRY:
-    VARIANTS = {k: VARIANTS[k] for k in ("default", "v2", "BT64", "fused_out")}
+    VARIANTS = {k: VARIANTS[k] for k in ("default", "rows_w4", "v4", "v2", "BT64", "fused_out")}
 
 
 def left() -> float:
@@ -165,11 +178,21 @@ def intermediates_reference(x, BT):
 
 
 def compare_intermediates(fam, prob, knobs, x):
+    import torch
+
     from pytest_kopt.problems.base import rel_rms
 
     dbg = {}
     run_variant(fam, knobs, x, dbg)
     want = intermediates_reference(x, dbg["BT"])
+    if knobs["subst"] == "rows":
+        # the scratch holds (I + Akk_bb)^-1 in each diagonal BC x BC block (version 4)
+        BT, BC = dbg["BT"], knobs["BC"]
+        akk = want["akk"].reshape(want["akk"].shape[0], -1, BT // BC, BC, BT).clone()
+        for b in range(BT // BC):
+            blk = akk[:, :, b, :, b * BC:(b + 1) * BC]
+            akk[:, :, b, :, b * BC:(b + 1) * BC] = torch.linalg.inv(torch.eye(BC, dtype=blk.dtype, device=blk.device) + blk)
+        want["akk"] = akk.reshape(want["akk"].shape)
     got = {n: dbg[n] for n in ("w", "u", "kd", "akk", "gl")}
     got["aqk"] = dbg["aqk"][0].float() + dbg["aqk"][1].float()
     if dbg.get("pre"):
@@ -330,7 +353,7 @@ def main() -> None:
     results["intermediates"] = {}
     diag_case = warm_case(HEADLINE) if not DRY else HEADLINE
     xd = prob.make_inputs(diag_case, device=DEVICE, seed=5)
-    for name in ("default", "v2", "BT64", "bf16x3"):
+    for name in ("default", "rows_w4", "v4", "v2", "BT64", "bf16x3"):
         if name not in VARIANTS or left() < 110:
             continue
         try:
@@ -342,7 +365,7 @@ def main() -> None:
         xh = hostile(prob.make_inputs(diag_case, device=DEVICE, seed=6))
         want = naive_recurrent_kda(**xh)
         results["hostile"] = {name: errors(run_variant(fam, {**fam.KNOBS, **VARIANTS[name]}, xh), want)
-                              for name in ("default", "v2", "start") if name in VARIANTS}
+                              for name in ("default", "rows_w4", "v4", "v2", "start") if name in VARIANTS}
     except Exception as err:  # noqa: BLE001
         results["hostile"] = f"{type(err).__name__}: {err}"[:500]
     log("hostile", results["hostile"])

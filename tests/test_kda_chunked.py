@@ -146,17 +146,21 @@ def test_hostile_gates_every_recentre(tmp_path):
         check(module.kernel, hostile_inputs(kind, case, seed=13), case)
 
 
+# values that ``_plan`` serves only together with others (the rest at their defaults)
+COMPANIONS = {("solve_warps", 4): {"subst": "rows", "BT": 32}, ("scan_warps", 1): {"scan_layout": "vk"}}
+
+
 def test_every_space_value(tmp_path):
-    """Each knob value at least once (the others at their defaults), on a case with two chunks at
-    BT=32, a short last chunk, K != V and the problem's -1000 resets and strong runs (diag and
-    recentre are covered on hostile gates above)."""
+    """Each knob value at least once (the others at their defaults, or the companions it needs),
+    on a case with two chunks at BT=32, a short last chunk, K != V and the problem's -1000 resets
+    and strong runs (diag and recentre are covered on hostile gates above)."""
     case = {"B": 1, "T": 40, "H": 1, "K": 32, "V": 16, "initial_state": True, "output_final_state": True}
     x = inputs(case, seed=21)
     for name, values in FAMILY.space.items():
         for value in values:
             if value == FAMILY.knobs[name] or name in ("diag", "recentre"):
                 continue
-            module = render({**FAMILY.knobs, name: value}, tmp_path)
+            module = render({**FAMILY.knobs, **COMPANIONS.get((name, value), {}), name: value}, tmp_path)
             check(module.kernel, x, case)
 
 
@@ -175,6 +179,62 @@ def test_sampled_knob_combinations(tmp_path):
             continue
         check(module.kernel, hostile_inputs(HOSTILE[ran % len(HOSTILE)], case, seed=100 + ran), case)
         ran += 1
+
+
+def test_sampled_combinations_with_rows(tmp_path):
+    """Version 4's ``subst="rows"`` (diagonal-block inverses computed in the block rows) in random
+    whole combinations, on hostile gates: right, or refused by ``_plan``."""
+    rng = random.Random(404)
+    case = {"B": 1, "T": 45, "H": 1, "K": 32, "V": 32, "initial_state": True, "output_final_state": True}
+    ran = 0
+    while ran < 3:
+        knobs = {**{name: rng.choice(values) for name, values in FAMILY.space.items()}, "subst": "rows"}
+        module = render(knobs, tmp_path)
+        try:
+            module._plan(case["K"], case["V"], module.KNOBS)
+        except ValueError:
+            continue
+        check(module.kernel, hostile_inputs(HOSTILE[(ran + 1) % len(HOSTILE)], case, seed=200 + ran), case)
+        ran += 1
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_rows_hostile_gates(tmp_path, kind):
+    """subst="rows" with its 4-warp solve on every hostile gate kind (the inverses of blocks whose
+    Akk is exactly 0 after a -1000 / -3e4 gate, or large with g = 0)."""
+    module = render({**FAMILY.knobs, "subst": "rows", "solve_warps": 4}, tmp_path)
+    case = {"B": 1, "T": 64, "H": 2, "K": 32, "V": 32, "initial_state": True, "output_final_state": True}
+    check(module.kernel, hostile_inputs(kind, case, seed=17), case)
+
+
+@pytest.mark.parametrize("BT", [32, 64])
+def test_rows_stores_the_diagonal_inverses(family, BT):
+    """With subst="rows" the Akk scratch holds, in each diagonal BC x BC block, (I + that block of
+    Akk)^-1 as the "extract" run's scratch has it (float64 inverse), the rest of Akk unchanged; and
+    the WY factors and read-out tiles agree with "extract" to float32 rounding."""
+    case = {"B": 1, "T": 2 * BT - 7, "H": 1, "K": 32, "V": 16, "initial_state": False, "output_final_state": True}
+    x = hostile_inputs("channels", case, seed=31)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, True)
+    base = {**family.KNOBS, "BT": BT}
+    ref, rows = {}, {}
+    o_ref, _ = family.kda_chunked(*args, {**base, "subst": "extract"}, ref)
+    o_rows, _ = family.kda_chunked(*args, {**base, "subst": "rows"}, rows)
+    BC = base["BC"]
+    akk_ref = ref["akk"][0].double().reshape(-1, BT, BT)  # [NT, BT, BT]
+    akk_rows = rows["akk"][0].double().reshape(-1, BT, BT)
+    lower = (torch.arange(BT)[:, None] // BC) > (torch.arange(BT)[None, :] // BC)
+    assert torch.equal(akk_rows[:, lower], akk_ref[:, lower])
+    for b in range(BT // BC):
+        blk = slice(b * BC, (b + 1) * BC)
+        want = torch.linalg.inv(torch.eye(BC, dtype=torch.float64) + akk_ref[:, blk, blk])
+        got = akk_rows[:, blk, blk]
+        assert (got - want).abs().max() <= 1e-5 * max(1.0, want.abs().max().item()), (got - want).abs().max()
+    for name in ("u", "au"):
+        assert torch.allclose(rows[name], ref[name], rtol=1e-4, atol=1e-5), name
+    for name in ("w", "qd", "kd"):  # bf16: at most a last-bit rounding flip here and there
+        diff = (rows[name].float() - ref[name].float()).abs()
+        assert diff.max() <= 2 ** -7 * ref[name].float().abs().max(), name
+    assert (o_rows.float() - o_ref.float()).abs().max() <= 2 ** -6 * o_ref.float().abs().max()
 
 
 def tf32_rounding(monkeypatch):
@@ -201,11 +261,12 @@ def tf32_rounding(monkeypatch):
     return hits
 
 
-def test_tf32_precision_emulated(tmp_path, monkeypatch):
+@pytest.mark.parametrize("subst", ["extract", "rows"])
+def test_tf32_precision_emulated(tmp_path, monkeypatch, subst):
     """prec="tf32" with the GPU's tf32 operand rounding emulated: still well inside 5e-3 (the
     interpreter alone computes tf32 products in full float32 and could not see the loss)."""
     hits = tf32_rounding(monkeypatch)
-    module = render({**FAMILY.knobs, "prec": "tf32"}, tmp_path)
+    module = render({**FAMILY.knobs, "prec": "tf32", "subst": subst}, tmp_path)
     case = {"B": 1, "T": 70, "H": 2, "K": 64, "V": 64, "initial_state": True, "output_final_state": True}
     for x in (inputs(case, seed=10), hostile_inputs("channels", case, seed=10)):
         errors = check(module.kernel, x, case)
@@ -225,6 +286,12 @@ def test_unservable_shapes_and_knobs_raise_value_error(family):
         family.kda_chunked(*args, {**family.KNOBS, "diag": "fast"})
     with pytest.raises(ValueError, match="H200"):
         family.kda_chunked(*args, {**family.KNOBS, "solve_warps": 4, "subst": "extract"})
+    with pytest.raises(ValueError, match="BT=32"):  # the 4-warp solve only as version 4 at BT 32
+        family.kda_chunked(*args, {**family.KNOBS, "solve_warps": 4, "subst": "rows", "BT": 64})
+    with pytest.raises(ValueError, match="spill"):  # one- and two-warp scans where they spill
+        family.kda_chunked(*args, {**family.KNOBS, "scan_warps": 2, "BT": 64})
+    with pytest.raises(ValueError, match="vk"):
+        family.kda_chunked(*args, {**family.KNOBS, "scan_warps": 1, "scan_layout": "kv"})
 
 
 COMPILE_FOR_HOPPER = """
@@ -253,7 +320,8 @@ prep = {"q_ptr": B16, "k_ptr": B16, "v_ptr": B16, "g_ptr": P, "beta_ptr": B16, "
 for stage in ([0] if fam.KNOBS["fuse_prep"] else [1, 2]):
     build(fam._kda_prep_kernel, prep, dict(K=K, V=V, BT=plan["BT"], BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"],
           DK=plan["DK"], LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
-          TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], STAGE=stage), fam.KNOBS["solve_warps"] if stage == 2 else fam.KNOBS["block_warps"], 1)
+          TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"], STAGE=stage),
+          fam.KNOBS["solve_warps"] if stage == 2 else fam.KNOBS["block_warps"], 1)
 scan = {"w_ptr": B16, "u_ptr": P, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "au_ptr": P, "h0_ptr": P,
         "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P}
 c = build(fam._kda_scan_kernel, scan, dict(K=K, V=V, BT=plan["BT"], BV=plan["BV"], LAYOUT=plan["layout"],

@@ -18,10 +18,14 @@ Stages (three launches by default; ``fuse_prep`` folds the first two into one, a
 
 1. block rows -- ``_kda_prep_kernel`` STAGE 1, one program per (chunk, BC-row block,
    batch*head): that block row of Aqk (scaled; stored as bf16 hi + lo halves) and of Akk
-   (beta-scaled, strictly lower, float32 scratch).
+   (beta-scaled, strictly lower, float32 scratch).  With ``subst="rows"`` (version 4) the program
+   also inverts its own diagonal block: (I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8) for the
+   strictly lower BC x BC block L (nilpotent, so exact), six float32 FMA products of 16 x 16,
+   stored in the scratch in the diagonal block's place.
 2. solve -- STAGE 2, one program per (chunk, batch*head): forward substitution on the BC x BC
    diagonal blocks of I + Akk (all blocks side by side, float32; ``subst="direct"`` works on the
-   transpose with each step's Akk rows loaded in place, ``"extract"`` is version 2's loop), then
+   transpose with each step's Akk rows loaded in place, ``"extract"`` is version 2's loop;
+   ``"rows"`` loads the inverses the block rows stored, no substitution at all), then
    the block-level product
    (I - N)(I + N^2)(I + N^4)... (exact: N is nilpotent; ``merge`` = float32 FMA or bf16 hi/lo
    tensor-core products), then the WY factors w = A (exp(G) k), u = A v (A = inverse times
@@ -76,7 +80,8 @@ the H200 only inside the search loop (``results/runs/kda-h200``, its last 25 too
 three BT=64 candidates with ``subst="direct"`` were wrong (o relative error 0.40-0.49; the CPU
 interpreter passes them), so ``_plan`` refuses ``"direct"``; the BT=32 ``"extract"`` candidates
 with tf32 and the precomputed read-out passed (best 1136 us, judge timer). The defaults below are
-that best candidate's knobs.
+that best candidate's knobs.  Version 4 (``subst="rows"``, ``solve_warps=4`` with it at BT=32,
+``scan_warps`` 1 and 2) is prepared but has not run on a GPU (kernels/notes/kda.md, "Version 4").
 """
 
 import math
@@ -120,7 +125,7 @@ SPACE = {
     "merge": ["mma"],
     "prec": ["bf16x3", "tf32"],
     "readout": ["pre", "aqk"],
-    "subst": ["extract"],  # "direct" is refused: wrong on the H200 (see _plan)
+    "subst": ["extract", "rows"],  # "direct" is refused: wrong on the H200 (see _plan)
     "fuse_prep": [False],
     "fuse_output": [True, False],
     "scan_dot": ["mixed"],
@@ -128,8 +133,8 @@ SPACE = {
     "block_warps": [2, 4],
     "block_maxnreg": [0, 128],
     "solve_maxnreg": [0, 128],
-    "solve_warps": [8],  # 4 is refused: wrong on the H200 (see _plan)
-    "scan_warps": [4, 8],
+    "solve_warps": [4, 8],  # 4 only with subst "rows" at BT 32 (see _plan)
+    "scan_warps": [1, 2, 4, 8],
     "scan_stages": [1, 2, 3],
     "out_warps": [4, 8],
 }
@@ -204,10 +209,13 @@ def _dotp(a, b, acc, TF32: tl.constexpr):
 def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi, lo_off,
                s_qt, s_kt, s_gt, s_bt,
                K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr,
-               RECENTRE: tl.constexpr, LIMIT: tl.constexpr, TF32: tl.constexpr):
+               RECENTRE: tl.constexpr, LIMIT: tl.constexpr, TF32: tl.constexpr, SUBST: tl.constexpr,
+               LOG_BC: tl.constexpr):
     """Rows bi*BC .. bi*BC+BC-1 of one chunk's Aqk (scaled; hi and lo bf16 halves) and Akk
     (beta-scaled, strictly lower, float32), all BT columns, written to aqk_ptr / akk_ptr
-    (pointers at the chunk's first row; the lo half of Aqk sits lo_off elements after)."""
+    (pointers at the chunk's first row; the lo half of Aqk sits lo_off elements after).
+    SUBST 2 (``subst="rows"``): the diagonal BC x BC block of Akk is replaced in the scratch by
+    the inverse of (I + that block), computed here, so that the solve has no substitution left."""
     r = bi * BC
     ct = tl.arange(0, BT)
     rc = tl.arange(0, BC)
@@ -287,7 +295,21 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
     dq_hi = dq_s.to(tl.bfloat16)
     tl.store(aqk_ptr + p_row + r + cc[None, :], dq_hi)
     tl.store(aqk_ptr + lo_off + p_row + r + cc[None, :], (dq_s - dq_hi.to(tl.float32)).to(tl.bfloat16))
-    tl.store(akk_ptr + p_row + r + cc[None, :], dia_k * beta_r[:, None])
+    akk_d = dia_k * beta_r[:, None]
+    if SUBST == 2:
+        # (I + L)^-1 = (I - L)(I + L^2)(I + L^4)...(I + L^(BC/2)), exact because the strictly
+        # lower BC x BC block L is nilpotent of index BC: LOG_BC - 1 squarings and as many
+        # products, float32 FMA (input_precision "ieee", as merge "fma" ran right on the H200).
+        # A dependency chain of 2 (LOG_BC - 1) small products instead of BC substitution steps.
+        eye_c = tl.where(rc[:, None] == cc[None, :], 1.0, 0.0)
+        n_c = akk_d
+        x_c = eye_c - n_c
+        for _ in tl.static_range(LOG_BC - 1):
+            n_c = tl.dot(n_c, n_c, input_precision="ieee")
+            x_c = tl.dot(x_c, eye_c + n_c, input_precision="ieee")
+        tl.store(akk_ptr + p_row + r + cc[None, :], x_c)
+    else:
+        tl.store(akk_ptr + p_row + r + cc[None, :], akk_d)
 
 
 @triton.jit
@@ -296,7 +318,7 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
               scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt,
               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
               BVP: tl.constexpr, LOG_NC: tl.constexpr, MERGE: tl.constexpr, TF32: tl.constexpr,
-              PRE: tl.constexpr, SUBST: tl.constexpr):
+              PRE: tl.constexpr, SUBST: tl.constexpr, HOIST: tl.constexpr):
     """A = (I + Akk)^-1 diag(beta) for one chunk, then w = A (exp(G) k), u = A v and the
     pre-decayed tiles kd, qd, gl of the scan (pointers at the chunk's first row).  With PRE the
     read-out's intra-chunk part is folded in here: qd holds qd - Aqk w (bf16, w as stored) and
@@ -307,6 +329,16 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
     # forward substitution inside the NC diagonal BC x BC blocks, all blocks side by side:
     # row s of every block is finished at step s; arow[c] = Akk[blk(c) * BC + s, c]
     same_blk = (rt[:, None] // BC) == (ct[None, :] // BC)
+    if SUBST == 2:
+        # the block rows stored each diagonal block's inverse in Akk's place: nothing to solve.
+        # HOIST >= 1: the loads that do not depend on A are issued here too, so that their latency
+        # overlaps the block merge instead of following it (the other paths keep their order)
+        x = tl.load(akk_ptr + rt[:, None] * BT + ct[None, :], mask=same_blk, other=0.0)
+    if HOIST >= 1:
+        beta_c = tl.load(beta_ptr + ct * s_bt, mask=rt_ok, other=0.0).to(tl.float32)
+        if PRE:
+            aq_hi = tl.load(aqk_ptr + rt[:, None] * BT + ct[None, :])
+            aq_lo = tl.load(aqk_ptr + rt[:, None] * BT + ct[None, :] + lo_off)
     if SUBST == 0:
         sc = tl.arange(0, BC)
         # arows[s, c] = Akk[blk(c) * BC + s, c], all BC steps' rows fetched at once
@@ -317,7 +349,7 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
             contrib = tl.sum(arow[:, None] * x, axis=0)
             newrow = tl.where((ct % BC) == s, 1.0, -contrib)
             x = tl.where(((rt % BC) == s)[:, None] & same_blk, newrow[None, :], x)
-    else:
+    elif SUBST == 1:
         # the transpose xt[c, r] = X[r, c]: step s reduces along axis 1 with a tile of Akk loaded
         # straight in xt's shape (m[c, r] = Akk[blk(c) * BC + s, r], same block only) -- no
         # row extraction, no layout conversion inside the loop; the chunk's Akk tile is read
@@ -335,7 +367,7 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
     # (I + N)^-1 = (I - N)(I + N^2)(I + N^4)... exactly.  MERGE 0: float32 FMA products;
     # MERGE 1: bf16 hi/lo tensor-core products (~16 bits)
     if LOG_NC > 0:
-        if SUBST == 0:
+        if SUBST != 1:
             lower = tl.load(akk_ptr + rt[:, None] * BT + ct[None, :], mask=(rt[:, None] // BC) > (ct[None, :] // BC), other=0.0)
         else:
             lower = tl.where((rt[:, None] // BC) > (ct[None, :] // BC), akk_tile, 0.0)
@@ -357,10 +389,11 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
             x = tl.dot(p, x, input_precision="ieee")
         else:
             x = _dotp(p, x, zero, TF32)
-    beta_c = tl.load(beta_ptr + ct * s_bt, mask=rt_ok, other=0.0).to(tl.float32)
+    if HOIST == 0:
+        beta_c = tl.load(beta_ptr + ct * s_bt, mask=rt_ok, other=0.0).to(tl.float32)
     a_wy = (x * beta_c[None, :]).to(tl.bfloat16)  # A = (I + Akk)^-1 diag(beta)
 
-    if PRE:
+    if PRE and HOIST == 0:
         p_aq = aqk_ptr + rt[:, None] * BT + ct[None, :]
         aq_hi = tl.load(p_aq)
         aq_lo = tl.load(p_aq + lo_off)
@@ -373,6 +406,9 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
         g_a = tl.load(g_ptr + rt[:, None] * s_gt + ck[None, :], mask=m, other=0.0).to(tl.float32)
         k_a = tl.load(k_ptr + rt[:, None] * s_kt + ck[None, :], mask=m, other=0.0).to(tl.float32)
         q_a = tl.load(q_ptr + rt[:, None] * s_qt + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        if HOIST == 2:  # the reversed rows with the forward ones: one round trip per key tile
+            gs = tl.load(g_ptr + (BT - rt)[:, None] * s_gt + ck[None, :], mask=m_shift[:, None], other=0.0).to(tl.float32)
+            k_r = tl.load(k_ptr + (BT - 1 - rt)[:, None] * s_kt + ck[None, :], mask=m_rev[:, None], other=0.0)
         dec = tl.exp(tl.cumsum(g_a, axis=0))  # exp(G_i) <= 1
         w_t = tl.dot(a_wy, (k_a * dec).to(tl.bfloat16)).to(tl.bfloat16)
         p_t = rt[:, None] * K + ck[None, :]
@@ -386,9 +422,10 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
         tl.store(qd_ptr + p_t, qd_t.to(qd_ptr.dtype.element_ty))
         tl.store(gl_ptr + ck, tl.exp(tl.sum(g_a, axis=0)))
         # exp(G_last - G_j) = exp(sum_{t > j} g_t): a forward sum of g[BT-1], g[BT-2], ...
-        gs = tl.load(g_ptr + (BT - rt)[:, None] * s_gt + ck[None, :], mask=m_shift[:, None], other=0.0).to(tl.float32)
-        k_r = tl.load(k_ptr + (BT - 1 - rt)[:, None] * s_kt + ck[None, :], mask=m_rev[:, None], other=0.0).to(tl.float32)
-        kd_r = k_r * tl.exp(tl.cumsum(gs, axis=0))
+        if HOIST < 2:
+            gs = tl.load(g_ptr + (BT - rt)[:, None] * s_gt + ck[None, :], mask=m_shift[:, None], other=0.0).to(tl.float32)
+            k_r = tl.load(k_ptr + (BT - 1 - rt)[:, None] * s_kt + ck[None, :], mask=m_rev[:, None], other=0.0).to(tl.float32)
+        kd_r = k_r.to(tl.float32) * tl.exp(tl.cumsum(gs, axis=0))
         tl.store(kd_ptr + (BT - 1 - rt)[:, None] * K + ck[None, :], kd_r.to(kd_ptr.dtype.element_ty))
     for vs in range(0, V, BVP):
         cv = vs + tl.arange(0, BVP)
@@ -419,7 +456,8 @@ def _kda_prep_kernel(
     K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BKP: tl.constexpr, BVP: tl.constexpr, DK: tl.constexpr,
     LOG_NC: tl.constexpr, RECENTRE: tl.constexpr, LIMIT: tl.constexpr, MERGE: tl.constexpr,
-    TF32: tl.constexpr, PRE: tl.constexpr, SUBST: tl.constexpr, STAGE: tl.constexpr,
+    TF32: tl.constexpr, PRE: tl.constexpr, SUBST: tl.constexpr, STAGE: tl.constexpr, LOG_BC: tl.constexpr,
+    HOIST: tl.constexpr,
 ):
     """STAGE 0: everything for one chunk (block rows, then the solve); 1: one block row of
     one chunk (grid NT * NC); 2: the solve and WY factors of one chunk."""
@@ -453,15 +491,15 @@ def _kda_prep_kernel(
     if STAGE == 0:
         for b in range(NC):
             _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, b, lo_off,
-                       s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32)
+                       s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC)
         tl.debug_barrier()  # the block rows were written by other threads of this program
     if STAGE == 1:
         _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi, lo_off,
-                   s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32)
+                   s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC)
     if STAGE != 1:
         _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr, akk_ptr, gl_ptr,
                   aqk_ptr, au_ptr, lo_off,
-                  scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt, K, V, BT, BC, BKP, BVP, LOG_NC, MERGE, TF32, PRE, SUBST)
+                  scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt, K, V, BT, BC, BKP, BVP, LOG_NC, MERGE, TF32, PRE, SUBST, HOIST)
 
 
 # ------------------------------------------------------------------------------------------
@@ -667,9 +705,18 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     if knobs.get("subst") == "direct":
         raise ValueError("subst='direct' computes wrong outputs on the H200 (results/runs/kda-h200: "
                          "three BT=64 candidates, o relative error 0.40-0.49; the CPU interpreter passes it)")
-    if knobs.get("solve_warps") == 4:
+    if knobs.get("solve_warps") == 4 and not (knobs.get("subst") == "rows" and knobs.get("BT") == 32):
         raise ValueError("solve_warps=4 computed a wrong w on the H200 at BT=64 (run 3, relative error 1.25; "
-                         "the CPU interpreter passes it); refused at every BT until a GPU run clears it")
+                         "the CPU interpreter passes it); allowed only with subst='rows' at BT=32 (no substitution "
+                         "loop, [32, 32] tiles on mma.sync: the class of the 4-warp BT=32 solve that passed on the H200)")
+    # one- and two-warp scans (version 4) only where sm_90 keeps the step in registers: at BT 64
+    # they spill 32 B - 11 KB per thread, and one warp with the kv layout 20 - 1300 B at BT 32
+    if knobs.get("scan_warps") in (1, 2) and knobs.get("BT") != 32:
+        raise ValueError(f"scan_warps={knobs.get('scan_warps')} is served at BT=32 only (at BT=64 the scan step "
+                         "spills registers on sm_90: up to 11 KB per thread)")
+    if knobs.get("scan_warps") == 1 and knobs.get("scan_layout") != "vk":
+        raise ValueError("scan_warps=1 is served with scan_layout='vk' only (kv spills 20-1300 B per thread in "
+                         "the scan step on sm_90)")
     for name, choices in SPACE.items():
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
@@ -702,7 +749,13 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "RECENTRE": _RECENTRE_CODE[knobs["recentre"]], "LIMIT": limit,
         "MERGE": 0 if knobs["merge"] == "fma" else 1,
         "TF32": knobs["prec"] == "tf32", "PRE": knobs["readout"] == "pre",
-        "SUBST": 0 if knobs["subst"] == "extract" else 1,
+        "SUBST": {"extract": 0, "direct": 1, "rows": 2}[knobs["subst"]],
+        "LOG_BC": int(math.log2(BC)),
+        # subst "rows" at BT 32: the solve issues beta and Aqk with the inverses (HOIST 1), and
+        # at 8 warps each key tile's reversed-row loads with its forward ones (HOIST 2: 112 regs, no
+        # spill).  Not at 4 warps (100 B spilled at maxnreg 128; a spilled load waits anyway) nor
+        # at BT 64 (504 B instead of 364 B spilled)
+        "HOIST": 0 if knobs["subst"] != "rows" or BT != 32 else 2 if knobs["solve_warps"] == 8 else 1,
         "fuse": fuse, "split": split, "scan_stages": stages,
         "layout": 0 if knobs["scan_layout"] == "kv" else 1,
     }
@@ -770,7 +823,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
         prep_meta = dict(
             K=K, V=V, BT=BT, BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"], DK=plan["DK"],
             LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
-            TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], num_stages=1,
+            TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"], num_stages=1,
         )
         # block_maxnreg / solve_maxnreg: cap the registers per thread (ptxas spills the rest to
         # L1-backed local memory) so that more programs are resident: at 128, 4 block-row
