@@ -12,6 +12,7 @@ their operands as the tensor cores do, and benchmarks/dev_kda_chunked.py checks 
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -295,7 +296,7 @@ def test_unservable_shapes_and_knobs_raise_value_error(family):
 
 
 COMPILE_FOR_HOPPER = """
-import importlib.util, sys
+import importlib.util, json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -304,7 +305,8 @@ spec = importlib.util.spec_from_file_location("kda_chunked", sys.argv[1])
 fam = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fam)
 K = V = 128
-plan = fam._plan(K, V, fam.KNOBS)
+kn = {**fam.KNOBS, **json.loads(sys.argv[2])}
+plan = fam._plan(K, V, kn)
 P, B16 = "*fp32", "*bf16"
 
 def build(fn, types, constexprs, warps, stages):
@@ -317,21 +319,24 @@ def build(fn, types, constexprs, warps, stages):
 
 prep = {"q_ptr": B16, "k_ptr": B16, "v_ptr": B16, "g_ptr": P, "beta_ptr": B16, "w_ptr": B16, "u_ptr": P,
         "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "akk_ptr": P, "gl_ptr": P, "au_ptr": P, "scale": "fp32"}
-for stage in ([0] if fam.KNOBS["fuse_prep"] else [1, 2]):
+for stage in ([0] if kn["fuse_prep"] else [1, 2]):
     build(fam._kda_prep_kernel, prep, dict(K=K, V=V, BT=plan["BT"], BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"],
           DK=plan["DK"], LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
           TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"], STAGE=stage),
-          fam.KNOBS["solve_warps"] if stage == 2 else fam.KNOBS["block_warps"], 1)
+          kn["solve_warps"] if stage == 2 else kn["block_warps"], 1)
 scan = {"w_ptr": B16, "u_ptr": P, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "au_ptr": P, "h0_ptr": P,
         "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P}
 c = build(fam._kda_scan_kernel, scan, dict(K=K, V=V, BT=plan["BT"], BV=plan["BV"], LAYOUT=plan["layout"],
           FUSE_OUT=plan["fuse"], SPLIT_S=plan["split"], USE_H0=True, STORE_HT=True, PRE=plan["PRE"]),
-          fam.KNOBS["scan_warps"], plan["scan_stages"])
+          kn["scan_warps"], plan["scan_stages"])
 assert "mma" in c.asm["ptx"], "the scan's products should run on the tensor cores"
 print("compiled for sm_90")
 """
 
 
-def test_default_knobs_compile_for_hopper():
-    """The default knobs compile for sm_90 (no GPU needed) within the shared-memory limit."""
-    assert "compiled for sm_90" in compile_in_child(COMPILE_FOR_HOPPER, str(FAMILY_PATH), timeout=600)
+@pytest.mark.parametrize("override", [{}, {"subst": "rows", "scan_warps": 2}], ids=["default", "v4_rows_scan_w2"])
+def test_default_knobs_compile_for_hopper(override):
+    """The default knobs (and version 4's block-row inverses, early solve loads and 2-warp scan)
+    compile for sm_90 (no GPU needed) within the shared-memory limit."""
+    out = compile_in_child(COMPILE_FOR_HOPPER, str(FAMILY_PATH), json.dumps(override), timeout=600)
+    assert "compiled for sm_90" in out
