@@ -549,7 +549,7 @@ def _plan(knobs, B, Sq, H, Skv, dev_index):
     # QK_SPLIT splits a score tile that two warpgroups would otherwise both compute: with 4 warps
     # (one warpgroup; the narrow regime) there is nothing to split and the knob does nothing.
     qk_split = bool(tiles["QK_SPLIT"]) and int(tiles["num_warps"]) == 8
-    if qk_split and keys_as_m and block_h < 64:
+    if qk_split and tiles["KV_LOAD"] == "tma" and keys_as_m and block_h < 64:
         # offline sm_90: this form keeps num_stages KV tiles in shared memory (one more than without QK_SPLIT)
         smem = int(tiles["num_stages"]) * block_n * (D_NOPE + D_ROPE) * 2 + block_h * (D_NOPE + D_ROPE) * 2 + block_n * block_h * 2
         if smem > SMEM_LIMIT:

@@ -63,6 +63,7 @@ SPACE = {
 D_NOPE = 512  # latent width: the value width
 D_ROPE = 64  # rope width; key width = D_NOPE + D_ROPE = 576
 LOG2E = 1.4426950408889634
+SMEM_LIMIT = 232448  # bytes of shared memory a block may opt into on sm_90
 
 
 @triton.jit
@@ -420,6 +421,14 @@ def kernel(q, kv, scale):
     if hpt > block_m:
         raise ValueError(f"HEADS_PER_TILE={hpt} exceeds BLOCK_M={block_m}: a tile must hold at least one query")
     qk_split = bool(K["QK_SPLIT"])
+    if qk_split and K["KV_LOAD"] == "tma" and v_split == 1 and bool(K["KEYS_AS_M"]) and block_m < 64:
+        # offline sm_90: this form keeps num_stages KV tiles in shared memory (one more than without QK_SPLIT)
+        smem = num_stages * block_n * (D_NOPE + D_ROPE) * 2 + block_m * (D_NOPE + D_ROPE) * 2 + block_n * block_m * 2
+        if smem > SMEM_LIMIT:
+            raise ValueError(
+                f"QK_SPLIT with KEYS_AS_M, BLOCK_M={block_m}, BLOCK_N={block_n}, num_stages={num_stages} keeps {num_stages} "
+                f"KV tiles in shared memory: ~{smem // 1024} KB, over the {SMEM_LIMIT // 1024} KB of sm_90"
+            )
     bv = D_NOPE // v_split
     n_hgroups = triton.cdiv(H, hpt)
     n_qblocks = triton.cdiv(Sq, block_m // hpt)
