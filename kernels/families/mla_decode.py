@@ -37,6 +37,10 @@ than TAU (log2 units) over the max the accumulator is scaled to; otherwise the s
 (weights up to 2**TAU, exact in fp32 and no worse in bf16). Saves the per-tile multiply of the
 whole accumulator on most tiles.
 
+QK_SPLIT (TMA kernel, 8 warps): at BLOCK_H 64 Triton's chained-dot layout puts all 8 warps on the
+score dot's M = 64, so both warpgroups compute the whole score tile; QK_SPLIT keeps the score dots
+unchained (see ``_mla_decode_tma`` and mla_prefill's QK_SPLIT) so the warpgroups split it.
+
 Partial traffic: splits * B * Sq * H * 512 * (4 or 2) bytes written and read back; the auto
 split count keeps it under PARTIAL_BUDGET of the KV bytes (see ``_num_splits``).
 
