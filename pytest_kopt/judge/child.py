@@ -77,7 +77,6 @@ def sign(result: dict, key: bytes) -> str:
     return hmac.new(key, payload.encode(), "sha256").hexdigest()
 
 
-
 def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
