@@ -3,7 +3,9 @@
 Every event is flushed and fsynced before ``append`` returns, so a run killed at any moment
 leaves a log that ends at the last thing that really happened, give or take one torn line.
 ``read_events`` tolerates a torn last line; ``repair`` cuts it off (``EventLog`` repairs on
-open). A damaged line anywhere else is never skipped silently: it raises ``CorruptLog``.
+open, and records the cut as a ``log_repaired`` event in the same atomic replacement of the
+file, so no kill can leave a repair unrecorded). A damaged line anywhere else is never skipped
+silently: it raises ``CorruptLog``.
 
 A line is written whole or (after a kill -9 or a power cut) torn at the end, never glued to
 the next: Ctrl-C and SIGTERM wait while a line is written.
@@ -28,6 +30,7 @@ from typing import Any
 import jsonlines
 
 RESERVED = ("seq", "time", "run_id", "kind")
+TEMP_GLOB = ".*.tmp"  # atomic_write's temporary files
 
 
 class CorruptLog(ValueError):
@@ -87,26 +90,39 @@ def read_events(path: str | os.PathLike) -> list[dict]:
     return _scan(Path(path))[0]
 
 
-def repair(path: str | os.PathLike) -> int:
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write ``data`` so that ``path`` holds either the old or the whole new content."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as fp:
+        fp.write(data.encode("utf-8") if isinstance(data, str) else data)
+        fp.flush()
+        os.fsync(fp.fileno())
+    os.replace(tmp, path)
+
+
+def repair(path: str | os.PathLike, *, run_id: str | None = None) -> int:
     """Cut a torn last line off the log (or end a whole last line that lost its newline).
 
-    Returns the number of bytes removed. Raises ``CorruptLog`` for damage elsewhere, and
-    then changes nothing.
+    Returns the number of bytes removed. With ``run_id`` the repaired log also ends with a
+    ``log_repaired`` event (``bytes``: what was cut) and replaces the old file atomically: a kill
+    leaves the torn log or the repaired, recorded one, never a silent repair. Raises
+    ``CorruptLog`` for damage elsewhere, and then changes nothing.
     """
     path = Path(path)
     if not path.exists():
         return 0
-    _, good, needs_newline = _scan(path)
+    events, good, needs_newline = _scan(path)
     size = path.stat().st_size
     if good == size and not needs_newline:
         return 0
-    with open(path, "r+b") as fp:
-        fp.truncate(good)
-        if needs_newline:
-            fp.seek(good)
-            fp.write(b"\n")
-        fp.flush()
-        os.fsync(fp.fileno())
+    kept = path.read_bytes()[:good] + (b"\n" if needs_newline else b"")
+    if run_id is not None and size > good:  # restoring a lost newline cuts nothing: nothing to record
+        seq = max((int(e.get("seq", 0)) for e in events), default=0)
+        record = {"seq": seq + 1, "time": now_iso(), "run_id": run_id, "kind": "log_repaired", "bytes": size - good}
+        kept += (dumps(record) + "\n").encode("utf-8")
+    atomic_write(path, kept)
+    _fsync_dir(path.parent)
     return size - good
 
 
@@ -156,7 +172,7 @@ class EventLog:
         self.run_id = run_id
         self.path.parent.mkdir(parents=True, exist_ok=True)
         created = not self.path.exists()
-        self.repaired_bytes = repair(self.path)
+        self.repaired_bytes = repair(self.path, run_id=run_id)
         existing = [] if created else read_events(self.path)
         self.seq = max((int(e.get("seq", 0)) for e in existing), default=0)
         self._fp = open(self.path, "ab")

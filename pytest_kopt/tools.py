@@ -34,7 +34,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .events import EventLog, dumps, signals_deferred
+from .events import TEMP_GLOB, EventLog, atomic_write, dumps, signals_deferred
 from .judge import STAGES, candidate_id
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -113,20 +113,6 @@ def _timings(result: dict) -> dict:
     if isinstance(timings, list):  # tolerate a per-case list: the first is the headline
         timings = timings[0] if timings else {}
     return timings if isinstance(timings, dict) else {}
-
-
-TEMP_GLOB = ".*.tmp"  # atomic_write's temporary files
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` so that ``path`` holds either the old or the whole new content."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fp:
-        fp.write(text)
-        fp.flush()
-        os.fsync(fp.fileno())
-    os.replace(tmp, path)
 
 
 def remove_stale_temp_files(run_dir: Path) -> list[Path]:

@@ -115,7 +115,9 @@ def test_eventlog_repairs_on_open_and_reports_what_it_cut(tmp_path):
         fp.write(b'{"seq":3,"ti')
     with EventLog(path, "r1") as log:
         assert log.repaired_bytes == len(b'{"seq":3,"ti')
-        assert log.append("note")["seq"] == 3
+        assert log.append("note")["seq"] == 4
+    record = read_events(path)[2]  # the cut is in the log, written in the same step as the cut
+    assert (record["seq"], record["kind"], record["bytes"]) == (3, "log_repaired", len(b'{"seq":3,"ti'))
 
 
 def test_damage_before_the_last_line_is_an_error_and_repair_changes_nothing(tmp_path):
@@ -147,10 +149,12 @@ def test_a_log_cut_anywhere_reads_as_a_prefix_and_can_go_on(tmp_path_factory, cu
     assert got == events[: len(got)]
     complete_lines = blob[:cut].count(b"\n")
     assert len(got) in (complete_lines, complete_lines + 1)  # +1: a whole last line that lost its newline
+    torn = len(got) < complete_lines + 1 and cut > blob[:cut].rfind(b"\n") + 1  # bytes after the last whole line
     with EventLog(path, "r1") as log:
         log.append("note", text="resumed")
     again = read_events(path)
-    assert again[:-1] == got
+    assert again[: len(got)] == got
+    assert [e["kind"] for e in again[len(got):]] == (["log_repaired"] if torn else []) + ["note"]
     assert [e["seq"] for e in again] == list(range(1, len(again) + 1))
 
 
