@@ -81,7 +81,9 @@ three BT=64 candidates with ``subst="direct"`` were wrong (o relative error 0.40
 interpreter passes them), so ``_plan`` refuses ``"direct"``; the BT=32 ``"extract"`` candidates
 with tf32 and the precomputed read-out passed (best 1136 us, judge timer). The defaults below are
 that best candidate's knobs.  Version 4 (``subst="rows"``, ``solve_warps=4`` with it at BT=32,
-``scan_warps`` 1 and 2) is prepared but has not run on a GPU (kernels/notes/kda.md, "Version 4").
+``scan_warps`` 1 and 2) ran in the dev table of session 3 (kernels/notes/kda.md, "Run 5"):
+rows + 4-warp solve + 4-warp block rows was right and fastest (877.6 us vs fla 1619.8 us in the
+same run), so those are the defaults now; the 1- and 2-warp scans were slower.
 """
 
 import math
@@ -101,13 +103,13 @@ KNOBS = {
     "merge": "mma",
     "prec": "tf32",
     "readout": "pre",
-    "subst": "extract",
+    "subst": "rows",
     "fuse_prep": False,
     "fuse_output": False,
     "scan_dot": "mixed",
     "scan_layout": "kv",
-    "block_warps": 2,
-    "solve_warps": 8,
+    "block_warps": 4,
+    "solve_warps": 4,
     "block_maxnreg": 0,
     "solve_maxnreg": 128,
     "scan_warps": 8,

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 16, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2, "RESCALE_TAU": 0, "KV_LOAD": "tma", "QK_SPLIT": False}
+KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 16, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2, "RESCALE_TAU": 0, "KV_LOAD": "tma", "QK_SPLIT": True}
 # kopt:knobs-end
 SPACE = {
     "BLOCK_M": [32, 64, 128],  # (query, head) rows per program

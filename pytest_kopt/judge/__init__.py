@@ -25,6 +25,14 @@ from typing import Any
 
 STAGES = ("policy", "compile", "correctness", "benchmark", "profile")
 
+# Imported once here, not inside evaluate(): callers evaluate from threads, and CPython 3.11's
+# compile() is not thread-safe while pytest's assertion rewriting imports these modules
+# ("AST constructor recursion depth mismatch").  child needs STAGES, hence the placement.
+from .child import sign  # noqa: E402
+from .policy import check_source  # noqa: E402
+from .problemref import hints, resolve_problem  # noqa: E402
+from .sandbox import run_child, tail  # noqa: E402
+
 
 def candidate_id(source: str) -> str:
     """First 12 hex digits of the sha256 of the candidate's source text."""
@@ -50,8 +58,6 @@ def evaluate(
     reproducible (default: fresh secret seeds). ``static_policy=False`` skips the AST policy,
     for tests that prove the runtime checks hold on their own.
     """
-    from .policy import check_source
-    from .problemref import hints, resolve_problem
 
     if upto not in STAGES:
         raise ValueError(f"upto must be one of {', '.join(STAGES)}; got {upto!r}")
@@ -93,8 +99,6 @@ def evaluate(
 
 def _run_in_child(problem_ref: str, problem: Any, problem_hints: tuple[str, str], source: str, *, upto: str, quick: bool,
                   timeout_s: float, seed: int | None) -> dict:
-    from .child import sign
-    from .sandbox import run_child, tail
 
     scratch = Path(tempfile.mkdtemp(prefix="kopt-eval-"))
     try:
