@@ -118,3 +118,18 @@ def test_every_family_is_tried_at_its_defaults_right_after_the_baseline(tmp_path
     assert written[0]["candidate_id"] == baseline
     defaults = {candidate_id(f.render(f.knobs)) for f in others}
     assert {e["candidate_id"] for e in written[1:1 + len(others)]} == defaults
+
+
+def test_a_family_far_slower_than_the_best_is_not_run_again(tmp_path, monkeypatch):
+    from pytest_kopt.agents import search
+
+    def strategies(name):
+        _, events, _ = run(tmp_path, 60, problem=FakeProblem(tmp_path / name), name=name)
+        return [e["strategy"] for e in events if e["kind"] == "candidate"]
+
+    monkeypatch.setattr(search, "DOMINATED", 1e9)
+    assert "slow" in strategies("control")[2:]  # without the rule TPE comes back to the slow family
+    monkeypatch.setattr(search, "DOMINATED", 2.0)  # fake times: slow ~1000 us, fast ~100-200 us
+    pruned = strategies("pruned")
+    assert pruned[:2] == ["slow", "fast"] and len(pruned) > 8
+    assert "slow" not in pruned[2:]

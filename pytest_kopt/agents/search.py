@@ -4,7 +4,8 @@ It renders concrete candidates from the problem's kernel families (``kernels/fam
 picks the next (family, knobs) with Optuna's TPE sampler (seeded, ask/tell). The first attempt
 is the baseline candidate, then every other family at its default knobs (its author's best
 known configuration: on the H200 a random start-up trial is often several times slower), then
-whatever the sampler proposes. Each attempt walks one pipeline, one tool call per ``act``::
+whatever the sampler proposes, except that a family DOMINATED times slower than the best is not
+run again while other candidates are left. Each attempt walks one pipeline, one tool call per ``act``::
 
     write_candidate -> run_tests -> (pass) benchmark -> (pass, new best or within 5%) profile
 
@@ -44,6 +45,10 @@ from .base import Agent
 PENALTY = 1e30  # the sampler's value for a failed candidate: worse than any time
 MAX_REPEATS = 20  # proposals of already-tried candidates before walking the space in order
 PROFILE_WITHIN = 0.05  # profile a passing candidate within this fraction of the best time
+# A family whose best time is this many times the overall best is not run again while others are
+# left (the sampler is told its best time instead): on the H200 one timing of a naive prefill
+# candidate costs minutes, and TPE kept proposing that family for its unexplored knobs.
+DOMINATED = 10.0
 
 
 @dataclass
@@ -109,6 +114,7 @@ class SearchAgent(Agent):
         self.queue: list[Attempt] = []  # unfinished candidates to finish first (fallback restore)
         self.current: Attempt | None = None
         self.best: tuple[float, str] | None = None  # (us, id) among finished attempts
+        self.family_best: dict[str, float] = {}  # family name -> its best passing time (us)
         self.baseline_done = False
         self.notes: list[str] = list(self.load_notes)
         defaults_first = [self.baseline_family] if self.baseline_family is not None else []
@@ -153,16 +159,25 @@ class SearchAgent(Agent):
             family = self.families[trial.suggest_categorical("family", list(self.families))]
             knobs = {k: choices[trial.suggest_categorical(f"{family.name}.{k}", list(range(len(choices))))] for k, choices in family.space.items()}
             attempt = self._attempt(family, {**family.knobs, **knobs}, trial, trial.params)
-            if attempt.cid not in self.tried:
+            if attempt.cid in self.tried:
+                self.study.tell(trial, self.tried[attempt.cid])
+            elif self._dominated(family.name):
+                self.study.tell(trial, self.family_best[family.name])
+            else:
                 return attempt
-            self.study.tell(trial, self.tried[attempt.cid])
-        for family in self.families.values():  # the sampler keeps repeating itself: walk the space
+        # the sampler keeps repeating itself: walk the space, dominated families last
+        for family in sorted(self.families.values(), key=lambda f: self._dominated(f.name)):
             for knobs in family.combinations():
                 if candidate_id(family.render(knobs)) not in self.tried:
                     self.study.enqueue_trial(self._params(family, knobs))  # combinations lie in the space
                     trial = self.study.ask(self._distributions(family))
                     return self._attempt(family, knobs, trial, trial.params)
         return None
+
+    def _dominated(self, family: str) -> bool:
+        """Whether this family's best is DOMINATED times slower than the best of any family."""
+        mine = self.family_best.get(family)
+        return mine is not None and self.best is not None and mine > DOMINATED * self.best[0]
 
     def _next_step(self, attempt: Attempt) -> str | None:
         r = attempt.results
@@ -191,6 +206,8 @@ class SearchAgent(Agent):
             family = self.families[attempt.strategy]
             self.study.add_trial(optuna.trial.create_trial(params=attempt.params, distributions=self._distributions(family), value=value))
         self.tried[attempt.cid] = value
+        if us is not None and attempt.strategy in self.families:
+            self.family_best[attempt.strategy] = min(float(us), self.family_best.get(attempt.strategy, float("inf")))
         if us is not None and (self.best is None or us < self.best[0]):
             self.best = (float(us), attempt.cid)
 
