@@ -44,26 +44,25 @@ describe = MLA.describe
 # (family, label, knob overrides on the family file's KNOBS)
 NARROW = {"CONFIG": "knobs", "BLOCK_H": 16, "BLOCK_N": 64, "KEYS_AS_M": True, "num_warps": 4, "num_stages": 3}
 WIDE = {"CONFIG": "knobs", "BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2}
-# Run 5 list (run 4's rows: git history). QK_SPLIT in both families: the score dot taken off Triton's
-# chained-dot layout, so at 64 rows on 8 warps the two warpgroups split the score tile instead of
-# both computing all of it (kernels/notes/mla.md, run 5).
-WSPLIT = {**WIDE, "KV_LOAD": "tma", "QK_SPLIT": True}  # 64 heads per program, no duplicated score tile
+# Run 6 list (run 5's rows: git history; its results in kernels/notes/mla.md). Decode B1: programmatic
+# dependent launch (PDL) for the two-launch form, and 8-warp narrow tiles (16 heads, keys as M, QK_SPLIT:
+# two warps per scheduler instead of one). Prefill: deferred row sums (ROWSUM "defer": 3 fewer barriers per
+# tile, no spills, offline sm_90).
+N16W8 = {"CONFIG": "knobs", "BLOCK_H": 16, "BLOCK_N": 64, "KEYS_AS_M": True, "num_warps": 8, "num_stages": 2,
+         "KV_LOAD": "tma", "QK_SPLIT": True}  # narrow tile on two warpgroups: each takes 8 of the 16 heads' scores, 256 value columns
 VARIANTS = [
-    ("decode", "auto", {}),  # the default: narrow tiles at B1, wide at B64, merge kernel (two launches)
-    ("decode", "wide-tma", {**WIDE, "KV_LOAD": "tma"}),  # control for wide-split (run 4 B64: 296.5 us)
-    ("decode", "wide-split", WSPLIT),  # every case; B64 is the one it is for
-    ("decode", "split-S128-bf16", {**WSPLIT, "NUM_SPLITS": 128, "PARTIAL_DTYPE": "bfloat16"}),  # B1: 128 programs, 1 tile each
-    ("decode", "split-S64-bf16", {**WSPLIT, "NUM_SPLITS": 64, "PARTIAL_DTYPE": "bfloat16"}),  # B1: 2 tiles each
-    ("decode", "split-S128", {**WSPLIT, "NUM_SPLITS": 128}),  # fp32 partials: 16 MB through the merge
-    ("prefill", "tma", {}),  # the default (KV_LOAD tma): control, run 4 13.96 ms
-    ("prefill", "split", {"QK_SPLIT": True}),
-    ("prefill", "split-km", {"QK_SPLIT": True, "KEYS_AS_M": True}),  # S^T = K q^T: P^T without a transpose
-    ("prefill", "split-unm", {"QK_SPLIT": True, "UNMASKED_LOOP": True}),  # mask only on the diagonal tiles
-    ("prefill", "split-HT64", {"QK_SPLIT": True, "HEADS_PER_TILE": 64}),  # one query's 64 heads per row tile
-    ("prefill", "split-tau8", {"QK_SPLIT": True, "RESCALE_TAU": 8}),  # lazy rescale inside the branch
+    ("decode", "auto", {}),  # the default: narrow tiles at B1, wide-split at B64, merge kernel (two launches): control
+    ("decode", "auto-pdl1", {"PDL": 1}),  # merge launched early (griddepcontrol), waits for the split kernel on the device
+    ("decode", "auto-pdl2", {"PDL": 2}),  # + the split kernel launched early, waiting on the previous grid
+    ("decode", "n16w8-split", N16W8),  # B1: 32 splits x 4 row blocks, 8 warps per program
+    ("decode", "n16w8-split-pdl1", {**N16W8, "PDL": 1}),
+    ("prefill", "split", {}),  # the default (QK_SPLIT): control, run 5 12.92 ms
+    ("prefill", "defer", {"ROWSUM": "defer"}),  # row sums reduced once after the loop
+    ("prefill", "defer-HT64", {"ROWSUM": "defer", "HEADS_PER_TILE": 64}),  # one query's 64 heads per row tile
+    ("prefill", "defer-km", {"ROWSUM": "defer", "KEYS_AS_M": True}),  # S^T = K q^T (run 5 split-km 13.16 ms)
 ]
 # decode variants timed on the B1 Sq1 case only (the rest: every headline case); keeps the run short
-B1_ONLY = {"split-S128-bf16", "split-S64-bf16", "split-S128"}
+B1_ONLY = {"auto-pdl2", "n16w8-split", "n16w8-split-pdl1"}
 
 
 def cases_of(family: str, label: str) -> list[dict]:
@@ -71,7 +70,7 @@ def cases_of(family: str, label: str) -> list[dict]:
 
 
 # under ncu (--ncu): (family, variant label, case index) profiled once each, after a warm-up call
-NCU_TARGETS = [("prefill", "tma", 0), ("prefill", "split", 0), ("decode", "split-S128-bf16", 0)]
+NCU_TARGETS = [("prefill", "split", 0), ("prefill", "defer", 0), ("decode", "auto-pdl1", 0), ("decode", "n16w8-split", 0)]
 
 
 def render(family: str, label: str, overrides: dict, out_dir: Path) -> Path:

@@ -210,12 +210,13 @@ def test_prefill_tma_matches_reference(tmp_dir, case, seed, hpt, keys_as_m, unma
 
 @settings(max_examples=4, deadline=None)
 @given(case=small_prefill_cases(), seed=SEEDS, hpt=st.sampled_from([1, 2, 4]), unmasked=st.booleans(),
-       keys_as_m=st.booleans(), tau=st.sampled_from([0, 8]))
-def test_prefill_qk_split_matches_reference(tmp_dir, case, seed, hpt, unmasked, keys_as_m, tau):
+       keys_as_m=st.booleans(), tau=st.sampled_from([0, 8]), rowsum=st.sampled_from(["reduce", "defer"]))
+def test_prefill_qk_split_matches_reference(tmp_dir, case, seed, hpt, unmasked, keys_as_m, tau, rowsum):
     """QK_SPLIT (TMA kernel): unchained score dots, P and alpha through an always-taken branch,
-    transposed accumulators; both score orientations, eager and lazy rescale."""
+    transposed accumulators; both score orientations, eager and lazy rescale, row sums reduced per
+    tile or deferred to the end (ROWSUM)."""
     knobs = {**read_knobs(PREFILL)[0], "KV_LOAD": "tma", "QK_SPLIT": True, "BLOCK_M": 16, "BLOCK_N": 16,
-             "HEADS_PER_TILE": hpt, "UNMASKED_LOOP": unmasked, "KEYS_AS_M": keys_as_m, "RESCALE_TAU": tau}
+             "HEADS_PER_TILE": hpt, "UNMASKED_LOOP": unmasked, "KEYS_AS_M": keys_as_m, "RESCALE_TAU": tau, "ROWSUM": rowsum}
     check(MLA_PREFILL, render(PREFILL, knobs, tmp_dir).kernel, case, seed)
 
 
@@ -291,7 +292,7 @@ def test_strided_inputs(tmp_dir, path):
         (DECODE, {"RESCALE_TAU": 40}), (DECODE, {"KV_LOAD": "descriptor"}), (PREFILL, {"RESCALE_TAU": -1}),
         (DECODE, {"QK_SPLIT": True, "KV_LOAD": "tma", "num_warps": 8, "KEYS_AS_M": True, "BLOCK_H": 16, "BLOCK_N": 64, "num_stages": 3}),
         (PREFILL, {"QK_SPLIT": True, "KV_LOAD": "tma", "KEYS_AS_M": True, "BLOCK_M": 32, "BLOCK_N": 64, "num_stages": 3}),
-        (PREFILL, {"KV_LOAD": "descriptor"}),
+        (PREFILL, {"KV_LOAD": "descriptor"}), (DECODE, {"PDL": 3}), (PREFILL, {"ROWSUM": "lazy"}),
         (PREFILL, {"BLOCK_M": 48}), (PREFILL, {"BLOCK_N": 8}), (PREFILL, {"V_SPLIT": 3}), (PREFILL, {"HEADS_PER_TILE": 3}),
     ],
     ids=str,
@@ -332,6 +333,10 @@ def load(path, name):
 
 def build(fn, constexprs, knobs):
     signature, attrs, constexprs = {}, {}, dict(constexprs)
+    for param in fn.params:  # constexpr parameters left at their defaults, as at launch
+        default = param._param.default
+        if param.is_constexpr and param.name not in constexprs and default is not param._param.empty:
+            constexprs[param.name] = default
     for i, name in enumerate(fn.arg_names):
         if name.startswith("stride") and name.endswith("d"):
             constexprs[name] = 1  # Triton specialises unit strides at launch
@@ -349,7 +354,7 @@ def build(fn, constexprs, knobs):
     c = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": knobs["num_warps"], "num_stages": knobs["num_stages"]})
-    return {"shared": c.metadata.shared, "wgmma": "wgmma" in c.asm["ptx"], "ttgir": c.asm["ttgir"]}
+    return {"shared": c.metadata.shared, "wgmma": "wgmma" in c.asm["ptx"], "ttgir": c.asm["ttgir"], "ptx": c.asm["ptx"]}
 
 
 dec, pre = load(sys.argv[1], "mla_decode_sm90"), load(sys.argv[2], "mla_prefill_sm90")
@@ -371,9 +376,20 @@ for name, split in (("prefill-tma", k["QK_SPLIT"]), ("prefill-tma-qk-split", Tru
     out[name] = build(pre._mla_prefill_tma, dict(BLOCK_M=k["BLOCK_M"], BLOCK_N=k["BLOCK_N"], HEADS_PER_TILE=k["HEADS_PER_TILE"],
                                                  UNMASKED_LOOP=k["UNMASKED_LOOP"], KEYS_AS_M=k["KEYS_AS_M"],
                                                  TAU=float(k["RESCALE_TAU"]), DN=512, DR=64, QK_SPLIT=split), k)
+# ROWSUM "defer" (deferred row sums) must keep the split [4, 2] score layout; PDL (griddepcontrol) in both decode kernels
+out["prefill-qk-split-defer"] = build(pre._mla_prefill_tma, dict(BLOCK_M=64, BLOCK_N=64, HEADS_PER_TILE=16, UNMASKED_LOOP=False, KEYS_AS_M=False,
+                                                            TAU=0.0, DN=512, DR=64, QK_SPLIT=True, DEFER_SUM=True), {**k, "num_warps": 8, "num_stages": 2})
+kn = {**dec.KNOBS, **dec.REGIMES["narrow"]}
+pdl = build(dec._mla_decode_partial, dict(BLOCK_H=kn["BLOCK_H"], BLOCK_N=kn["BLOCK_N"], KEYS_AS_M=kn["KEYS_AS_M"], VALUES_AS_M=False, MODE=1,
+                                          MERGERS=16, S_P2=128, CHUNK=1, TAU=0.0, DN=512, DR=64, PDL=2), kn)
+merge = build(dec._mla_decode_merge, dict(S_P2=128, SPLIT_CHUNK=32, BLOCK_V=64, DN=512, PDL=1), {"num_warps": 4, "num_stages": 2})
+out["pdl"] = {"partial": [w for w in ("griddepcontrol.wait", "griddepcontrol.launch_dependents") if w in pdl["ptx"]],
+              "merge": [w for w in ("griddepcontrol.wait",) if w in merge["ptx"]]}
 out["prefill"] = build(pre._mla_prefill_fwd, dict(BLOCK_M=k["BLOCK_M"], BLOCK_N=k["BLOCK_N"], HEADS_PER_TILE=k["HEADS_PER_TILE"],
                                                   BV=512 // k["V_SPLIT"], UNMASKED_LOOP=k["UNMASKED_LOOP"],
                                                   KEYS_AS_M=k["KEYS_AS_M"], TAU=float(k["RESCALE_TAU"]), DN=512, DR=64), k)
+for v in out.values():
+    v.pop("ptx", None)
 print(json.dumps(out))
 """
 
@@ -389,12 +405,15 @@ def test_compiles_for_hopper():
 
     result = json.loads(compile_in_child(_SM90_SCRIPT, str(DECODE), str(PREFILL)).strip().splitlines()[-1])
     h100_smem = 232448  # bytes a block may opt into on sm_90
+    # PDL: the split kernel waits on the previous grid (PDL 2) and lets its dependent launch; the merge waits
+    assert result.pop("pdl") == {"partial": ["griddepcontrol.wait", "griddepcontrol.launch_dependents"],
+                                 "merge": ["griddepcontrol.wait"]}
     for family, info in result.items():
         assert info["wgmma"], f"{family}: default knobs do not lower to wgmma"
         assert info["shared"] <= h100_smem, f"{family}: {info['shared']} bytes of shared memory at the default knobs"
     # QK_SPLIT exists to take the score dot off Triton's chained-dot layout (all 8 warps on M = 64, i.e.
     # both warpgroups computing the whole score tile): its score dots must split the warps [4, 2]
-    for name in ("prefill-tma-qk-split", "decode-tma-wide-qk-split"):
+    for name in ("prefill-tma-qk-split", "prefill-qk-split-defer", "decode-tma-wide-qk-split"):
         layouts = [line for line in result[name]["ttgir"].splitlines() if "nvidia_mma" in line]
         assert any("warpsPerCTA = [4, 2], instrShape = [16, 32, 16]" in line for line in layouts), (name, layouts)
     if not read_knobs(PREFILL)[0]["QK_SPLIT"]:  # the chained default: [8, 1] on the 64 x 64 score tile
