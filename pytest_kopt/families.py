@@ -8,6 +8,10 @@ one marked block, followed by the choices for each knob::
     # kopt:knobs-end
     SPACE = {"BV": [16, 32, 64], "num_warps": [1, 2, 4, 8]}
 
+An optional ``TRY_EARLY = [{"BV": 64}, ...]`` lists knob overrides (inside SPACE) that its author
+wants measured right after the defaults: new ideas not yet seen on a GPU, so the search loop is
+what measures them, and the defaults stay the best measured configuration.
+
 Families are read, never imported: ``KNOBS`` and ``SPACE`` come out with ``ast.literal_eval``,
 and a candidate is the family's text with the block replaced. Rendering the default knobs
 gives back the file unchanged, so the baseline candidate keeps its id.
@@ -40,6 +44,7 @@ class Family:
     source: str
     knobs: dict[str, Any]  # the defaults, in file order
     space: dict[str, list]  # choices per knob (a knob missing here stays at its default)
+    try_early: tuple[dict, ...] = ()  # knob overrides to measure right after the defaults
 
     def size(self) -> int:
         """How many distinct candidates the space holds."""
@@ -71,13 +76,15 @@ def _block(source: str, where: str) -> tuple[int, int]:
     return begins[0], ends[0]
 
 
-def _literal(tree: ast.Module, name: str, where: str) -> Any:
+def _literal(tree: ast.Module, name: str, where: str, default: Any = ...) -> Any:
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
             try:
                 return ast.literal_eval(node.value)
             except ValueError as exc:
-                raise FamilyError(f"{where}: {name} must be a literal dict ({exc})") from None
+                raise FamilyError(f"{where}: {name} must be a literal ({exc})") from None
+    if default is not ...:
+        return default
     raise FamilyError(f"{where}: no top-level {name} = {{...}}")
 
 
@@ -101,7 +108,15 @@ def parse_family(source: str, name: str = "family", path: Path | None = None) ->
             raise FamilyError(f"{where}: SPACE names {knob!r}, which KNOBS lacks")
         if not isinstance(choices, (list, tuple)) or not choices:
             raise FamilyError(f"{where}: SPACE[{knob!r}] must be a non-empty list of choices")
-    return Family(name, Path(path) if path else Path(f"{name}.py"), source, dict(knobs), {k: list(v) for k, v in space.items()})
+    try_early = _literal(tree, "TRY_EARLY", where, default=[])
+    if not isinstance(try_early, (list, tuple)) or not all(isinstance(t, dict) for t in try_early):
+        raise FamilyError(f"{where}: TRY_EARLY must be a list of knob dicts")
+    for overrides in try_early:
+        for knob, value in overrides.items():
+            if value not in space.get(knob, [knobs.get(knob, ...)]):
+                raise FamilyError(f"{where}: TRY_EARLY sets {knob}={value!r}, which SPACE does not hold")
+    return Family(name, Path(path) if path else Path(f"{name}.py"), source, dict(knobs), {k: list(v) for k, v in space.items()},
+                  tuple(dict(t) for t in try_early))
 
 
 def load_family(name_or_path: str | Path, directory: Path | None = None) -> Family:

@@ -34,6 +34,12 @@ def test_parse_reads_defaults_and_space_without_importing():
     assert len(combos) == fam.size() and len({tuple(c.items()) for c in combos}) == fam.size()
 
 
+def test_try_early_lists_overrides_inside_the_space():
+    assert parse_family(FAMILY, "toy").try_early == ()
+    fam = parse_family(FAMILY + 'TRY_EARLY = [{"BV": 64}, {"fuse": True, "num_warps": 8}]\n', "toy")
+    assert fam.try_early == ({"BV": 64}, {"fuse": True, "num_warps": 8})
+
+
 def test_default_knobs_render_the_file_unchanged():
     fam = parse_family(FAMILY, "toy")
     assert render(fam, {}) == FAMILY
@@ -74,6 +80,9 @@ def test_unknown_knob_is_refused_with_the_known_ones():
         (FAMILY.replace('KNOBS = {"BV": 32,', 'KNOBS = {"BV": int("32"),'), "literal"),
         (FAMILY.replace("SPACE = ", "OTHER = "), "SPACE"),
         (FAMILY.replace("def kernel(x):", "def kernel(x)"), "not valid Python"),
+        (FAMILY + 'TRY_EARLY = [{"BV": 128}]\n', "TRY_EARLY sets BV=128"),
+        (FAMILY + 'TRY_EARLY = [{"BK": 16}]\n', "TRY_EARLY sets BK=16"),
+        (FAMILY + 'TRY_EARLY = {"BV": 16}\n', "list of knob dicts"),
     ],
 )
 def test_malformed_families_say_what_is_wrong(text, message):

@@ -133,3 +133,14 @@ def test_a_family_far_slower_than_the_best_is_not_run_again(tmp_path, monkeypatc
     pruned = strategies("pruned")
     assert pruned[:2] == ["slow", "fast"] and len(pruned) > 8
     assert "slow" not in pruned[2:]
+
+
+def test_try_early_settings_are_measured_right_after_the_defaults(tmp_path):
+    problem = FakeProblem(tmp_path / "p")
+    fast = tmp_path / "p" / "fast.py"
+    fast.write_text(fast.read_text().replace("\n\n\ndef kernel", '\nTRY_EARLY = [{"CHUNK": 16}, {"fuse": True, "num_warps": 8}]\n\n\ndef kernel'))
+    _, events, agent = run(tmp_path, 20, problem=problem)
+    family = agent.families["fast"]
+    early = [candidate_id(family.render({**family.knobs, **t})) for t in family.try_early]
+    written = [e["candidate_id"] for e in events if e["kind"] == "candidate"]
+    assert len(early) == 2 and written[2:4] == early  # baseline, fast's defaults, then its TRY_EARLY in order

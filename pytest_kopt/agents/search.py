@@ -4,6 +4,7 @@ It renders concrete candidates from the problem's kernel families (``kernels/fam
 picks the next (family, knobs) with Optuna's TPE sampler (seeded, ask/tell). The first attempt
 is the baseline candidate, then every other family at its default knobs (its author's best
 known configuration: on the H200 a random start-up trial is often several times slower), then
+each family's TRY_EARLY settings (its author's unmeasured ideas), then
 whatever the sampler proposes, except that a family DOMINATED times slower than the best is not
 run again while other candidates are left. Each attempt walks one pipeline, one tool call per ``act``::
 
@@ -119,8 +120,9 @@ class SearchAgent(Agent):
         self.notes: list[str] = list(self.load_notes)
         defaults_first = [self.baseline_family] if self.baseline_family is not None else []
         defaults_first += [f for f in self.families.values() if f is not self.baseline_family]
-        for family in defaults_first:
-            params = self._params(family, family.knobs)
+        early = [(f, f.knobs) for f in defaults_first] + [(f, {**f.knobs, **t}) for f in defaults_first for t in f.try_early]
+        for family, knobs in early:
+            params = self._params(family, knobs)
             if params is not None:
                 self.study.enqueue_trial(params)
 
