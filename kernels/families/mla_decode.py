@@ -84,6 +84,8 @@ SPACE = {
     "QK_SPLIT": [False, True],  # TMA kernel: score dots unchained, so 8 warps split the score tile (no duplicate); P V as V^T P^T
     "PDL": [0, 1, 2],  # programmatic dependent launch (GPU, MERGE kernel): 1 merge overlaps the split kernel's tail; 2 also the split kernel's launch
 }
+# Measured by the search loop right after the defaults (version 6, not yet run on a GPU when added).
+TRY_EARLY = [{"PDL": 1}, {"PDL": 2}]
 
 # CONFIG "auto": the tile config measured best on an H200 (kernels/notes/mla.md, run 2) for each
 # regime. "narrow": fewer than SMs/4 (batch, 64-row block) pairs (B1 decode and MTP): 16 rows

@@ -62,6 +62,8 @@ SPACE = {
     "QK_SPLIT": [False, True],  # TMA kernel: score keys split over the warpgroups (no duplicated QK), P V as V^T P^T
     "ROWSUM": ["reduce", "defer"],  # QK_SPLIT: row sums reduced every tile (across warpgroups), or kept per element and reduced once at the end
 }
+# Measured by the search loop right after the defaults (version 6, not yet run on a GPU when added).
+TRY_EARLY = [{"ROWSUM": "defer"}, {"ROWSUM": "defer", "HEADS_PER_TILE": 64}]
 
 D_NOPE = 512  # latent width: the value width
 D_ROPE = 64  # rope width; key width = D_NOPE + D_ROPE = 576
