@@ -51,44 +51,46 @@ if DRY:
     HEADLINE = {**HEADLINE, "T": 70, "H": 2, "K": 32, "V": 32}
     OTHER_SHAPES = [{**OTHER_SHAPES[-1], "B": 1, "T": 40, "H": 1, "K": 16, "V": 16}]
     SMALL = SMALL[:2]
-# Defaults: the best version-3 candidate of the H200 loop (BT32, tf32, precomputed read-out,
-# "extract" solve at 8 warps, kv scan layout; see kernels/notes/kda.md).  "v2" is version 2's
-# configuration at BT64 (right on the H200, run 3); the others change one thing from the default.
-# Most informative first: the loop stops when the budget runs low.  subst="direct" and a 4-warp
-# solve are refused by the family's _plan (wrong on the H200) and so are not rows here, except the
-# 4-warp solve with version 4's subst="rows" at BT=32 (no substitution loop, mma.sync tiles).
-# Version 4 rows (prepared, not run; predictions in kernels/notes/kda.md "Version 4"): "rows" moves
-# the diagonal-block inverses into the block rows; "scan_w2"/"scan_w1_vk" run the scan with one or
-# two warps (no cross-warp barriers in the step chain); "v4" is both with the 4-warp solve.
+# Defaults (version 4, measured right and fastest in run 5: BT32, tf32, precomputed read-out,
+# subst "rows" with the 4-warp solve, 4-warp block rows, 8-warp kv scan; kernels/notes/kda.md).
+# Most informative first: the loop stops when the budget runs low.  subst="direct", a 4-warp solve
+# other than "rows" at BT=32, and block_prog="chunk" at BT=64 / BK=64 are refused by _plan.
+# Version 5 rows (prepared, not run; predictions in kernels/notes/kda.md "Version 5"):
+# block_prog="chunk" runs every block row of a chunk in one program (q, k, g read once per key
+# tile, float64 running sums, a whole-chunk fast path behind the guard); out_bv widens the
+# read-out's value tile so that qd is read once per chunk instead of V/BV = 8 times.
 VARIANTS = {
     "default": {},
-    "rows": {"subst": "rows"},
-    "rows_w4": {"subst": "rows", "solve_warps": 4},
+    "v5": {"block_prog": "chunk", "out_bv": 128},
+    "chunk": {"block_prog": "chunk"},
+    "out128": {"out_bv": 128},
+    "chunk_w8": {"block_prog": "chunk", "block_warps": 8},
+    "out64": {"out_bv": 64},
+    "v5_scan_w4": {"block_prog": "chunk", "out_bv": 128, "scan_warps": 4},
+    "chunk_BK16": {"block_prog": "chunk", "BK": 16},
+    "out128_w8": {"out_bv": 128, "out_warps": 8},
+    "block_nreg128_w2": {"block_warps": 2, "block_maxnreg": 128},
+    "block_nreg128": {"block_maxnreg": 128},
+    "BT64_rows_w8": {"BT": 64, "solve_warps": 8},
+    "BT64_rows_w8_out128": {"BT": 64, "solve_warps": 8, "out_bv": 128},
+    "v3_extract": {"subst": "extract", "solve_warps": 8, "block_warps": 2},
     "scan_w2": {"scan_warps": 2},
-    "v4": {"subst": "rows", "solve_warps": 4, "scan_warps": 2},
-    "scan_w2_vk": {"scan_warps": 2, "scan_layout": "vk"},
-    "scan_w1_vk": {"scan_warps": 1, "scan_layout": "vk"},
-    "v4_w1_vk": {"subst": "rows", "solve_warps": 4, "scan_warps": 1, "scan_layout": "vk"},
-    "rows_w4_nreg0": {"subst": "rows", "solve_warps": 4, "solve_maxnreg": 0},
-    "rows_block_w4": {"subst": "rows", "solve_warps": 4, "block_warps": 4},
-    "v2": {"BT": 64, "prec": "bf16x3", "readout": "aqk", "fuse_output": True, "scan_layout": "vk",
-           "block_warps": 4, "solve_maxnreg": 0, "scan_warps": 4, "scan_stages": 2},
-    "BT64": {"BT": 64},
+    "scan_w4": {"scan_warps": 4},
+    "v2": {"BT": 64, "prec": "bf16x3", "readout": "aqk", "fuse_output": True, "scan_layout": "vk", "subst": "extract",
+           "block_warps": 4, "solve_warps": 8, "solve_maxnreg": 0, "scan_warps": 4, "scan_stages": 2},
     "bf16x3": {"prec": "bf16x3"},
     "readout_aqk": {"readout": "aqk"},
     "fused_out": {"fuse_output": True},
     "vk": {"scan_layout": "vk"},
     "solve_nreg0": {"solve_maxnreg": 0},
-    "block_nreg128": {"block_maxnreg": 128},
     "BK16": {"BK": 16},
     "BK64": {"BK": 64},
-    "scan_w4": {"scan_warps": 4},
-    "block_w4": {"block_warps": 4},
     "scan_st2": {"scan_stages": 2},
     "start": {"recentre": "start"},
+    "chunk_start": {"block_prog": "chunk", "recentre": "start"},
 }
 if DRY:
-    VARIANTS = {k: VARIANTS[k] for k in ("default", "rows_w4", "v4", "v2", "BT64", "fused_out")}
+    VARIANTS = {k: VARIANTS[k] for k in ("default", "v5", "chunk_w8", "v2", "BT64_rows_w8_out128", "fused_out")}
 
 
 def left() -> float:
@@ -353,7 +355,7 @@ def main() -> None:
     results["intermediates"] = {}
     diag_case = warm_case(HEADLINE) if not DRY else HEADLINE
     xd = prob.make_inputs(diag_case, device=DEVICE, seed=5)
-    for name in ("default", "rows_w4", "v4", "v2", "BT64", "bf16x3"):
+    for name in ("default", "v5", "chunk", "v2", "BT64_rows_w8", "bf16x3"):
         if name not in VARIANTS or left() < 110:
             continue
         try:
@@ -365,7 +367,7 @@ def main() -> None:
         xh = hostile(prob.make_inputs(diag_case, device=DEVICE, seed=6))
         want = naive_recurrent_kda(**xh)
         results["hostile"] = {name: errors(run_variant(fam, {**fam.KNOBS, **VARIANTS[name]}, xh), want)
-                              for name in ("default", "rows_w4", "v4", "v2", "start") if name in VARIANTS}
+                              for name in ("default", "v5", "chunk_w8", "chunk_start", "v2", "start") if name in VARIANTS}
     except Exception as err:  # noqa: BLE001
         results["hostile"] = f"{type(err).__name__}: {err}"[:500]
     log("hostile", results["hostile"])
