@@ -300,6 +300,8 @@ def test_unservable_shapes_and_knobs_raise_value_error(family):
         family.kda_chunked(*args, {**family.KNOBS, "block_prog": "chunk", "BT": 64, "solve_warps": 8})
     with pytest.raises(ValueError, match="chunk"):
         family.kda_chunked(*args, {**family.KNOBS, "block_prog": "chunk", "BK": 64})
+    with pytest.raises(ValueError, match="chunk"):
+        family.kda_chunked(*args, {**family.KNOBS, "block_prog": "chunk", "block_warps": 2})
 
 
 COMPILE_FOR_HOPPER = """
@@ -330,7 +332,7 @@ for stage in ([0] if kn["fuse_prep"] else [1, 2]):
     build(fam._kda_prep_kernel, prep, dict(K=K, V=V, BT=plan["BT"], BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"],
           DK=plan["DK"], LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
           TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
-          CHUNK=plan["CHUNK"], DKC=plan["DKC"], STAGE=stage),
+          CHUNK=plan["CHUNK"], STAGE=stage),
           kn["solve_warps"] if stage == 2 else kn["block_warps"], 1)
 scan = {"w_ptr": B16, "u_ptr": P, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "au_ptr": P, "h0_ptr": P,
         "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P}

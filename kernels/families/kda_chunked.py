@@ -92,9 +92,10 @@ k, g once, takes one float64 running sum of the gates (every decay exponent a fl
 as exact as a forward sum of the spanned gates -- closer to the float64 Aqk/Akk than ``"row"`` on
 -3e4 gates), and, when every channel's decay over the chunk is within the guard, forms the whole
 chunk's Aqk and Akk as one pair of [BT, BT] products around a chunk-wide reference; otherwise the
-row blocks' off-diagonal parts around each block start, the diagonal blocks guarded per block or
-pairwise (float64 differences, one channel at a time).  The scratch it writes is ``"row"``'s (the
-diagonal inverses too with ``subst="rows"``), so the solve is unchanged.  Served at BT 32 with
+row blocks' off-diagonal parts around each block start, the diagonal blocks guarded per block
+(one full-tile product) or, over the limit, pairwise per block (float64 differences, placed into
+the tile by exact 0/1 selection products).  The scratch it writes is ``"row"``'s (the diagonal
+inverses too with ``subst="rows"``), so the solve is unchanged.  Served at BT 32, 4 or 8 warps, with
 BK <= 32 (sm_90 spills otherwise).  ``out_bv`` sets the read-out's value tile (0: the scan's BV):
 at 128 each chunk's qd is read once instead of V / BV times.
 """
@@ -188,6 +189,31 @@ def _diag_pairwise(q_ptr, k_ptr, g_ptr, row0, rows_ok, ks,
         # gate is left out, so a -1000 there never has to cancel against itself)
         e_loc = tl.cumsum(tl.where(ri[:, None] > 0, g, 0.0), axis=0)
         diff = e_loc[:, None, :] - e_loc[None, :, :]
+        dec = tl.exp(tl.where(causal, diff, float("-inf")))
+        kj = k[None, :, :] * dec
+        acc_q += tl.sum(q[:, None, :] * kj, axis=2)
+        acc_k += tl.sum(k[:, None, :] * kj, axis=2)
+    return acc_q, acc_k
+
+
+@triton.jit
+def _diag_pairwise64(q_ptr, k_ptr, g_ptr, row0, rows_ok, ks,
+                     s_qt, s_kt, s_gt,
+                     BC: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr):
+    """``_diag_pairwise`` with the block's running sums in float64 (``block_prog="chunk"``): every
+    exp(E_i - E_j) from a float64 difference, as exact as a forward sum of the spanned gates."""
+    ri = tl.arange(0, BC)
+    causal = (ri[:, None] >= ri[None, :])[:, :, None]
+    acc_q = tl.zeros([BC, BC], dtype=tl.float32)
+    acc_k = tl.zeros([BC, BC], dtype=tl.float32)
+    for c0 in range(0, BK, DK):
+        cols = ks + c0 + tl.arange(0, DK)
+        m = rows_ok[:, None]
+        g = tl.load(g_ptr + (row0 + ri)[:, None] * s_gt + cols[None, :], mask=m, other=0.0).to(tl.float64)
+        q = tl.load(q_ptr + (row0 + ri)[:, None] * s_qt + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + (row0 + ri)[:, None] * s_kt + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        e_loc = tl.cumsum(tl.where(ri[:, None] > 0, g, 0.0), axis=0)
+        diff = (e_loc[:, None, :] - e_loc[None, :, :]).to(tl.float32)
         dec = tl.exp(tl.where(causal, diff, float("-inf")))
         kj = k[None, :, :] * dec
         acc_q += tl.sum(q[:, None, :] * kj, axis=2)
@@ -354,6 +380,7 @@ def _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, 
     key tile is over the limit, the pairwise form for the whole tile."""
     rt = tl.arange(0, BT)
     ct = tl.arange(0, BT)
+    cc = tl.arange(0, BC)
     rt_ok = t0 + rt < T
     blk_r = rt // BC
     blk_c = ct // BC
@@ -397,11 +424,13 @@ def _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, 
             # per row block b: its start G_r and end G_e (float64 [BK]); x = G - ref (float32) for
             # the diagonal's factors, ref = G_r / the midpoint / G_e of the row's own block
             x = tl.zeros([BT, BK], dtype=tl.float32)
-            span = 0.0
+            bad = rt < 0  # rows whose diagonal block is over the guard's limit (pairwise)
             for b in tl.static_range(BT // BC):
                 gr_b = tl.sum(tl.where((rt == b * BC)[:, None], G, 0.0), axis=0)  # [BK]
                 ge_b = tl.sum(tl.where((rt == b * BC + BC - 1)[:, None], G, 0.0), axis=0)
-                span = tl.maximum(span, tl.max((gr_b - ge_b).to(tl.float32), axis=0))
+                span_b = tl.max((gr_b - ge_b).to(tl.float32), axis=0)
+                if LIMIT < 0:
+                    span_b = LIMIT + 1.0
                 if RECENTRE == 0:
                     ref_b = gr_b
                 elif RECENTRE == 1:
@@ -410,6 +439,18 @@ def _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, 
                     ref_b = ge_b
                 in_b = (blk_r == b)[:, None]
                 x = tl.where(in_b, (G - ref_b[None, :]).to(tl.float32), x)
+                if span_b > LIMIT:
+                    # this diagonal block pairwise ([BC, BC, DK] from memory, float64 differences),
+                    # placed into the [BT, BT] tile by exact 0/1 selection products
+                    bad = bad | (blk_r == b)
+                    rows_b = b * BC + cc
+                    pq, pk = _diag_pairwise64(q_ptr, k_ptr, g_ptr, b * BC, t0 + rows_b < T, ks,
+                                              s_qt, s_kt, s_gt, BC, BK, DK)
+                    sel = tl.where(rt[:, None] == rows_b[None, :], 1.0, 0.0)  # [BT, BC]
+                    sel_t = tl.where(rows_b[:, None] == ct[None, :], 1.0, 0.0)  # [BC, BT]
+                    acc_q += tl.dot(tl.dot(sel, pq, input_precision="ieee"), sel_t, input_precision="ieee")
+                    acc_k += tl.where(lower, tl.dot(tl.dot(sel, pk, input_precision="ieee"), sel_t,
+                                                    input_precision="ieee"), 0.0)
                 if b > 0:
                     # row block b against every column before it
                     row_f = tl.where(in_b, tl.exp((G - gr_b[None, :]).to(tl.float32)), 0.0)
@@ -418,31 +459,17 @@ def _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, 
                     kc = tl.trans(k_a * col_f)  # [BK, BT]
                     acc_q = _dotp(q_a * row_f, kc, acc_q, TF32)
                     acc_k = _dotp(k_a * row_f, kc, acc_k, TF32)
-            # the diagonal blocks: span = the largest per-channel decay inside any block
-            if LIMIT < 0:
-                span = LIMIT + 1.0
-            if span <= LIMIT:
-                up = tl.exp(x)
-                down = tl.exp(-x)
-                kd = tl.trans(k_a * down)
-                dq = _dotp(q_a * up, kd, tl.zeros([BT, BT], dtype=tl.float32), TF32)
-                dk = _dotp(k_a * up, kd, tl.zeros([BT, BT], dtype=tl.float32), TF32)
-                # outside the blocks and above the diagonal the product may be inf / nan: select
-                acc_q += tl.where(lower_eq, dq, 0.0)
-                acc_k += tl.where(lower, dk, 0.0)
-            else:
-                # pairwise exp(G_i - G_j) (float64 difference, masked before the exp), one key
-                # channel at a time as an outer product (columns reloaded from memory, L1-hot)
-                for c in range(0, BK):
-                    p_c = ks + c
-                    g_c = tl.load(g_ptr + rt * s_gt + p_c, mask=rt_ok, other=0.0)
-                    q_c = tl.load(q_ptr + rt * s_qt + p_c, mask=rt_ok, other=0.0).to(tl.float32)
-                    k_c = tl.load(k_ptr + rt * s_kt + p_c, mask=rt_ok, other=0.0).to(tl.float32)
-                    G_c = tl.cumsum(g_c.to(tl.float64), axis=0)
-                    diff = (G_c[:, None] - G_c[None, :]).to(tl.float32)
-                    kj = k_c[None, :] * tl.exp(tl.where(lower_eq, diff, float("-inf")))
-                    acc_q += q_c[:, None] * kj
-                    acc_k += tl.where(lower, k_c[:, None] * kj, 0.0)
+            # the diagonal blocks within the limit: one full-tile product, each row around its own
+            # block's reference; outside the blocks, above the diagonal and in the pairwise blocks'
+            # rows (x zeroed there) the product is selected away, never multiplied
+            x = tl.where(bad[:, None], 0.0, x)
+            kd = tl.trans(k_a * tl.exp(-x))
+            up = tl.exp(x)
+            dq = _dotp(q_a * up, kd, tl.zeros([BT, BT], dtype=tl.float32), TF32)
+            dk = _dotp(k_a * up, kd, tl.zeros([BT, BT], dtype=tl.float32), TF32)
+            good = (~bad)[:, None]
+            acc_q += tl.where(lower_eq & good, dq, 0.0)
+            acc_k += tl.where(lower & good, dk, 0.0)
     p_t = rt[:, None] * BT + ct[None, :]
     aq = acc_q * scale
     aq_hi = aq.to(tl.bfloat16)
@@ -608,7 +635,7 @@ def _kda_prep_kernel(
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BKP: tl.constexpr, BVP: tl.constexpr, DK: tl.constexpr,
     LOG_NC: tl.constexpr, RECENTRE: tl.constexpr, LIMIT: tl.constexpr, MERGE: tl.constexpr,
     TF32: tl.constexpr, PRE: tl.constexpr, SUBST: tl.constexpr, STAGE: tl.constexpr, LOG_BC: tl.constexpr,
-    HOIST: tl.constexpr, CHUNK: tl.constexpr, DKC: tl.constexpr,
+    HOIST: tl.constexpr, CHUNK: tl.constexpr,
 ):
     """STAGE 0: everything for one chunk (block rows, then the solve); 1: one block row of
     one chunk (grid NT * NC), or with CHUNK all block rows of one chunk (grid NT); 2: the solve
@@ -642,7 +669,7 @@ def _kda_prep_kernel(
 
     if STAGE == 0 and CHUNK:
         _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, lo_off,
-                     s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DKC, RECENTRE, LIMIT, TF32, SUBST, LOG_BC)
+                     s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC)
         tl.debug_barrier()
     if STAGE == 0 and not CHUNK:
         for b in range(NC):
@@ -651,7 +678,7 @@ def _kda_prep_kernel(
         tl.debug_barrier()  # the block rows were written by other threads of this program
     if STAGE == 1 and CHUNK:
         _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, lo_off,
-                     s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DKC, RECENTRE, LIMIT, TF32, SUBST, LOG_BC)
+                     s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC)
     if STAGE == 1 and not CHUNK:
         _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi, lo_off,
                    s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC)
@@ -878,9 +905,10 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
                          "the scan step on sm_90)")
     # version 5's one-program-per-chunk block rows: [BT, BT] products at every step; sm_90 keeps
     # them in registers at BT 32 with 16- or 32-wide key tiles only
-    if knobs.get("block_prog") == "chunk" and (knobs.get("BT") != 32 or knobs.get("BK") == 64):
-        raise ValueError("block_prog='chunk' is served at BT=32 with BK <= 32 only (BT=64 spills 0.5-4.7 KB "
-                         "and BK=64 280 B per thread on sm_90)")
+    if knobs.get("block_prog") == "chunk" and (knobs.get("BT") != 32 or knobs.get("BK") == 64
+                                               or knobs.get("block_warps") == 2):
+        raise ValueError("block_prog='chunk' is served at BT=32 with BK <= 32 and 4 or 8 block warps only (BT=64 "
+                         "spills 0.5-4.7 KB, BK=64 280 B and 2 warps 348 B per thread on sm_90)")
     for name, choices in SPACE.items():
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
@@ -909,7 +937,6 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         # tiles converted A between two wgmma layouts and computed a wrong w on the H200)
         "BT": BT, "BC": BC, "BK": bk, "BV": bv, "BKP": min(64, K), "BVP": min(64, V),
         "DK": max(1, min(bk, 2048 // (BC * BC))),
-        "DKC": max(1, min(bk, 2048 // (BT * BT))),  # the chunk-wide pairwise fallback's channels
         "CHUNK": knobs["block_prog"] == "chunk",
         "OUT_BV": min(V, knobs["out_bv"] or BV),
         "LOG_NC": int(math.log2(BT // BC)),
@@ -991,7 +1018,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             K=K, V=V, BT=BT, BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"], DK=plan["DK"],
             LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
             TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
-            CHUNK=plan["CHUNK"], DKC=plan["DKC"], num_stages=1,
+            CHUNK=plan["CHUNK"], num_stages=1,
         )
         # block_maxnreg / solve_maxnreg: cap the registers per thread (ptxas spills the rest to
         # L1-backed local memory) so that more programs are resident: at 128, 4 block-row
