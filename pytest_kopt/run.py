@@ -396,7 +396,9 @@ class Run:
         outcome = Outcome(status, reason, self.run_dir, tools.budget, tools.budget_used, tools.best)
         if tools.best:
             outcome.best_path = self.write_best()
-        if status == "finished" and self.options.promote and outcome.best_path:
+        # an interrupted run promotes too: its best is as verified, and a device job's time limit
+        # (SIGINT) is how long runs usually end
+        if self.options.promote and outcome.best_path:
             self.promote_dir.mkdir(parents=True, exist_ok=True)
             outcome.promoted = self.promote_dir / f"{self.problem.name}.py"
             shutil.copyfile(outcome.best_path, outcome.promoted)

@@ -117,6 +117,19 @@ def test_promote_copies_the_best_and_a_run_without_a_verified_best_fails(tmp_pat
     assert outcome.ok and outcome.promoted == tmp_path / "best" / "fake.py"
     assert outcome.promoted.read_text() == (tmp_path / "run" / "best.py").read_text()
 
+    class StopsAfter(SearchAgent):  # Ctrl-C (a device job's time limit) after ten tool calls
+        def act(self, tools):
+            if tools.budget_used >= 10:
+                raise KeyboardInterrupt
+            return super().act(tools)
+
+    options = RunOptions(problem="fake", budget=40, run_dir=tmp_path / "stopped", promote=True)
+    with pytest.raises(KeyboardInterrupt):
+        with Run(options, problem=problem, evaluate=FakeJudge(), promote_dir=tmp_path / "best3") as run:
+            run.execute(StopsAfter(problem=problem, profile=False))
+    assert run.outcome.status == "interrupted" and run.outcome.promoted == tmp_path / "best3" / "fake.py"
+    assert run.outcome.promoted.read_text() == (tmp_path / "stopped" / "best.py").read_text()
+
     def failing(*args, **kwargs):
         return {"verdict": "fail", "stage": "correctness", "reasons": ["wrong"]}
 

@@ -65,7 +65,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {"CONFIG": "auto", "NUM_SPLITS": 0, "BLOCK_N": 64, "BLOCK_H": 16, "KEYS_AS_M": True, "VALUES_AS_M": False, "num_warps": 4, "num_stages": 3, "PARTIAL_DTYPE": "float32", "MERGE": "kernel", "MERGERS": 16, "RESCALE_TAU": 0, "KV_LOAD": "pointer", "QK_SPLIT": False, "PDL": 0}
+KNOBS = {"CONFIG": "auto", "NUM_SPLITS": 0, "BLOCK_N": 64, "BLOCK_H": 16, "KEYS_AS_M": True, "VALUES_AS_M": False, "num_warps": 4, "num_stages": 3, "PARTIAL_DTYPE": "float32", "MERGE": "kernel", "MERGERS": 16, "RESCALE_TAU": 0, "KV_LOAD": "pointer", "QK_SPLIT": False, "PDL": 1}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the measured tile config of the shape's regime (see REGIMES); knobs: the knobs below
@@ -84,8 +84,6 @@ SPACE = {
     "QK_SPLIT": [False, True],  # TMA kernel: score dots unchained, so 8 warps split the score tile (no duplicate); P V as V^T P^T
     "PDL": [0, 1, 2],  # programmatic dependent launch (GPU, MERGE kernel): 1 merge overlaps the split kernel's tail; 2 also the split kernel's launch
 }
-# Measured by the search loop right after the defaults (version 6, not yet run on a GPU when added).
-TRY_EARLY = [{"PDL": 1}, {"PDL": 2}]
 
 # CONFIG "auto": the tile config measured best on an H200 (kernels/notes/mla.md, run 2) for each
 # regime. "narrow": fewer than SMs/4 (batch, 64-row block) pairs (B1 decode and MTP): 16 rows

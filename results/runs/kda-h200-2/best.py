@@ -17,7 +17,7 @@ Stages (three launches by default; ``fuse_prep`` folds the first two into one, a
 ``fuse_output`` a fourth computes the read-out):
 
 1. block rows -- ``_kda_prep_kernel`` STAGE 1, one program per (chunk, BC-row block,
-   batch*head): that block row of Aqk (scaled; stored as bf16 hi + lo halves) and of Akk
+   batch*head) (``block_prog="chunk"``: one per (chunk, batch*head), version 5 below): that block row of Aqk (scaled; stored as bf16 hi + lo halves) and of Akk
    (beta-scaled, strictly lower, float32 scratch).  With ``subst="rows"`` (version 4) the program
    also inverts its own diagonal block: (I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8) for the
    strictly lower BC x BC block L (nilpotent, so exact), six float32 FMA products of 16 x 16,
@@ -84,6 +84,20 @@ that best candidate's knobs.  Version 4 (``subst="rows"``, ``solve_warps=4`` wit
 ``scan_warps`` 1 and 2) ran in the dev table of session 3 (kernels/notes/kda.md, "Run 5"):
 rows + 4-warp solve + 4-warp block rows was right and fastest (877.6 us vs fla 1619.8 us in the
 same run), so those are the defaults now; the 1- and 2-warp scans were slower.
+
+Version 5 (prepared, not run on a GPU; kernels/notes/kda.md "Version 5"), two knobs whose
+defaults keep version 4's code: ``block_prog="chunk"`` runs stage 1 as one program per (chunk,
+batch*head) (``_block_chunk``) instead of one per block row: per key tile it reads the chunk's q,
+k, g once, takes one float64 running sum of the gates (every decay exponent a float64 difference,
+as exact as a forward sum of the spanned gates -- closer to the float64 Aqk/Akk than ``"row"`` on
+-3e4 gates), and, when every channel's decay over the chunk is within the guard, forms the whole
+chunk's Aqk and Akk as one pair of [BT, BT] products around a chunk-wide reference; otherwise the
+row blocks' off-diagonal parts around each block start, the diagonal blocks guarded per block
+(one full-tile product) or, over the limit, pairwise per block (float64 differences, placed into
+the tile by exact 0/1 selection products).  The scratch it writes is ``"row"``'s (the diagonal
+inverses too with ``subst="rows"``), so the solve is unchanged.  Served at BT 32, 4 or 8 warps, with
+BK <= 32 (sm_90 spills otherwise).  ``out_bv`` sets the read-out's value tile (0: the scan's BV):
+at 128 each chunk's qd is read once instead of V / BV times.
 """
 
 import math
@@ -115,6 +129,8 @@ KNOBS = {
     "scan_warps": 8,
     "scan_stages": 3,
     "out_warps": 4,
+    "block_prog": "row",
+    "out_bv": 0,
 }
 # kopt:knobs-end
 SPACE = {
@@ -132,14 +148,18 @@ SPACE = {
     "fuse_output": [True, False],
     "scan_dot": ["mixed"],
     "scan_layout": ["kv", "vk"],
-    "block_warps": [2, 4],
+    "block_warps": [2, 4, 8],
     "block_maxnreg": [0, 128],
     "solve_maxnreg": [0, 128],
     "solve_warps": [4, 8],  # 4 only with subst "rows" at BT 32 (see _plan)
     "scan_warps": [1, 2, 4, 8],
     "scan_stages": [1, 2, 3],
     "out_warps": [4, 8],
+    "block_prog": ["row", "chunk"],  # version 5: "chunk" = every block row of a chunk in one program
+    "out_bv": [0, 64, 128],  # version 5: the read-out's value tile (0: the scan's BV)
 }
+# Measured by the search loop right after the defaults (version 5, not yet run on a GPU when added).
+TRY_EARLY = [{"block_prog": "chunk", "out_bv": 128}, {"out_bv": 128}]
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
@@ -171,6 +191,31 @@ def _diag_pairwise(q_ptr, k_ptr, g_ptr, row0, rows_ok, ks,
         # gate is left out, so a -1000 there never has to cancel against itself)
         e_loc = tl.cumsum(tl.where(ri[:, None] > 0, g, 0.0), axis=0)
         diff = e_loc[:, None, :] - e_loc[None, :, :]
+        dec = tl.exp(tl.where(causal, diff, float("-inf")))
+        kj = k[None, :, :] * dec
+        acc_q += tl.sum(q[:, None, :] * kj, axis=2)
+        acc_k += tl.sum(k[:, None, :] * kj, axis=2)
+    return acc_q, acc_k
+
+
+@triton.jit
+def _diag_pairwise64(q_ptr, k_ptr, g_ptr, row0, rows_ok, ks,
+                     s_qt, s_kt, s_gt,
+                     BC: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr):
+    """``_diag_pairwise`` with the block's running sums in float64 (``block_prog="chunk"``): every
+    exp(E_i - E_j) from a float64 difference, as exact as a forward sum of the spanned gates."""
+    ri = tl.arange(0, BC)
+    causal = (ri[:, None] >= ri[None, :])[:, :, None]
+    acc_q = tl.zeros([BC, BC], dtype=tl.float32)
+    acc_k = tl.zeros([BC, BC], dtype=tl.float32)
+    for c0 in range(0, BK, DK):
+        cols = ks + c0 + tl.arange(0, DK)
+        m = rows_ok[:, None]
+        g = tl.load(g_ptr + (row0 + ri)[:, None] * s_gt + cols[None, :], mask=m, other=0.0).to(tl.float64)
+        q = tl.load(q_ptr + (row0 + ri)[:, None] * s_qt + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + (row0 + ri)[:, None] * s_kt + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        e_loc = tl.cumsum(tl.where(ri[:, None] > 0, g, 0.0), axis=0)
+        diff = (e_loc[:, None, :] - e_loc[None, :, :]).to(tl.float32)
         dec = tl.exp(tl.where(causal, diff, float("-inf")))
         kj = k[None, :, :] * dec
         acc_q += tl.sum(q[:, None, :] * kj, axis=2)
@@ -312,6 +357,139 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
         tl.store(akk_ptr + p_row + r + cc[None, :], x_c)
     else:
         tl.store(akk_ptr + p_row + r + cc[None, :], akk_d)
+
+
+@triton.jit
+def _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, lo_off,
+                 s_qt, s_kt, s_gt, s_bt,
+                 K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr,
+                 RECENTRE: tl.constexpr, LIMIT: tl.constexpr, TF32: tl.constexpr, SUBST: tl.constexpr,
+                 LOG_BC: tl.constexpr):
+    """Every block row of one chunk at once (``block_prog="chunk"``, version 5): Aqk (scaled; hi
+    and lo bf16 halves) and Akk (beta-scaled, strictly lower, float32; with SUBST 2 each diagonal
+    block replaced by the inverse of I + that block), the same scratch contents as ``_block_row``
+    run for every row block, but q, k, g read once per key tile and every product a [BT, BT] tile.
+
+    Exponents: one float64 running sum G of the chunk's gates per key tile.  A float64 sum of at
+    most BT float32 gates is exact to ~BT 2^-53 |G| (1e-8 nats at 64 gates of -3e4), so every
+    difference G_i - G_j taken in float64 and rounded to float32 is as good as the forward sum of
+    exactly the spanned gates that ``_block_row`` forms -- no reverse-ordered reloads needed.
+    Off-diagonal part of row block b (rows r_b .. r_b + BC - 1, columns j < r_b):
+    (q exp(G - G_r_b)) (k exp(G_r_b - G))^T, both factors <= 1, masked by zeroing the factors
+    (so the product's other entries are exactly 0).  Diagonal blocks: the guarded factored form
+    as one full-tile product around each block's reference (the entries outside the blocks and
+    above the diagonal may be inf / nan: selected away with ``where``), or, if any block of the
+    key tile is over the limit, the pairwise form for the whole tile."""
+    rt = tl.arange(0, BT)
+    ct = tl.arange(0, BT)
+    cc = tl.arange(0, BC)
+    rt_ok = t0 + rt < T
+    blk_r = rt // BC
+    blk_c = ct // BC
+    same = blk_r[:, None] == blk_c[None, :]
+    lower_eq = same & (rt[:, None] >= ct[None, :])
+    lower = same & (rt[:, None] > ct[None, :])
+    beta_r = tl.load(beta_ptr + rt * s_bt, mask=rt_ok, other=0.0).to(tl.float32)
+    acc_q = tl.zeros([BT, BT], dtype=tl.float32)
+    acc_k = tl.zeros([BT, BT], dtype=tl.float32)
+    for ks in range(0, K, BK):
+        ck = ks + tl.arange(0, BK)
+        m = rt_ok[:, None]
+        p = rt[:, None] * s_gt + ck[None, :]
+        g_a = tl.load(g_ptr + p, mask=m, other=0.0)
+        q_a = tl.load(q_ptr + rt[:, None] * s_qt + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        k_a = tl.load(k_ptr + rt[:, None] * s_kt + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        G = tl.cumsum(g_a.to(tl.float64), axis=0)  # [BT, BK], inclusive
+        # fast path: one reference for the whole chunk when every channel's decay over the chunk
+        # (after its first step) is within the guard: both factors then lie in e^+-80 (normal
+        # float32 numbers, full relative precision) and the chunk is one product pair
+        g_first = tl.sum(tl.where((rt == 0)[:, None], G, 0.0), axis=0)  # [BK]
+        g_last = tl.sum(tl.where((rt == BT - 1)[:, None], G, 0.0), axis=0)
+        span_c = tl.max((g_first - g_last).to(tl.float32), axis=0)
+        if LIMIT < 0:
+            span_c = LIMIT + 1.0
+        if span_c <= LIMIT:
+            if RECENTRE == 0:
+                ref_c = g_first
+            elif RECENTRE == 1:
+                ref_c = g_first + 0.5 * (g_last - g_first)
+            else:
+                ref_c = g_last
+            xc = (G - ref_c[None, :]).to(tl.float32)
+            kc = tl.trans(k_a * tl.exp(-xc))
+            upc = tl.exp(xc)
+            dq = _dotp(q_a * upc, kc, tl.zeros([BT, BT], dtype=tl.float32), TF32)
+            dk = _dotp(k_a * upc, kc, tl.zeros([BT, BT], dtype=tl.float32), TF32)
+            acc_q += tl.where(rt[:, None] >= ct[None, :], dq, 0.0)
+            acc_k += tl.where(rt[:, None] > ct[None, :], dk, 0.0)
+        else:
+            # per row block b: its start G_r and end G_e (float64 [BK]); x = G - ref (float32) for
+            # the diagonal's factors, ref = G_r / the midpoint / G_e of the row's own block
+            x = tl.zeros([BT, BK], dtype=tl.float32)
+            bad = rt < 0  # rows whose diagonal block is over the guard's limit (pairwise)
+            for b in tl.static_range(BT // BC):
+                gr_b = tl.sum(tl.where((rt == b * BC)[:, None], G, 0.0), axis=0)  # [BK]
+                ge_b = tl.sum(tl.where((rt == b * BC + BC - 1)[:, None], G, 0.0), axis=0)
+                span_b = tl.max((gr_b - ge_b).to(tl.float32), axis=0)
+                if LIMIT < 0:
+                    span_b = LIMIT + 1.0
+                if RECENTRE == 0:
+                    ref_b = gr_b
+                elif RECENTRE == 1:
+                    ref_b = gr_b + 0.5 * (ge_b - gr_b)
+                else:
+                    ref_b = ge_b
+                in_b = (blk_r == b)[:, None]
+                x = tl.where(in_b, (G - ref_b[None, :]).to(tl.float32), x)
+                if span_b > LIMIT:
+                    # this diagonal block pairwise ([BC, BC, DK] from memory, float64 differences),
+                    # placed into the [BT, BT] tile by exact 0/1 selection products
+                    bad = bad | (blk_r == b)
+                    rows_b = b * BC + cc
+                    pq, pk = _diag_pairwise64(q_ptr, k_ptr, g_ptr, b * BC, t0 + rows_b < T, ks,
+                                              s_qt, s_kt, s_gt, BC, BK, DK)
+                    sel = tl.where(rt[:, None] == rows_b[None, :], 1.0, 0.0)  # [BT, BC]
+                    sel_t = tl.where(rows_b[:, None] == ct[None, :], 1.0, 0.0)  # [BC, BT]
+                    acc_q += tl.dot(tl.dot(sel, pq, input_precision="ieee"), sel_t, input_precision="ieee")
+                    acc_k += tl.where(lower, tl.dot(tl.dot(sel, pk, input_precision="ieee"), sel_t,
+                                                    input_precision="ieee"), 0.0)
+                if b > 0:
+                    # row block b against every column before it
+                    row_f = tl.where(in_b, tl.exp((G - gr_b[None, :]).to(tl.float32)), 0.0)
+                    col_x = (gr_b[None, :] - G).to(tl.float32)
+                    col_f = tl.exp(tl.where((rt < b * BC)[:, None], col_x, float("-inf")))
+                    kc = tl.trans(k_a * col_f)  # [BK, BT]
+                    acc_q = _dotp(q_a * row_f, kc, acc_q, TF32)
+                    acc_k = _dotp(k_a * row_f, kc, acc_k, TF32)
+            # the diagonal blocks within the limit: one full-tile product, each row around its own
+            # block's reference; outside the blocks, above the diagonal and in the pairwise blocks'
+            # rows (x zeroed there) the product is selected away, never multiplied
+            x = tl.where(bad[:, None], 0.0, x)
+            kd = tl.trans(k_a * tl.exp(-x))
+            up = tl.exp(x)
+            dq = _dotp(q_a * up, kd, tl.zeros([BT, BT], dtype=tl.float32), TF32)
+            dk = _dotp(k_a * up, kd, tl.zeros([BT, BT], dtype=tl.float32), TF32)
+            good = (~bad)[:, None]
+            acc_q += tl.where(lower_eq & good, dq, 0.0)
+            acc_k += tl.where(lower & good, dk, 0.0)
+    p_t = rt[:, None] * BT + ct[None, :]
+    aq = acc_q * scale
+    aq_hi = aq.to(tl.bfloat16)
+    tl.store(aqk_ptr + p_t, aq_hi)
+    tl.store(aqk_ptr + lo_off + p_t, (aq - aq_hi.to(tl.float32)).to(tl.bfloat16))
+    akk = acc_k * beta_r[:, None]
+    if SUBST == 2:
+        # (I + D)^-1 for the block-diagonal strictly lower part D of Akk, all blocks in one
+        # [BT, BT] tile: D is nilpotent of index BC, so (I - D)(I + D^2)...(I + D^(BC/2)) is
+        # exact; float32 FMA products as in ``_block_row``.  Block-diagonal stays block-diagonal.
+        eye = tl.where(rt[:, None] == ct[None, :], 1.0, 0.0)
+        n_c = tl.where(same, akk, 0.0)
+        x_c = eye - n_c
+        for _ in tl.static_range(LOG_BC - 1):
+            n_c = tl.dot(n_c, n_c, input_precision="ieee")
+            x_c = tl.dot(x_c, eye + n_c, input_precision="ieee")
+        akk = tl.where(same, x_c, akk)
+    tl.store(akk_ptr + p_t, akk)
 
 
 @triton.jit
@@ -459,12 +637,13 @@ def _kda_prep_kernel(
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BKP: tl.constexpr, BVP: tl.constexpr, DK: tl.constexpr,
     LOG_NC: tl.constexpr, RECENTRE: tl.constexpr, LIMIT: tl.constexpr, MERGE: tl.constexpr,
     TF32: tl.constexpr, PRE: tl.constexpr, SUBST: tl.constexpr, STAGE: tl.constexpr, LOG_BC: tl.constexpr,
-    HOIST: tl.constexpr,
+    HOIST: tl.constexpr, CHUNK: tl.constexpr,
 ):
     """STAGE 0: everything for one chunk (block rows, then the solve); 1: one block row of
-    one chunk (grid NT * NC); 2: the solve and WY factors of one chunk."""
+    one chunk (grid NT * NC), or with CHUNK all block rows of one chunk (grid NT); 2: the solve
+    and WY factors of one chunk."""
     NC: tl.constexpr = BT // BC
-    if STAGE == 1:
+    if STAGE == 1 and not CHUNK:
         i_t = tl.program_id(0).to(tl.int64) // NC
         bi = tl.program_id(0) % NC
     else:
@@ -490,12 +669,19 @@ def _kda_prep_kernel(
     akk_ptr += row_base * BT
     gl_ptr += (i_bh * NT + i_t) * K
 
-    if STAGE == 0:
+    if STAGE == 0 and CHUNK:
+        _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, lo_off,
+                     s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC)
+        tl.debug_barrier()
+    if STAGE == 0 and not CHUNK:
         for b in range(NC):
             _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, b, lo_off,
                        s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC)
         tl.debug_barrier()  # the block rows were written by other threads of this program
-    if STAGE == 1:
+    if STAGE == 1 and CHUNK:
+        _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, lo_off,
+                     s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC)
+    if STAGE == 1 and not CHUNK:
         _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi, lo_off,
                    s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC)
     if STAGE != 1:
@@ -719,6 +905,12 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     if knobs.get("scan_warps") == 1 and knobs.get("scan_layout") != "vk":
         raise ValueError("scan_warps=1 is served with scan_layout='vk' only (kv spills 20-1300 B per thread in "
                          "the scan step on sm_90)")
+    # version 5's one-program-per-chunk block rows: [BT, BT] products at every step; sm_90 keeps
+    # them in registers at BT 32 with 16- or 32-wide key tiles only
+    if knobs.get("block_prog") == "chunk" and (knobs.get("BT") != 32 or knobs.get("BK") == 64
+                                               or knobs.get("block_warps") == 2):
+        raise ValueError("block_prog='chunk' is served at BT=32 with BK <= 32 and 4 or 8 block warps only (BT=64 "
+                         "spills 0.5-4.7 KB, BK=64 280 B and 2 warps 348 B per thread on sm_90)")
     for name, choices in SPACE.items():
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
@@ -747,6 +939,8 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         # tiles converted A between two wgmma layouts and computed a wrong w on the H200)
         "BT": BT, "BC": BC, "BK": bk, "BV": bv, "BKP": min(64, K), "BVP": min(64, V),
         "DK": max(1, min(bk, 2048 // (BC * BC))),
+        "CHUNK": knobs["block_prog"] == "chunk",
+        "OUT_BV": min(V, knobs["out_bv"] or BV),
         "LOG_NC": int(math.log2(BT // BC)),
         "RECENTRE": _RECENTRE_CODE[knobs["recentre"]], "LIMIT": limit,
         "MERGE": 0 if knobs["merge"] == "fma" else 1,
@@ -825,7 +1019,8 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
         prep_meta = dict(
             K=K, V=V, BT=BT, BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"], DK=plan["DK"],
             LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
-            TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"], num_stages=1,
+            TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
+            CHUNK=plan["CHUNK"], num_stages=1,
         )
         # block_maxnreg / solve_maxnreg: cap the registers per thread (ptxas spills the rest to
         # L1-backed local memory) so that more programs are resident: at 128, 4 block-row
@@ -835,7 +1030,8 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
         if kn["fuse_prep"]:
             _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=0, num_warps=kn["block_warps"], **block_regs, **prep_meta)
         else:
-            _kda_prep_kernel[(NT * (BT // plan["BC"]), BH)](*prep_args, STAGE=1, num_warps=kn["block_warps"],
+            rows_grid = NT if plan["CHUNK"] else NT * (BT // plan["BC"])
+            _kda_prep_kernel[(rows_grid, BH)](*prep_args, STAGE=1, num_warps=kn["block_warps"],
                                                             **block_regs, **prep_meta)
             _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=2, num_warps=kn["solve_warps"], **solve_regs, **prep_meta)
         if debug is not None:
@@ -860,11 +1056,12 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             num_warps=kn["scan_warps"], num_stages=plan["scan_stages"],
         )
         if not fuse:
-            _kda_out_kernel[(NT, triton.cdiv(V, BV), BH)](
+            OBV = plan["OUT_BV"]
+            _kda_out_kernel[(NT, triton.cdiv(V, OBV), BH)](
                 qd, aqk, hbuf, dbuf, o, au,
                 T, TP, NT, H, BH * TP * BT,
                 o.stride(0), o.stride(1), o.stride(2),
-                K=K, V=V, BT=BT, BV=BV, SPLIT_S=plan["split"], PRE=plan["PRE"],
+                K=K, V=V, BT=BT, BV=OBV, SPLIT_S=plan["split"], PRE=plan["PRE"],
                 num_warps=kn["out_warps"], num_stages=2,
             )
     except Exception as err:

@@ -41,6 +41,12 @@ QK_SPLIT (TMA kernel, 8 warps): at BLOCK_H 64 Triton's chained-dot layout puts a
 score dot's M = 64, so both warpgroups compute the whole score tile; QK_SPLIT keeps the score dots
 unchained (see ``_mla_decode_tma`` and mla_prefill's QK_SPLIT) so the warpgroups split it.
 
+PDL (MERGE "kernel", GPU only): programmatic dependent launch. 1: the split kernel lets its dependent
+launch at once (griddepcontrol.launch_dependents) and the merge kernel, launched with launch_pdl,
+waits for the split grid's completion and memory (griddepcontrol.wait) before its first load, so its
+launch and ramp overlap the split kernel instead of following it. 2: the split kernel is launched
+with launch_pdl too and waits on the previous grid before touching memory. Off on the interpreter.
+
 Partial traffic: splits * B * Sq * H * 512 * (4 or 2) bytes written and read back; the auto
 split count keeps it under PARTIAL_BUDGET of the KV bytes (see ``_num_splits``).
 
@@ -59,7 +65,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {'CONFIG': 'auto', 'NUM_SPLITS': 0, 'BLOCK_N': 64, 'BLOCK_H': 32, 'KEYS_AS_M': True, 'VALUES_AS_M': False, 'num_warps': 8, 'num_stages': 3, 'PARTIAL_DTYPE': 'float32', 'MERGE': 'kernel', 'MERGERS': 16, 'RESCALE_TAU': 0, 'KV_LOAD': 'pointer', 'QK_SPLIT': True}
+KNOBS = {'CONFIG': 'auto', 'NUM_SPLITS': 0, 'BLOCK_N': 64, 'BLOCK_H': 16, 'KEYS_AS_M': True, 'VALUES_AS_M': False, 'num_warps': 4, 'num_stages': 3, 'PARTIAL_DTYPE': 'float32', 'MERGE': 'kernel', 'MERGERS': 16, 'RESCALE_TAU': 0, 'KV_LOAD': 'pointer', 'QK_SPLIT': False, 'PDL': 1}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the measured tile config of the shape's regime (see REGIMES); knobs: the knobs below
@@ -76,7 +82,10 @@ SPACE = {
     "RESCALE_TAU": [0, 8],  # 0: rescale the accumulator every tile; 8: only when a row max grows by > 8 (log2)
     "KV_LOAD": ["pointer", "tma"],  # KV tiles by per-thread pointers (cp.async) or tensor descriptors (TMA)
     "QK_SPLIT": [False, True],  # TMA kernel: score dots unchained, so 8 warps split the score tile (no duplicate); P V as V^T P^T
+    "PDL": [0, 1, 2],  # programmatic dependent launch (GPU, MERGE kernel): 1 merge overlaps the split kernel's tail; 2 also the split kernel's launch
 }
+# Measured by the search loop right after the defaults (version 6, not yet run on a GPU when added).
+TRY_EARLY = [{"PDL": 1}, {"PDL": 2}]
 
 # CONFIG "auto": the tile config measured best on an H200 (kernels/notes/mla.md, run 2) for each
 # regime. "narrow": fewer than SMs/4 (batch, 64-row block) pairs (B1 decode and MTP): 16 rows
@@ -170,10 +179,16 @@ def _mla_decode_partial(
     Sq, H, Skv, n_splits, blocks_per_split, n_mergers, qk_scale,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_AS_M: tl.constexpr, VALUES_AS_M: tl.constexpr, MODE: tl.constexpr,
     MERGERS: tl.constexpr, S_P2: tl.constexpr, CHUNK: tl.constexpr, TAU: tl.constexpr,
-    DN: tl.constexpr, DR: tl.constexpr,
+    DN: tl.constexpr, DR: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     """MODE 0: one split, write o and lse; 1: write partials (a merge kernel follows);
-    2: write partials, the last programs of the row block merge them (see the module doc)."""
+    2: write partials, the last programs of the row block merge them (see the module doc).
+    PDL >= 1: let the merge kernel launch now (it waits for this grid's completion itself);
+    PDL 2: this kernel was launched early and waits for the previous grid before touching memory."""
+    if PDL >= 2:
+        tl.extra.cuda.gdc_wait()
+    if PDL >= 1:
+        tl.extra.cuda.gdc_launch_dependents()
     pid_r = tl.program_id(0)
     pid_s = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -297,7 +312,7 @@ def _mla_decode_tma(
     Sq, H, Skv, n_splits, blocks_per_split, n_mergers, qk_scale,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_AS_M: tl.constexpr, VALUES_AS_M: tl.constexpr, MODE: tl.constexpr,
     MERGERS: tl.constexpr, S_P2: tl.constexpr, CHUNK: tl.constexpr, TAU: tl.constexpr,
-    DN: tl.constexpr, DR: tl.constexpr, QK_SPLIT: tl.constexpr,
+    DN: tl.constexpr, DR: tl.constexpr, QK_SPLIT: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     """``_mla_decode_partial`` with the KV tiles loaded through tensor descriptors (TMA on sm_90:
     one copy per box instead of per-thread cp.async addresses and masks; rows past Skv read as
@@ -311,6 +326,10 @@ def _mla_decode_tma(
     the P V dots through an always-taken branch (``live``), and P V is O^T = V^T P^T (VALUES_AS_M)."""
     HALF: tl.constexpr = DN // 2
     VT: tl.constexpr = VALUES_AS_M or QK_SPLIT  # accumulators transposed: [256, BLOCK_H]
+    if PDL >= 2:
+        tl.extra.cuda.gdc_wait()
+    if PDL >= 1:
+        tl.extra.cuda.gdc_launch_dependents()
     live = Skv  # >= 1, unknown to the compiler (not specialised): the QK_SPLIT branch stays
     pid_r = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -453,8 +472,10 @@ def _mla_decode_tma(
 def _mla_decode_merge(
     part_o, part_lse, o, lse,
     H, R, n_splits,
-    S_P2: tl.constexpr, SPLIT_CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, DN: tl.constexpr,
+    S_P2: tl.constexpr, SPLIT_CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, DN: tl.constexpr, PDL: tl.constexpr = 0,
 ):
+    if PDL >= 1:  # launched before the split kernel finished: wait for it (and its memory) here
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0)
     pid_v = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -538,6 +559,8 @@ def _plan(knobs, B, Sq, H, Skv, dev_index):
     tau = float(knobs["RESCALE_TAU"])
     if not 0 <= tau <= 16:
         raise ValueError(f"RESCALE_TAU must be in [0, 16] (weights grow up to 2**RESCALE_TAU between rescales), got {tau}")
+    if int(knobs["PDL"]) not in (0, 1, 2):
+        raise ValueError(f"PDL must be 0, 1 or 2, got {knobs['PDL']!r}")
     R = Sq * H
     n_sms = _sm_count(dev_index)
     tiles = dict(knobs)
@@ -600,6 +623,9 @@ def _plan(knobs, B, Sq, H, Skv, dev_index):
         chunk=chunk, tau=tau, n_counters=2 * B * n_rb, tma=tiles["KV_LOAD"] == "tma", qk_split=qk_split,
         grid=(n_rb, splits, B), merge_grid=(R, D_NOPE // merge_bv, B), merge_bv=merge_bv,
         s_p2=s_p2, merge_chunk=merge_chunk,
+        # griddepcontrol is sm_90+ PTX (inline asm): GPU launches with a merge kernel only; the
+        # interpreter runs programs in order and has no inline asm
+        pdl=int(knobs["PDL"]) if dev_index is not None and mode == 1 else 0,
         num_warps=int(tiles["num_warps"]), num_stages=int(tiles["num_stages"]),
         scratch={},
     )
@@ -662,6 +688,11 @@ def kernel(q, kv, scale):
             fn, kv_strides, extra = _mla_decode_tma, (kv.stride(0), kv.stride(1)), {"QK_SPLIT": plan["qk_split"]}
         else:  # the pointer kernel: same math (float32 inputs, or strides a descriptor cannot take); no QK_SPLIT form
             fn, kv_strides, extra = _mla_decode_partial, (kv.stride(0), kv.stride(1), kv.stride(2)), {}
+        pdl = plan["pdl"]
+        if pdl:
+            extra["PDL"] = pdl
+            if pdl >= 2:
+                extra["launch_pdl"] = True
         fn[plan["grid"]](
             q, kv, o, lse, part_o, part_lse, counters,
             q.stride(0), q.stride(1), q.stride(2), q.stride(3),
@@ -675,7 +706,7 @@ def kernel(q, kv, scale):
             _mla_decode_merge[plan["merge_grid"]](
                 part_o, part_lse, o, lse, H, plan["R"], plan["splits"],
                 S_P2=plan["s_p2"], SPLIT_CHUNK=plan["merge_chunk"], BLOCK_V=plan["merge_bv"], DN=D_NOPE,
-                num_warps=MERGE_WARPS, num_stages=2,
+                num_warps=MERGE_WARPS, num_stages=2, **({"PDL": pdl, "launch_pdl": True} if pdl else {}),
             )
     except Exception as exc:  # compile-time resource limits are a property of the knobs
         if type(exc).__name__ == "OutOfResources":

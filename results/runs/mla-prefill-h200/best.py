@@ -32,6 +32,8 @@ branch that is always taken (the rule follows uses and stops at a branch's yield
 is then split over the two warpgroups ([4, 2] warps), the row max and sum cross them through
 shared memory, and P V is acc^T = V^T P^T (the value columns are the wgmma M, P^T the B operand in
 shared memory; accumulators [256, BLOCK_M]). V_SPLIT > 1 and the pointer kernel have no QK_SPLIT form.
+ROWSUM "defer" (QK_SPLIT): the row sums are kept per score element (l = l * alpha + p) and reduced
+once after the loop, instead of a cross-warpgroup reduction per tile.
 
 Tiles are issued heaviest first (last queries first) to shorten the tail.
 Accumulator registers: BLOCK_M * 512 / V_SPLIT floats per program (64 x 512 = 32K: give it 8 warps).
@@ -44,7 +46,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 16, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2, "RESCALE_TAU": 0, "KV_LOAD": "tma", "QK_SPLIT": True}
+KNOBS = {'BLOCK_M': 64, 'BLOCK_N': 64, 'HEADS_PER_TILE': 16, 'V_SPLIT': 1, 'UNMASKED_LOOP': False, 'KEYS_AS_M': False, 'num_warps': 8, 'num_stages': 2, 'RESCALE_TAU': 0, 'KV_LOAD': 'tma', 'QK_SPLIT': True, 'ROWSUM': 'defer'}
 # kopt:knobs-end
 SPACE = {
     "BLOCK_M": [32, 64, 128],  # (query, head) rows per program
@@ -58,7 +60,10 @@ SPACE = {
     "RESCALE_TAU": [0, 8],  # 0: rescale the accumulator every tile; 8: only when a row max grows by > 8 (log2)
     "KV_LOAD": ["pointer", "tma"],  # KV tiles by per-thread pointers (cp.async) or tensor descriptors (TMA; V_SPLIT 1)
     "QK_SPLIT": [False, True],  # TMA kernel: score keys split over the warpgroups (no duplicated QK), P V as V^T P^T
+    "ROWSUM": ["reduce", "defer"],  # QK_SPLIT: row sums reduced every tile (across warpgroups), or kept per element and reduced once at the end
 }
+# Measured by the search loop right after the defaults (version 6, not yet run on a GPU when added).
+TRY_EARLY = [{"ROWSUM": "defer"}, {"ROWSUM": "defer", "HEADS_PER_TILE": 64}]
 
 D_NOPE = 512  # latent width: the value width
 D_ROPE = 64  # rope width; key width = D_NOPE + D_ROPE = 576
@@ -227,6 +232,7 @@ def _attend_tile_tma(
 def _attend_tile_split(
     acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale, live,
     BLOCK_N: tl.constexpr, DN: tl.constexpr, MASKED: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr,
+    DEFER_SUM: tl.constexpr = False,
 ):
     """``_attend_tile_tma`` for QK_SPLIT: no score dot may feed another dot in the same block, else
     Triton's chained-dot rule puts all 8 warps on the M of the score dot, and at M = 64 both
@@ -236,7 +242,11 @@ def _attend_tile_split(
     forward slice that the rule follows stops at a branch's yield). P V is transposed, acc^T = V^T P^T
     (the 512 value columns are the wgmma M, P^T the B operand through shared memory): acc0 / acc1 are
     [256, rows]. KEYS_AS_M: scores as S^T = K q^T (keys are the M; qn0, qn1, qr hold q^T), which is
-    P^T's own layout."""
+    P^T's own layout.
+
+    DEFER_SUM (ROWSUM "defer"): l_i is the score tile's shape and takes l_i * alpha + p elementwise;
+    the row sums (a reduction across the two warpgroups, through shared memory and barriers) are
+    taken once after the loop (offline sm_90: 3 fewer barriers per tile, no spills)."""
     HALF: tl.constexpr = DN // 2
     kn0 = kn_desc.load([start, 0])
     kn1 = kn_desc.load([start, HALF])
@@ -259,10 +269,16 @@ def _attend_tile_split(
     alpha = tl.exp2(m_i - m_new)
     if KEYS_AS_M:
         p = tl.exp2(s - m_new[None, :])
-        l_i = l_i * alpha + tl.sum(p, 0)
+        if DEFER_SUM:
+            l_i = l_i * alpha[None, :] + p
+        else:
+            l_i = l_i * alpha + tl.sum(p, 0)
     else:
         p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        if DEFER_SUM:
+            l_i = l_i * alpha[:, None] + p
+        else:
+            l_i = l_i * alpha + tl.sum(p, 1)
     pt = tl.zeros([BLOCK_N, acc0.shape[1]], dtype=kn0.dtype)
     if live > 0:  # always taken: P and alpha leave through the branch, so no dot is downstream of a score dot
         if KEYS_AS_M:
@@ -287,7 +303,7 @@ def _mla_prefill_tma(
     Sq, H, Skv, n_hgroups, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS_PER_TILE: tl.constexpr,
     UNMASKED_LOOP: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr,
-    QK_SPLIT: tl.constexpr,
+    QK_SPLIT: tl.constexpr, DEFER_SUM: tl.constexpr = False,
 ):
     """``_mla_prefill_fwd`` (V_SPLIT 1) with KV tiles through tensor descriptors (TMA on sm_90)."""
     HALF: tl.constexpr = DN // 2
@@ -333,12 +349,22 @@ def _mla_prefill_tma(
         live = Skv  # >= 1, but the compiler cannot know: keeps the branches around the score dots
         acc0 = tl.zeros([HALF, BLOCK_M], dtype=tl.float32)
         acc1 = tl.zeros([HALF, BLOCK_M], dtype=tl.float32)
+        if DEFER_SUM:  # per-element partial row sums in the score tile's shape
+            if KEYS_AS_M:
+                l_i = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            else:
+                l_i = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for start in range(0, full_end, BLOCK_N):
             acc0, acc1, l_i, m_i = _attend_tile_split(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
-                                                      live, BLOCK_N, DN, False, KEYS_AS_M, TAU)
+                                                      live, BLOCK_N, DN, False, KEYS_AS_M, TAU, DEFER_SUM)
         for start in range(full_end, end, BLOCK_N):
             acc0, acc1, l_i, m_i = _attend_tile_split(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
-                                                      live, BLOCK_N, DN, True, KEYS_AS_M, TAU)
+                                                      live, BLOCK_N, DN, True, KEYS_AS_M, TAU, DEFER_SUM)
+        if DEFER_SUM:
+            if KEYS_AS_M:
+                l_i = tl.sum(l_i, 0)
+            else:
+                l_i = tl.sum(l_i, 1)
         inv_l = 1.0 / l_i
         ptr = o_row[None, :] + offs_h[:, None] * stride_od
         tl.store(ptr, (acc0 * inv_l[None, :]).to(o.dtype.element_ty), mask=row_ok[None, :])
@@ -412,6 +438,9 @@ def kernel(q, kv, scale):
         raise ValueError(f"HEADS_PER_TILE must be a power of two, got {hpt}")
     if K["KV_LOAD"] not in ("pointer", "tma"):
         raise ValueError(f"KV_LOAD must be 'pointer' or 'tma', got {K['KV_LOAD']!r}")
+    if K["ROWSUM"] not in ("reduce", "defer"):
+        raise ValueError(f"ROWSUM must be 'reduce' or 'defer', got {K['ROWSUM']!r}")
+
     tau = float(K["RESCALE_TAU"])
     if not 0 <= tau <= 16:
         raise ValueError(f"RESCALE_TAU must be in [0, 16] (weights grow up to 2**RESCALE_TAU between rescales), got {tau}")
@@ -449,6 +478,7 @@ def kernel(q, kv, scale):
                 Sq, H, Skv, n_hgroups, float(scale) * LOG2E,
                 BLOCK_M=block_m, BLOCK_N=block_n, HEADS_PER_TILE=hpt, UNMASKED_LOOP=bool(K["UNMASKED_LOOP"]),
                 KEYS_AS_M=bool(K["KEYS_AS_M"]), TAU=tau, DN=D_NOPE, DR=D_ROPE, QK_SPLIT=qk_split,
+                DEFER_SUM=K["ROWSUM"] == "defer",
                 num_warps=num_warps, num_stages=num_stages,
             )
             return o, lse
