@@ -11,7 +11,9 @@
 #                           (flash-linear-attention is NOT importable here: its first call autotunes
 #                           for 85 s on a fresh machine; the judge caches that choice on disk, but a
 #                           short loop still pays for it once)
-#   bench:EXPR              benchmarks/test_headline.py -k EXPR, JSON to $OUT/bench-<EXPR>.json
+#   bench:EXPR              benchmarks/test_headline.py -k EXPR, JSON to $OUT/bench-<EXPR>.json (stopped with
+#                           SIGINT at the limit, so the tests that finished are still saved; `-k kda`
+#                           needs ~400 s on a fresh machine: fla autotunes, references are slow at the big shapes)
 set -u
 # the plugin is loaded through its entry point where the package is installed, by -p elsewhere
 PLUGIN="-p pytest_kopt.plugin"
@@ -35,7 +37,8 @@ while [ $# -ge 2 ]; do
         --kopt-run-dir="results/runs/$run" $resume ;;
     bench:*)
       expr=${job#bench:}
-      PYTHONPATH=$KOPT_FLA_PATH:$PYTHONPATH timeout -k 30 "$secs" python3 -m pytest $PLUGIN -p no:cacheprovider \
+      # SIGINT at the limit: pytest-benchmark still writes the JSON of the tests that finished
+      PYTHONPATH=$KOPT_FLA_PATH:$PYTHONPATH timeout -s INT -k 30 "$secs" python3 -m pytest $PLUGIN -p no:cacheprovider \
         benchmarks/test_headline.py -k "$expr" --benchmark-json="$OUT/bench-${expr//[^A-Za-z0-9_-]/_}.json" -q ;;
     *) echo "unknown job $job" ;;
   esac
