@@ -56,8 +56,8 @@ def render(runs: list[RunSummary]) -> str:
     """The whole report as Markdown; plot files are referenced by their names in the same folder."""
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# kopt report: {len(runs)} run{'s' if len(runs) != 1 else ''}", "", f"_Generated {now}._", ""]
-    lines += _table(["run", "problem", "agent", "status", "budget used", "wall time", "candidates (pass/fail)", "best speedup over baseline candidate"],
-                    [[r.run_id, r.problem or "?", _agent(r), r.status, _budget(r), _duration(r.wall_s),
+    lines += _table(["run", "problem", "agent", "status", "budget used", "running time", "candidates (pass/fail)", "best speedup over baseline candidate"],
+                    [[r.run_id, r.problem or "?", _agent(r), r.status, _budget(r), _duration(r.running_s),
                       f"{len(r.candidates)} ({r.counts_by_verdict()['pass']}/{r.counts_by_verdict()['fail']})",
                       _times(r.best_speedup)] for r in runs])
     lines += ["", "![Best speedup against tool calls, one line per run](progress.png)", ""]
@@ -91,7 +91,7 @@ def _run_section(run: RunSummary) -> list[str]:
     status = run.status + (f" ({run.status_reason})" if run.status_reason else "")
     if run.resumes:
         status += f", resumed {run.resumes}×"
-    facts += [f"status: {status}", f"budget used: {_budget(run)} tool calls", f"wall time: {_duration(run.wall_s)}"]
+    facts += [f"status: {status}", f"budget used: {_budget(run)} tool calls", f"running time: {_duration(run.running_s)} (summed over its sessions)"]
     lines += [f"- {f}" for f in facts if f] + [""]
 
     counts = run.counts_by_verdict()

@@ -71,7 +71,7 @@ class RunSummary:
     budget_used: int = 0
     status: str = "in progress"  # "finished", "interrupted" or "in progress"
     status_reason: str | None = None
-    wall_s: float | None = None
+    running_s: float | None = None  # time the run ran, summed over its sessions (a stop-to-resume gap left out)
     resumes: int = 0
     candidates: dict[str, Candidate] = field(default_factory=dict)
     # (call, best speedup, candidate id); speedups are over the run's baseline candidate, the
@@ -133,12 +133,18 @@ def summarise(run_dir: Path | str) -> RunSummary:
     summary = RunSummary(run_dir=run_dir, run_id=run_dir.name)
     call = 0
     charged: set[int] = set()
-    stamps = []
+    stamps: list[float] = []
+    sessions: list[float] = []  # running time of each finished session (start or resume to its last event)
+    session_start = 0.0
     for event in events:
         kind = event.get("kind")
         summary.run_id = event.get("run_id") or summary.run_id
         stamp = _seconds(event.get("time"))
         if stamp is not None:
+            if kind == "run_resumed" and stamps:  # close the session before this resume
+                sessions.append(stamps[-1] - session_start)
+            if kind == "run_resumed" or not stamps:
+                session_start = stamp
             stamps.append(stamp)
         if kind == "run_started":
             summary.problem = event.get("problem", summary.problem)
@@ -149,6 +155,7 @@ def summarise(run_dir: Path | str) -> RunSummary:
             summary.agent = event.get("agent", summary.agent)
             summary.seed = event.get("seed", summary.seed)
         elif kind == "run_resumed":
+            summary.budget = event.get("budget", summary.budget)  # a resume may extend the budget
             summary.resumes += 1
             summary.status, summary.status_reason = "in progress", None
         elif kind == "tool_call":
@@ -176,11 +183,12 @@ def summarise(run_dir: Path | str) -> RunSummary:
         elif kind in ("run_finished", "run_interrupted"):
             summary.status = "finished" if kind == "run_finished" else "interrupted"
             summary.status_reason = event.get("reason")
+            summary.budget = event.get("budget", summary.budget)
             used = event.get("budget_used")
             if isinstance(used, int):
                 summary.budget_used = max(summary.budget_used, used)
     if stamps:
-        summary.wall_s = max(stamps) - min(stamps)
+        summary.running_s = sum(sessions) + stamps[-1] - session_start
     if not summary.progress:  # an agent that logs no `best` events: take the running best of the verdicts
         _progress_from_verdicts(summary)
     summary.best_result = _load_best_result(summary)

@@ -106,7 +106,7 @@ def test_summary_counts_what_the_log_says(tmp_path, minimal):
     assert (counts["pass"], counts["fail"]) == (expected["pass"], expected["fail"])
     assert run.failures_by_stage() == {s: expected["stages"][s] for s in ("compile", "correctness") if s in expected["stages"]}
     assert run.budget_used == expected["calls"] and run.status == "finished"
-    assert run.wall_s == pytest.approx(expected["wall"], abs=0.01)
+    assert run.running_s == pytest.approx(expected["wall"], abs=0.01)
     assert run.best_id == expected["best"][0] and run.best_speedup == pytest.approx(expected["best"][2])
     assert run.baseline_us == pytest.approx(BASELINE_US)
     speedups = [s for _, s, _ in run.progress]
@@ -250,3 +250,22 @@ def test_help_renders(command, capsys):
     with pytest.raises(SystemExit) as done:
         cli.main([command, "--help"])
     assert done.value.code == 0 and f"usage: kopt {command}" in capsys.readouterr().out
+
+
+def test_a_resumed_run_counts_its_running_time_and_its_extended_budget(tmp_path):
+    """A run stopped, resumed an hour later with a larger budget: the hour is not running time."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+
+    def event(seq, seconds, kind, **fields):
+        stamp = datetime.fromtimestamp(1_700_000_000 + seconds, timezone.utc).isoformat(timespec="milliseconds")
+        return {"seq": seq, "time": stamp, "run_id": "r", "kind": kind, **fields}
+
+    events = [event(1, 0, "run_started", problem="kda", budget=30, agent={"name": "search"}),
+              event(2, 100, "run_interrupted", reason="stopped by Ctrl-C", budget_used=12, budget=30),
+              event(3, 3700, "run_resumed", budget_used=12, budget=45),
+              event(4, 3750, "run_finished", reason="budget exhausted", budget_used=45, budget=45)]
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    run = summarise(run_dir)
+    assert run.running_s == pytest.approx(150.0) and run.resumes == 1
+    assert (run.budget_used, run.budget, run.status) == (45, 45, "finished")
