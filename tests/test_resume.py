@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -132,8 +133,12 @@ def test_kill_9_at_random_moments_then_resume_ends_like_an_uninterrupted_run(tmp
     # every torn tail was cut off and recorded, in the same atomic step (a kill between a repair
     # and its record would lose the record)
     assert sum(1 for e in events if e["kind"] == "log_repaired") == torn
-    redone = [e for e in events if e["kind"] == "tool_call" and e.get("redo")]
-    assert all(r["in_flight"] is None or r["in_flight"] in {e["call"] for e in redone} for r in resumed)
+    redone = {e["call"] for e in events if e["kind"] == "tool_call" and e.get("redo")}
+    # a call in flight at a kill is redone under its number, unless it was a write_candidate killed
+    # before its source was stored: that one is said so in a note and made afresh, uncharged
+    unstored = {int(m.group(1)) for e in events if e["kind"] == "note"
+                for m in [re.match(r"in-flight call (\d+) \(write_candidate\) could not be redone", e.get("text", ""))] if m}
+    assert all(r["in_flight"] is None or r["in_flight"] in redone | unstored for r in resumed)
 
 
 def wait_for(predicate, timeout=30.0):
