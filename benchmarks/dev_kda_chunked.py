@@ -9,6 +9,9 @@ Run on the device as::
 
 (carry=[".whl"] with fla-core 0.6.0 in it; see device_setup.sh).  Budget: KDA_DEV_BUDGET_S
 (default 280 s, fla's ~90 s first-call autotune included).  On the CPU: KDA_DEV_DRY=1.
+With the version-6 list (36 rows) the default 280 s reaches only the first rows: run it with
+KDA_DEV_BUDGET_S=450 and a device timeout of 540 s (the device caps one command at 600 s), or
+restrict the rows with KDA_DEV_ROWS=v6_out,fuse_nreg128,... (the default row is always kept).
 
 Compilation of the variants happens first, in parallel child processes (``--warm``) that fill
 Triton's on-disk cache, so the timed process only loads kernels and fla's long autotuning runs
@@ -54,33 +57,46 @@ if DRY:
 # Defaults (version 4, measured right and fastest in run 5: BT32, tf32, precomputed read-out,
 # subst "rows" with the 4-warp solve, 4-warp block rows, 8-warp kv scan; kernels/notes/kda.md).
 # Most informative first: the loop stops when the budget runs low.  subst="direct", a 4-warp solve
-# other than "rows" at BT=32, and block_prog="chunk" at BT=64 / BK=64 are refused by _plan.
-# Version 5 rows (prepared, not run; predictions in kernels/notes/kda.md "Version 5"):
-# block_prog="chunk" runs every block row of a chunk in one program (q, k, g read once per key
-# tile, float64 running sums, a whole-chunk fast path behind the guard); out_bv widens the
-# read-out's value tile so that qd is read once per chunk instead of V/BV = 8 times.
+# other than "rows" at BT=32, block_prog="chunk" at BT=64 / BK=64, and fuse_prep=True outside
+# BT=32 / subst "rows" / 4 block warps are refused by _plan.
+# Run 6 (kernels/notes/kda.md): the search loop measured version 5 (chunk + out_bv 128) 29-49 %
+# slower than the defaults, with no per-stage split; the first rows split it into its parts.
+# Version 6 rows (prepared, not run): au="bf16" halves the bytes of Aqk u (written by the solve,
+# read by the read-out); fuse_prep=True runs the block rows and the solve of a chunk in one program
+# (one launch fewer, the solve's re-reads of q, k, g and the Akk / Aqk scratch hit L1 / L2 instead
+# of DRAM), at block_maxnreg 128 (4 programs/SM, 168 B spilled) or 168 (3/SM, no spill);
+# block_maxnreg 168 with 2 block warps: 6 block-row programs per SM without spilling.
 VARIANTS = {
     "default": {},
-    "v5": {"block_prog": "chunk", "out_bv": 128},
-    "chunk": {"block_prog": "chunk"},
     "out128": {"out_bv": 128},
-    "chunk_w8": {"block_prog": "chunk", "block_warps": 8},
+    "chunk": {"block_prog": "chunk"},
+    "v5": {"block_prog": "chunk", "out_bv": 128},
+    "v6_out": {"au": "bf16", "out_bv": 128},
+    "au_bf16": {"au": "bf16"},
+    "fused_out_au_w4": {"fuse_output": True, "au": "bf16", "scan_warps": 4},  # TRY_EARLY 2
+    "block_w2_nreg168": {"block_warps": 2, "block_maxnreg": 168},
+    "fuse_nreg128": {"fuse_prep": True, "block_maxnreg": 128},
+    "fuse_nreg168": {"fuse_prep": True, "block_maxnreg": 168},
+    "v6": {"fuse_prep": True, "block_maxnreg": 128, "au": "bf16", "out_bv": 128},
+    "v6_w2": {"block_warps": 2, "block_maxnreg": 168, "au": "bf16", "out_bv": 128},
+    "block_nreg128_w2": {"block_warps": 2, "block_maxnreg": 128},
+    "fused_out": {"fuse_output": True},
+    "fused_out_au": {"fuse_output": True, "au": "bf16"},
+    "fuse_prep": {"fuse_prep": True},
     "out64": {"out_bv": 64},
+    "chunk_w8": {"block_prog": "chunk", "block_warps": 8},
+    "out128_w8": {"out_bv": 128, "out_warps": 8},
+    "scan_w4": {"scan_warps": 4},
     "v5_scan_w4": {"block_prog": "chunk", "out_bv": 128, "scan_warps": 4},
     "chunk_BK16": {"block_prog": "chunk", "BK": 16},
-    "out128_w8": {"out_bv": 128, "out_warps": 8},
-    "block_nreg128_w2": {"block_warps": 2, "block_maxnreg": 128},
-    "block_nreg128": {"block_maxnreg": 128},
     "BT64_rows_w8": {"BT": 64, "solve_warps": 8},
     "BT64_rows_w8_out128": {"BT": 64, "solve_warps": 8, "out_bv": 128},
     "v3_extract": {"subst": "extract", "solve_warps": 8, "block_warps": 2},
     "scan_w2": {"scan_warps": 2},
-    "scan_w4": {"scan_warps": 4},
     "v2": {"BT": 64, "prec": "bf16x3", "readout": "aqk", "fuse_output": True, "scan_layout": "vk", "subst": "extract",
            "block_warps": 4, "solve_warps": 8, "solve_maxnreg": 0, "scan_warps": 4, "scan_stages": 2},
     "bf16x3": {"prec": "bf16x3"},
     "readout_aqk": {"readout": "aqk"},
-    "fused_out": {"fuse_output": True},
     "vk": {"scan_layout": "vk"},
     "solve_nreg0": {"solve_maxnreg": 0},
     "BK16": {"BK": 16},
@@ -89,8 +105,18 @@ VARIANTS = {
     "start": {"recentre": "start"},
     "chunk_start": {"block_prog": "chunk", "recentre": "start"},
 }
+# rows also timed at the search loop's other two shapes (B2 T16384 H16, B8 T1024 H8 D64), after
+# the default and the fastest headline row: the per-token throughput rows (every stage scales with
+# tokens x heads there; the fused read-out trades a slower scan for 268 MB less traffic per
+# headline's worth of tokens -- with 4 scan warps (172 regs) two scan programs fit per SM, with 8
+# (162 regs x 256 threads) only one, so at B2 T16384 the 8-warp fused scan would run in two waves)
+SHAPE_ROWS = ["v6_out", "v6_w2", "fused_out_au_w4", "v6"]
+# KDA_DEV_ROWS=name,name,...: only these rows (the default is always kept first)
+if os.environ.get("KDA_DEV_ROWS"):
+    _keep = [n.strip() for n in os.environ["KDA_DEV_ROWS"].split(",") if n.strip()]
+    VARIANTS = {"default": {}, **{n: VARIANTS[n] for n in _keep if n in VARIANTS}}
 if DRY:
-    VARIANTS = {k: VARIANTS[k] for k in ("default", "v5", "chunk_w8", "v2", "BT64_rows_w8_out128", "fused_out")}
+    VARIANTS = {k: VARIANTS[k] for k in ("default", "v6", "v6_w2", "v5", "fused_out_au_w4", "BT64_rows_w8_out128")}
 
 
 def left() -> float:
@@ -247,6 +273,10 @@ def main() -> None:
     jobs = []
     todo = [(name, ov, [warm_case(HEADLINE)]) for name, ov in VARIANTS.items()]
     todo += [(f"default-{prob.describe(c)}", {}, [c]) for c in SMALL + [warm_case(OTHER_SHAPES[-1])]]
+    # the SHAPE_ROWS at the small-head shape (K = V = 64: its own compile; B2 T16384 reuses the headline's)
+    todo += [(f"{n}-{prob.describe(OTHER_SHAPES[-1])}", VARIANTS[n], [warm_case(OTHER_SHAPES[-1])])
+             for n in SHAPE_ROWS if n in VARIANTS]
+    todo += [(f"{n}-small", VARIANTS[n], SMALL) for n in ("v6", "fused_out_au_w4") if n in VARIANTS]
     for name, ov, cases in todo:
         jobs.append((name, subprocess.Popen([sys.executable, __file__, "--warm", json.dumps(ov), json.dumps(cases)],
                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
@@ -342,11 +372,17 @@ def main() -> None:
     print_table(results, prob, cost)
 
     # ---- 3. GPU precision on small shapes (default knobs) vs the float64 recurrence ----
+    # (and the version-6 rows: the fused preparation at T = 1 among them -- run 4 saw an illegal
+    # memory access there with an older fused preparation at BT 64)
     for case in SMALL:
         try:
             xs = prob.make_inputs(case, device=DEVICE, seed=1)
             want = naive_recurrent_kda(**xs)
             results["small"][prob.describe(case)] = errors(fam.kernel(**xs), want)
+            for name in ("v6", "fused_out_au_w4"):
+                if name in VARIANTS and left() > 100:
+                    got = run_variant(fam, {**fam.KNOBS, **VARIANTS[name]}, xs)
+                    results["small"][f"{prob.describe(case)} {name}"] = errors(got, want)
         except Exception as err:  # noqa: BLE001
             results["small"][prob.describe(case)] = f"{type(err).__name__}: {err}"[:500]
     log("small", results["small"])
@@ -355,7 +391,7 @@ def main() -> None:
     results["intermediates"] = {}
     diag_case = warm_case(HEADLINE) if not DRY else HEADLINE
     xd = prob.make_inputs(diag_case, device=DEVICE, seed=5)
-    for name in ("default", "v5", "chunk", "v2", "BT64_rows_w8", "bf16x3"):
+    for name in ("default", "v6", "v6_out", "v5", "chunk", "v2", "BT64_rows_w8", "bf16x3"):
         if name not in VARIANTS or left() < 110:
             continue
         try:
@@ -367,7 +403,8 @@ def main() -> None:
         xh = hostile(prob.make_inputs(diag_case, device=DEVICE, seed=6))
         want = naive_recurrent_kda(**xh)
         results["hostile"] = {name: errors(run_variant(fam, {**fam.KNOBS, **VARIANTS[name]}, xh), want)
-                              for name in ("default", "v5", "chunk_w8", "chunk_start", "v2", "start") if name in VARIANTS}
+                              for name in ("default", "v6", "v6_w2", "v5", "chunk_w8", "chunk_start", "v2", "start")
+                              if name in VARIANTS}
     except Exception as err:  # noqa: BLE001
         results["hostile"] = f"{type(err).__name__}: {err}"[:500]
     log("hostile", results["hostile"])
@@ -403,6 +440,8 @@ def main() -> None:
     if not DRY:
         torch.cuda.empty_cache()
     chosen = [("default", {})] + ([(best, VARIANTS[best])] if best not in (None, "default") else [])
+    extra = [(n, VARIANTS[n]) for n in SHAPE_ROWS if n in VARIANTS and n != best
+             and results["variants"].get(n, {}).get("ok")]
     for case in OTHER_SHAPES:
         if left() < 25:
             results["notes"].append(f"shape {prob.describe(case)} skipped: out of time")
@@ -412,7 +451,10 @@ def main() -> None:
         try:
             xs = prob.make_inputs(case, device=DEVICE, seed=0)
             want = chunk_kda_reference(xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"], None, None, True, chunk_size=64)
-            for name, ov in chosen:
+            loop_shape = (case["B"], case["T"], case["H"]) in ((2, 16384, 16), (8, 1024, 8)) or DRY
+            for name, ov in chosen + (extra if loop_shape else []):
+                if name != "default" and left() < 30:
+                    continue
                 knobs = {**fam.KNOBS, **ov}
                 entry[name] = {"err": errors(run_variant(fam, knobs, xs), want), "us": bench(lambda: run_variant(fam, knobs, xs))}
             if fla_fn is not None and case["H"] == 16 and case["K"] == 128 and left() > 40:

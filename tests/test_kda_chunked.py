@@ -302,6 +302,11 @@ def test_unservable_shapes_and_knobs_raise_value_error(family):
         family.kda_chunked(*args, {**family.KNOBS, "block_prog": "chunk", "BK": 64})
     with pytest.raises(ValueError, match="chunk"):
         family.kda_chunked(*args, {**family.KNOBS, "block_prog": "chunk", "block_warps": 2})
+    # version 6's fused preparation: only BT 32, subst "rows", block_prog "row", 4 warps
+    for over in ({"BT": 64, "solve_warps": 8}, {"block_warps": 2}, {"block_warps": 8},
+                 {"subst": "extract", "solve_warps": 8}, {"block_prog": "chunk"}):
+        with pytest.raises(ValueError, match="fuse_prep"):
+            family.kda_chunked(*args, {**family.KNOBS, "fuse_prep": True, **over})
 
 
 COMPILE_FOR_HOPPER = """
@@ -326,30 +331,32 @@ def build(fn, types, constexprs, warps, stages):
     assert c.metadata.shared <= 227 * 1024, (fn.__name__, c.metadata.shared)
     return c
 
+AU = B16 if kn["au"] == "bf16" else P
 prep = {"q_ptr": B16, "k_ptr": B16, "v_ptr": B16, "g_ptr": P, "beta_ptr": B16, "w_ptr": B16, "u_ptr": P,
-        "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "akk_ptr": P, "gl_ptr": P, "au_ptr": P, "scale": "fp32"}
+        "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "akk_ptr": P, "gl_ptr": P, "au_ptr": AU, "scale": "fp32"}
 for stage in ([0] if kn["fuse_prep"] else [1, 2]):
     build(fam._kda_prep_kernel, prep, dict(K=K, V=V, BT=plan["BT"], BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"],
           DK=plan["DK"], LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
           TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
           CHUNK=plan["CHUNK"], STAGE=stage),
           kn["solve_warps"] if stage == 2 else kn["block_warps"], 1)
-scan = {"w_ptr": B16, "u_ptr": P, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "au_ptr": P, "h0_ptr": P,
+scan = {"w_ptr": B16, "u_ptr": P, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "au_ptr": AU, "h0_ptr": P,
         "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P}
 c = build(fam._kda_scan_kernel, scan, dict(K=K, V=V, BT=plan["BT"], BV=plan["BV"], LAYOUT=plan["layout"],
           FUSE_OUT=plan["fuse"], SPLIT_S=plan["split"], USE_H0=True, STORE_HT=True, PRE=plan["PRE"]),
           kn["scan_warps"], plan["scan_stages"])
 assert "mma" in c.asm["ptx"], "the scan's products should run on the tensor cores"
 if not plan["fuse"]:
-    out = {"qd_ptr": B16, "aqk_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P, "o_ptr": B16, "au_ptr": P}
+    out = {"qd_ptr": B16, "aqk_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P, "o_ptr": B16, "au_ptr": AU}
     build(fam._kda_out_kernel, out, dict(K=K, V=V, BT=plan["BT"], BV=plan["OUT_BV"], SPLIT_S=plan["split"], PRE=plan["PRE"]),
           kn["out_warps"], 2)
 print("compiled for sm_90")
 """
 
 
-@pytest.mark.parametrize("override", [{}, {"subst": "rows", "scan_warps": 2}, {"block_prog": "chunk", "out_bv": 128}],
-                         ids=["default", "v4_rows_scan_w2", "v5_chunk_out128"])
+@pytest.mark.parametrize("override", [{}, {"subst": "rows", "scan_warps": 2}, {"block_prog": "chunk", "out_bv": 128},
+                                      {"fuse_prep": True, "au": "bf16", "out_bv": 128, "fuse_output": True, "scan_warps": 4}],
+                         ids=["default", "v4_rows_scan_w2", "v5_chunk_out128", "v6_fused_prep_au_bf16"])
 def test_default_knobs_compile_for_hopper(override):
     """The default knobs (and version 4's block-row inverses, early solve loads and 2-warp scan)
     compile for sm_90 (no GPU needed) within the shared-memory limit."""
@@ -416,3 +423,70 @@ def test_chunk_block_rows_match_row_programs(family, subst):
         assert (o_chunk.float() - o_row.float()).abs().max() <= 2 ** -6 * max(1e-3, o_row.float().abs().max()), kind
         errors = PROBLEM.compare((o_chunk, s_chunk), PROBLEM.reference(**x))
         assert all(e.ok for e in errors), (kind, [e.reason for e in errors if not e.ok])
+
+
+# ------------------------------------------------------------------------------------------
+# Version 6: the fused preparation (block rows + solve in one program per chunk, BT 32) and
+# Aqk u stored in bf16
+# ------------------------------------------------------------------------------------------
+V6 = {"fuse_prep": True, "au": "bf16", "out_bv": 128}
+
+
+def test_fused_prep_writes_what_the_two_launches_write(family):
+    """fuse_prep=True runs ``_block_row`` for both row blocks and then ``_solve_wy`` in one program:
+    the same arithmetic as the two launches, so every intermediate and the outputs are identical
+    (hostile gates, K != V, a short last chunk)."""
+    case = {"B": 1, "T": 2 * 32 + 9, "H": 2, "K": 32, "V": 16, "initial_state": True, "output_final_state": True}
+    x = hostile_inputs("channels", case, seed=61)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], True)
+    two, one = {}, {}
+    o_two, s_two = family.kda_chunked(*args, family.KNOBS, two)
+    o_one, s_one = family.kda_chunked(*args, {**family.KNOBS, "fuse_prep": True}, one)
+    for name in ("w", "u", "kd", "qd", "aqk", "akk", "gl", "au"):
+        assert torch.equal(one[name], two[name]), name
+    assert torch.equal(o_one, o_two) and torch.equal(s_one, s_two)
+
+
+def test_au_bf16_rounds_only_au(family):
+    """au="bf16" stores Aqk u rounded to bf16 and changes nothing else upstream."""
+    case = {"B": 1, "T": 45, "H": 1, "K": 32, "V": 32, "initial_state": False, "output_final_state": True}
+    x = inputs(case, seed=62)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, True)
+    f32, b16 = {}, {}
+    family.kda_chunked(*args, family.KNOBS, f32)
+    _, s_b16 = family.kda_chunked(*args, {**family.KNOBS, "au": "bf16"}, b16)
+    assert b16["au"].dtype == torch.bfloat16
+    assert torch.equal(b16["au"], f32["au"].to(torch.bfloat16))
+    for name in ("w", "u", "kd", "qd"):
+        assert torch.equal(b16[name], f32[name]), name
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_v6_hostile_gates(tmp_path, kind):
+    """The fused preparation with bf16 au and the 128-wide read-out on every hostile gate kind."""
+    module = render({**FAMILY.knobs, **V6}, tmp_path)
+    case = {"B": 1, "T": 64, "H": 2, "K": 32, "V": 32, "initial_state": True, "output_final_state": True}
+    check(module.kernel, hostile_inputs(kind, case, seed=71), case)
+
+
+@pytest.mark.parametrize("case", [
+    {"B": 1, "T": 1, "H": 1, "K": 16, "V": 16, "initial_state": True, "output_final_state": True},
+    {"B": 2, "T": 33, "H": 1, "K": 64, "V": 16, "initial_state": False, "output_final_state": True},
+    {"B": 1, "T": 9, "H": 1, "K": 16, "V": 128, "initial_state": True, "output_final_state": False},
+], ids=PROBLEM.describe)
+def test_v6_edge_shapes(tmp_path, case):
+    """T = 1, K != V both ways, a short last chunk, the fused scan read-out (au loaded in bf16)."""
+    for over in (V6, {**V6, "fuse_output": True}):
+        module = render({**FAMILY.knobs, **over}, tmp_path)
+        check(module.kernel, inputs(case, seed=72), case)
+
+
+def test_v6_hypothesis_shapes(tmp_path):
+    module = render({**FAMILY.knobs, **V6}, tmp_path)
+
+    @settings(max_examples=4, deadline=None)
+    @given(case=PROBLEM.case_strategy("cpu"), seed=st.integers(0, 2**31 - 1))
+    def run(case, seed):
+        check(module.kernel, inputs(case, seed), case)
+
+    run()

@@ -13,7 +13,7 @@ state S0 (the UT / WY form of the delta rule):
     o      = (scale exp(G) * Q) S0 + Aqk delta
     S_end  = exp(G_last) * S0 + (exp(G_last - G) * K)^T delta
 
-Stages (three launches by default; ``fuse_prep`` folds the first two into one, and without
+Stages (three launches by default; ``fuse_prep`` folds the first two into one (BT 32), and without
 ``fuse_output`` a fourth computes the read-out):
 
 1. block rows -- ``_kda_prep_kernel`` STAGE 1, one program per (chunk, BC-row block,
@@ -98,6 +98,18 @@ the tile by exact 0/1 selection products).  The scratch it writes is ``"row"``'s
 inverses too with ``subst="rows"``), so the solve is unchanged.  Served at BT 32, 4 or 8 warps, with
 BK <= 32 (sm_90 spills otherwise).  ``out_bv`` sets the read-out's value tile (0: the scan's BV):
 at 128 each chunk's qd is read once instead of V / BV times.
+
+Version 5 ran only in the search loop (session 3, results/runs/kda-h200-2): block_prog "chunk" with
+out_bv 128 was 29-49 % slower than the defaults (255 registers: 2 programs per SM instead of 4).
+Version 6 (prepared, not run on a GPU; kernels/notes/kda.md "Version 6"), aimed at per-token
+throughput -- every stage's time grows with tokens x heads, the preparation most:
+``au="bf16"`` stores Aqk u (readout "pre") in bf16, halving its write in the solve and its read in
+the read-out (o's intra-chunk part rounded once more: +0.1-0.25e-3 relative on the CPU);
+``fuse_prep=True`` is served again, at BT 32 with subst "rows" and 4 warps only: one program per
+chunk runs both block rows and then the solve (one launch fewer; the solve's re-reads of q, k, g and
+the Akk / Aqk scratch come from L1 / L2 instead of DRAM), with ``block_maxnreg`` 128 (4 programs per
+SM, 168 B spilled) or 168 (3 per SM, no spill); ``block_maxnreg=168`` also gives 2-warp block rows
+6 programs per SM with no spill (128 spilled 204 B).
 """
 
 import math
@@ -131,6 +143,7 @@ KNOBS = {
     "out_warps": 4,
     "block_prog": "row",
     "out_bv": 0,
+    "au": "fp32",
 }
 # kopt:knobs-end
 SPACE = {
@@ -144,12 +157,12 @@ SPACE = {
     "prec": ["bf16x3", "tf32"],
     "readout": ["pre", "aqk"],
     "subst": ["extract", "rows"],  # "direct" is refused: wrong on the H200 (see _plan)
-    "fuse_prep": [False],
+    "fuse_prep": [False, True],  # version 6: True only at BT 32 with subst "rows", 4 block warps (see _plan)
     "fuse_output": [True, False],
     "scan_dot": ["mixed"],
     "scan_layout": ["kv", "vk"],
     "block_warps": [2, 4, 8],
-    "block_maxnreg": [0, 128],
+    "block_maxnreg": [0, 128, 168],  # 168 (version 6): 2-warp block rows and the fused preparation without spills
     "solve_maxnreg": [0, 128],
     "solve_warps": [4, 8],  # 4 only with subst "rows" at BT 32 (see _plan)
     "scan_warps": [1, 2, 4, 8],
@@ -157,10 +170,15 @@ SPACE = {
     "out_warps": [4, 8],
     "block_prog": ["row", "chunk"],  # version 5: "chunk" = every block row of a chunk in one program
     "out_bv": [0, 64, 128],  # version 5: the read-out's value tile (0: the scan's BV)
+    "au": ["fp32", "bf16"],  # version 6: storage of Aqk u (readout "pre"): bf16 halves its bytes
 }
 # Measured by the search loop right after the defaults. Version 5's block_prog "chunk" + out_bv 128
 # was slower in the H200 loop (headline 1124.9 vs 869.8 us, session 3); out_bv 128 alone is unmeasured.
-TRY_EARLY = [{"out_bv": 128}]
+# Version 6 (not run on a GPU; kernels/notes/kda.md "Version 6"), most promising first: the read-out's
+# bytes (Aqk u in bf16, qd read once per chunk); then the read-out fused into a 4-warp scan (no
+# per-chunk states through DRAM, two scan programs per SM: aimed at B2 T16384, where the out stage
+# costs ~4x the headline's 142 us).
+TRY_EARLY = [{"au": "bf16", "out_bv": 128}, {"fuse_output": True, "scan_warps": 4, "au": "bf16"}, {"out_bv": 128}]
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
@@ -621,7 +639,7 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
                 au = tl.dot(aq_hi, u_hi)
                 au = tl.dot(aq_hi, u_lo, au)
                 au = tl.dot(aq_lo, u_hi, au)
-            tl.store(au_ptr + rt[:, None] * V + cv[None, :], au)
+            tl.store(au_ptr + rt[:, None] * V + cv[None, :], au.to(au_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -758,7 +776,7 @@ def _kda_scan_kernel(
             if FUSE_OUT:
                 qd_n = tl.load(qd_ptr + p_k)
                 if PRE:
-                    o_n = tl.load(au_ptr + row[:, None] * V + cv[None, :])
+                    o_n = tl.load(au_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
                 else:
                     o_n = tl.zeros([BT, BV], dtype=tl.float32)
                     p_a = aqk_ptr + row[:, None] * BT + ct[None, :]
@@ -797,7 +815,7 @@ def _kda_scan_kernel(
             if FUSE_OUT:
                 qd_n = tl.load(qd_ptr + p_k)
                 if PRE:
-                    o_t = tl.load(au_ptr + row[None, :] * V + cv[:, None])  # [BV, BT]
+                    o_t = tl.load(au_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
                 else:
                     o_t = tl.zeros([BV, BT], dtype=tl.float32)
                     p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
@@ -860,7 +878,7 @@ def _kda_out_kernel(
     qd = tl.load(qd_ptr + (i_bh * TP + row)[:, None] * K + rk[None, :])
     h = tl.load(hbuf_ptr + ((i_bh * NT + i_t) * K + rk)[:, None] * V + cv[None, :])
     if PRE:
-        o = tl.load(au_ptr + (i_bh * TP + row)[:, None] * V + cv[None, :])
+        o = tl.load(au_ptr + (i_bh * TP + row)[:, None] * V + cv[None, :]).to(tl.float32)
     else:
         o = tl.zeros([BT, BV], dtype=tl.float32)
     if SPLIT_S:
@@ -912,6 +930,15 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
                                                or knobs.get("block_warps") == 2):
         raise ValueError("block_prog='chunk' is served at BT=32 with BK <= 32 and 4 or 8 block warps only (BT=64 "
                          "spills 0.5-4.7 KB, BK=64 280 B and 2 warps 348 B per thread on sm_90)")
+    # version 6's fused preparation (block rows, then the solve, in one program per chunk): served
+    # only in the configuration class the H200 ran right as two launches (BT 32, subst "rows",
+    # 4 warps: the 4-warp solve is known wrong at BT 64; 2 / 8 warps hold 242-246 registers in
+    # the block rows, so one program per SM).  Run 1/3's fused preparation (BT 64, 8 warps) was slow
+    if knobs.get("fuse_prep") and (knobs.get("BT") != 32 or knobs.get("subst") != "rows"
+                                   or knobs.get("block_prog") != "row" or knobs.get("block_warps") != 4):
+        raise ValueError("fuse_prep=True is served at BT=32 with subst='rows', block_prog='row' and 4 block warps "
+                         "only (the fused program runs the solve at block_warps; a 4-warp solve is wrong on the "
+                         "H200 at BT=64, and 2 or 8 warps leave one program per SM)")
     for name, choices in SPACE.items():
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
@@ -952,7 +979,9 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         # at 8 warps each key tile's reversed-row loads with its forward ones (HOIST 2: 112 regs, no
         # spill).  Not at 4 warps (100 B spilled at maxnreg 128; a spilled load waits anyway) nor
         # at BT 64 (504 B instead of 364 B spilled)
-        "HOIST": 0 if knobs["subst"] != "rows" or BT != 32 else 2 if knobs["solve_warps"] == 8 else 1,
+        # (the fused preparation runs its solve at block_warps)
+        "HOIST": 0 if knobs["subst"] != "rows" or BT != 32 else
+                 2 if (knobs["block_warps"] if knobs["fuse_prep"] else knobs["solve_warps"]) == 8 else 1,
         "fuse": fuse, "split": split, "scan_stages": stages,
         "layout": 0 if knobs["scan_layout"] == "kv" else 1,
     }
@@ -1004,7 +1033,10 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
     aqk = torch.empty((2, BH, TP, BT), dtype=torch.bfloat16, device=dev)  # Aqk as bf16 hi, lo
     akk = torch.empty((BH, TP, BT), dtype=torch.float32, device=dev)
     gl = torch.empty((BH, NT, K), dtype=torch.float32, device=dev)
-    au = torch.empty((BH, TP, V), dtype=torch.float32, device=dev) if plan["PRE"] else u  # Aqk u
+    # Aqk u (readout "pre"); au="bf16" (version 6) halves its write in the solve and its read in the
+    # read-out, at one more bf16 rounding of o's intra-chunk part
+    au_dtype = torch.bfloat16 if kn["au"] == "bf16" else torch.float32
+    au = torch.empty((BH, TP, V), dtype=au_dtype, device=dev) if plan["PRE"] else u
 
     try:
         prep_args = (
