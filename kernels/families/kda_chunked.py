@@ -193,9 +193,11 @@ _SCAN_SMEM_BUDGET = 200 * 1024
 @triton.jit
 def _diag_pairwise(q_ptr, k_ptr, g_ptr, row0, rows_ok, ks,
                    s_qt, s_kt, s_gt,
-                   BC: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr):
+                   BC: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr, SUM_DTYPE: tl.constexpr):
     """Aqk and Akk (unscaled) of one BC x BC diagonal block over key channels ks..ks+BK,
-    with every decay exp(E_i - E_j) taken pairwise and masked to i >= j before the exp."""
+    with every decay exp(E_i - E_j) taken pairwise and masked to i >= j before the exp.  The gates'
+    running sums are kept in SUM_DTYPE: float64 for ``block_prog="chunk"``, whose blocks may span
+    gates far beyond float32's exact range."""
     ri = tl.arange(0, BC)
     causal = (ri[:, None] >= ri[None, :])[:, :, None]
     acc_q = tl.zeros([BC, BC], dtype=tl.float32)
@@ -203,36 +205,11 @@ def _diag_pairwise(q_ptr, k_ptr, g_ptr, row0, rows_ok, ks,
     for c0 in range(0, BK, DK):
         cols = ks + c0 + tl.arange(0, DK)
         m = rows_ok[:, None]
-        g = tl.load(g_ptr + (row0 + ri)[:, None] * s_gt + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + (row0 + ri)[:, None] * s_gt + cols[None, :], mask=m, other=0.0).to(SUM_DTYPE)
         q = tl.load(q_ptr + (row0 + ri)[:, None] * s_qt + cols[None, :], mask=m, other=0.0).to(tl.float32)
         k = tl.load(k_ptr + (row0 + ri)[:, None] * s_kt + cols[None, :], mask=m, other=0.0).to(tl.float32)
         # decay from the block's first step: E_i = sum_{r < t <= i} g_t (the first row's own
         # gate is left out, so a -1000 there never has to cancel against itself)
-        e_loc = tl.cumsum(tl.where(ri[:, None] > 0, g, 0.0), axis=0)
-        diff = e_loc[:, None, :] - e_loc[None, :, :]
-        dec = tl.exp(tl.where(causal, diff, float("-inf")))
-        kj = k[None, :, :] * dec
-        acc_q += tl.sum(q[:, None, :] * kj, axis=2)
-        acc_k += tl.sum(k[:, None, :] * kj, axis=2)
-    return acc_q, acc_k
-
-
-@triton.jit
-def _diag_pairwise64(q_ptr, k_ptr, g_ptr, row0, rows_ok, ks,
-                     s_qt, s_kt, s_gt,
-                     BC: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr):
-    """``_diag_pairwise`` with the block's running sums in float64 (``block_prog="chunk"``): every
-    exp(E_i - E_j) from a float64 difference, as exact as a forward sum of the spanned gates."""
-    ri = tl.arange(0, BC)
-    causal = (ri[:, None] >= ri[None, :])[:, :, None]
-    acc_q = tl.zeros([BC, BC], dtype=tl.float32)
-    acc_k = tl.zeros([BC, BC], dtype=tl.float32)
-    for c0 in range(0, BK, DK):
-        cols = ks + c0 + tl.arange(0, DK)
-        m = rows_ok[:, None]
-        g = tl.load(g_ptr + (row0 + ri)[:, None] * s_gt + cols[None, :], mask=m, other=0.0).to(tl.float64)
-        q = tl.load(q_ptr + (row0 + ri)[:, None] * s_qt + cols[None, :], mask=m, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + (row0 + ri)[:, None] * s_kt + cols[None, :], mask=m, other=0.0).to(tl.float32)
         e_loc = tl.cumsum(tl.where(ri[:, None] > 0, g, 0.0), axis=0)
         diff = (e_loc[:, None, :] - e_loc[None, :, :]).to(tl.float32)
         dec = tl.exp(tl.where(causal, diff, float("-inf")))
@@ -339,7 +316,7 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
             dia_q += tl.where(rc[:, None] >= cc[None, :], dq, 0.0)
             dia_k += tl.where(rc[:, None] > cc[None, :], dk, 0.0)
         else:
-            dq, dk = _diag_pairwise(q_ptr, k_ptr, g_ptr, r, rb_ok, ks, s_qt, s_kt, s_gt, BC, BK, DK)
+            dq, dk = _diag_pairwise(q_ptr, k_ptr, g_ptr, r, rb_ok, ks, s_qt, s_kt, s_gt, BC, BK, DK, tl.float32)
             dia_q += dq
             dia_k += tl.where(rc[:, None] > cc[None, :], dk, 0.0)
     # off-diagonal part (reversed columns j = r - 1 - i < r), zeros right of the block, and
@@ -465,8 +442,8 @@ def _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, 
                     # placed into the [BT, BT] tile by exact 0/1 selection products
                     bad = bad | (blk_r == b)
                     rows_b = b * BC + cc
-                    pq, pk = _diag_pairwise64(q_ptr, k_ptr, g_ptr, b * BC, t0 + rows_b < T, ks,
-                                              s_qt, s_kt, s_gt, BC, BK, DK)
+                    pq, pk = _diag_pairwise(q_ptr, k_ptr, g_ptr, b * BC, t0 + rows_b < T, ks,
+                                            s_qt, s_kt, s_gt, BC, BK, DK, tl.float64)
                     sel = tl.where(rt[:, None] == rows_b[None, :], 1.0, 0.0)  # [BT, BC]
                     sel_t = tl.where(rows_b[:, None] == ct[None, :], 1.0, 0.0)  # [BC, BT]
                     acc_q += tl.dot(tl.dot(sel, pq, input_precision="ieee"), sel_t, input_precision="ieee")
