@@ -138,12 +138,13 @@ def test_hostile_gates_default(family, kind):
     check(family.kernel, hostile_inputs(kind, case, seed=7), case)
 
 
-def test_hostile_gates_every_recentre(tmp_path):
-    """Each recentre on hostile gates (diag "pairwise" left SPACE after run 1 -- 40 % slower on
-    the H200 -- but its code still runs: the guard falls back to it per block)."""
+@pytest.mark.parametrize("block_prog", ["row", "chunk"])
+def test_hostile_gates_every_recentre(tmp_path, block_prog):
+    """Each recentre on hostile gates, in both block-row programs (diag "pairwise" left SPACE after
+    run 1 -- 40 % slower on the H200 -- but its code still runs: the guard falls back to it per block)."""
     case = {"B": 1, "T": 48, "H": 1, "K": 32, "V": 16, "initial_state": True, "output_final_state": True}
     for kind, recentre in zip(["channels", "strong_run", "resets"], ["start", "end", "midpoint"]):
-        module = render({**FAMILY.knobs, "recentre": recentre}, tmp_path)
+        module = render({**FAMILY.knobs, "recentre": recentre, "block_prog": block_prog}, tmp_path)
         check(module.kernel, hostile_inputs(kind, case, seed=13), case)
 
 

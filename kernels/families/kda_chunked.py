@@ -220,6 +220,17 @@ def _diag_pairwise(q_ptr, k_ptr, g_ptr, row0, rows_ok, ks,
 
 
 @triton.jit
+def _recentre_ref(first, last, RECENTRE: tl.constexpr):
+    """Where a span's decays are measured from: its start (0), midpoint (1) or end (2)."""
+    ref = last
+    if RECENTRE == 0:
+        ref = first
+    elif RECENTRE == 1:
+        ref = first + 0.5 * (last - first)
+    return ref
+
+
+@triton.jit
 def _split(x):
     """x ~= hi + lo with both halves bf16 (about 16 significant bits together)."""
     hi = x.to(tl.bfloat16)
@@ -405,12 +416,7 @@ def _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, 
         if LIMIT < 0:
             span_c = LIMIT + 1.0
         if span_c <= LIMIT:
-            if RECENTRE == 0:
-                ref_c = g_first
-            elif RECENTRE == 1:
-                ref_c = g_first + 0.5 * (g_last - g_first)
-            else:
-                ref_c = g_last
+            ref_c = _recentre_ref(g_first, g_last, RECENTRE)
             xc = (G - ref_c[None, :]).to(tl.float32)
             kc = tl.trans(k_a * tl.exp(-xc))
             upc = tl.exp(xc)
@@ -429,12 +435,7 @@ def _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, 
                 span_b = tl.max((gr_b - ge_b).to(tl.float32), axis=0)
                 if LIMIT < 0:
                     span_b = LIMIT + 1.0
-                if RECENTRE == 0:
-                    ref_b = gr_b
-                elif RECENTRE == 1:
-                    ref_b = gr_b + 0.5 * (ge_b - gr_b)
-                else:
-                    ref_b = ge_b
+                ref_b = _recentre_ref(gr_b, ge_b, RECENTRE)
                 in_b = (blk_r == b)[:, None]
                 x = tl.where(in_b, (G - ref_b[None, :]).to(tl.float32), x)
                 if span_b > LIMIT:
