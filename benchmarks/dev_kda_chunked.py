@@ -15,7 +15,25 @@ restrict the rows with KDA_DEV_ROWS=v6_out,fuse_nreg128,... (the default row is 
 
 Compilation of the variants happens first, in parallel child processes (``--warm``) that fill
 Triton's on-disk cache, so the timed process only loads kernels and fla's long autotuning runs
-on a quiet machine.  Every stage checks the clock and skips what no longer fits.
+on a quiet machine.  Every stage checks the clock and skips what no longer fits.  The default
+row's per-stage split (block rows, solve, scan, out; profiler, L2 flushed before every call) is
+also taken at B2 T16384 H16 (``stages`` in the json).
+
+Profile mode (issue 5: what limits each stage; the static view is ``benchmarks/sass_kda.py``)::
+
+    ncu --profile-from-start off --clock-control none --target-processes all \
+        --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+        --section InstructionStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --section Occupancy --section LaunchStats -f -o $OUT/kda_ncu \
+        python3 benchmarks/dev_kda_chunked.py --ncu
+    ncu --import $OUT/kda_ncu.ncu-rep --page details --csv > $OUT/kda_ncu.csv
+
+``--ncu`` compiles and runs the default knobs once per NCU_CASES shape, then one call per shape
+between cudaProfilerStart / Stop: the four launches (block rows, solve, scan, out) profiled once
+each at the headline, and again at B2 T16384 H16 (its per-stage durations under ncu: gpu__time_duration
+in SpeedOfLight; ~40 replay passes per kernel with these sections, a few seconds per kernel).
+``--stages`` (no ncu needed) prints only the default's per-stage split at NCU_CASES, with the L2
+flushed before every call, median of KDA_DEV_STAGE_REPS (default 10) calls.
 """
 
 from __future__ import annotations
@@ -119,6 +137,13 @@ if DRY:
     VARIANTS = {k: VARIANTS[k] for k in ("default", "v6", "v6_w2", "v5", "fused_out_au_w4", "BT64_rows_w8_out128")}
 
 
+# --ncu / --stages: the default knobs at these shapes (the headline first; B2 T16384 is the loop's
+# large shape, where no per-stage split exists yet); KDA_DEV_NCU_KNOBS='{"au": "bf16"}' overrides knobs
+NCU_CASES = [HEADLINE, {**HEADLINE, "B": 2, "T": 16384, "H": 16}]
+if DRY:
+    NCU_CASES = [HEADLINE]
+
+
 def left() -> float:
     return BUDGET_S - (time.time() - T0)
 
@@ -164,6 +189,86 @@ def warm(variant_json: str, cases_json: str) -> None:
         run_variant(fam, knobs, x)
     if not DRY:
         torch.cuda.synchronize()
+
+
+def stage_times(fn, reps: int = 10) -> list:
+    """Per-kernel device time (us) of one call, in launch order, median over reps calls, each with
+    the L2 flushed (256 MB written) before it; rows (name, us).  Empty on the CPU."""
+    if DRY:
+        fn()
+        return []
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    per_call = []
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(reps):
+            flush.zero_()
+            fn()
+        torch.cuda.synchronize()
+    events = [e for e in p.events() if "kda" in e.name and e.device_type == DeviceType.CUDA]
+    events.sort(key=lambda e: e.time_range.start if e.time_range is not None else 0)
+    for e in events:
+        t = e.time_range.elapsed_us() if e.time_range is not None else e.device_time_total
+        per_call.append((e.name.split("(")[0][-24:], float(t)))
+    n = len(per_call) // reps if reps else 0
+    rows = []
+    for i in range(n):
+        ts = sorted(per_call[c * n + i][1] for c in range(reps))
+        rows.append((per_call[i][0], round(ts[len(ts) // 2], 1)))
+    return rows
+
+
+STAGE_NAMES = ("block rows", "solve", "scan", "out")
+
+
+def label_stages(rows: list) -> dict:
+    """{stage: us} for the default four-launch pipeline (names by launch order)."""
+    return {STAGE_NAMES[i] if len(rows) == 4 else f"{i}:{n}": t for i, (n, t) in enumerate(rows)}
+
+
+def ncu_mode(stages_only: bool = False) -> int:
+    """Under ncu (--profile-from-start off): the default knobs at NCU_CASES, each run once to compile,
+    then once between cudaProfilerStart / Stop, so that every launch of one call (block rows, solve,
+    scan, out) is profiled exactly once per shape.  stages_only: no profiler range, per-stage
+    do-style timings instead (stage_times)."""
+    if DRY:
+        from pytest_kopt import interpret
+
+        interpret.configure(True)
+    import torch
+
+    fam, prob = family_and_problem()
+    knobs = {**fam.KNOBS, **json.loads(os.environ.get("KDA_DEV_NCU_KNOBS", "{}"))}
+    reps = int(os.environ.get("KDA_DEV_STAGE_REPS", "10"))
+    out = {"knobs": knobs, "cases": {}}
+    for case in NCU_CASES:
+        label = prob.describe(case)
+        x = prob.make_inputs(case, device=DEVICE, seed=0)
+        run_variant(fam, knobs, x)  # compile + warm
+        if not DRY:
+            torch.cuda.synchronize()
+        if stages_only:
+            rows = stage_times(lambda: run_variant(fam, knobs, x), reps)
+            out["cases"][label] = {"stages_us": label_stages(rows), "total_us": round(sum(t for _, t in rows), 1)}
+            log(label, out["cases"][label])
+        else:
+            if not DRY:
+                torch.cuda.profiler.start()
+            run_variant(fam, knobs, x)
+            if not DRY:
+                torch.cuda.synchronize()
+                torch.cuda.profiler.stop()
+            log(f"ncu target done: default {label}")
+        del x
+        if not DRY:
+            torch.cuda.empty_cache()
+    save("dev_kda_stages.json" if stages_only else "dev_kda_ncu_targets.json", out)
+    return 0
 
 
 def warm_case(case: dict) -> dict:
@@ -457,6 +562,11 @@ def main() -> None:
                     continue
                 knobs = {**fam.KNOBS, **ov}
                 entry[name] = {"err": errors(run_variant(fam, knobs, xs), want), "us": bench(lambda: run_variant(fam, knobs, xs))}
+                if name == "default" and (case["B"], case["T"], case["H"]) == (2, 16384, 16) or DRY and name == "default":
+                    # the per-stage split where the loop measured 3187 us (issue 5): none existed
+                    rows = stage_times(lambda: run_variant(fam, knobs, xs), 5)
+                    entry[name]["stages"] = label_stages(rows)
+                    results.setdefault("stages", {})[label] = entry[name]["stages"]
             if fla_fn is not None and case["H"] == 16 and case["K"] == 128 and left() > 40:
                 got = fla_fn(**xs)
                 entry["fla"] = {"err": errors(got, want), "us": bench(lambda: fla_fn(**xs))}
@@ -476,6 +586,8 @@ def main() -> None:
     print("hostile gates (float64 recurrence):", json.dumps(results.get("hostile", {})))
     for label, entry in results["shapes"].items():
         print(label, json.dumps({k: ({kk: (round(vv, 1) if kk == "us" else vv) for kk, vv in v.items()} if isinstance(v, dict) else v) for k, v in entry.items()}))
+    if results.get("stages"):
+        print("default per-stage us (L2 flushed, median):", json.dumps(results["stages"]))
     for note in results["notes"]:
         print("note:", note[:300])
     results["wall_s"] = time.time() - T0
@@ -485,5 +597,7 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--warm":
         warm(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) > 1 and sys.argv[1] in ("--ncu", "--stages"):
+        sys.exit(ncu_mode(stages_only=sys.argv[1] == "--stages"))
     else:
         main()
