@@ -186,17 +186,7 @@ def judge_us(fn, device="cuda", rounds=100) -> tuple[float, str]:
     except Exception:  # noqa: BLE001 - no (or an incompatible) pytest-benchmark: the same clock by hand
         if torch.device(device).type != "cuda":
             return float("nan"), "none"
-        clock = timing.EventClock(device)
-        times = []
-        for i in range(rounds + 3):
-            timing.flush_l2(device)
-            t0 = clock()
-            fn()
-            t1 = clock()
-            if i >= 3:
-                times.append(t1 - t0)
-        times.sort()
-        return times[len(times) // 2] * 1e6, "EventClock"
+        return timing.median_us(fn, device, rounds=rounds), "EventClock"
 
 
 def ncu_mode(args) -> int:

@@ -210,17 +210,7 @@ def judge_us(fn, device, rounds):
             t0 = time.perf_counter()
             fn()
             return (time.perf_counter() - t0) * 1e6
-        clock = timing.EventClock(device)
-        times = []
-        for i in range(rounds + 3):
-            timing.flush_l2(device)
-            t0 = clock()
-            fn()
-            t1 = clock()
-            if i >= 3:
-                times.append(t1 - t0)
-        times.sort()
-        return times[len(times) // 2] * 1e6
+        return timing.median_us(fn, device, rounds=rounds)
 
 
 def clean_us(fn, device, rounds):
@@ -236,18 +226,8 @@ def clean_us(fn, device, rounds):
     buf = _CLEAN.get(device)
     if buf is None:
         buf = _CLEAN[device] = torch.ones(256 * 1024 * 1024 // 4, dtype=torch.float32, device=device)
-    clock = timing.EventClock(device)
-    times = []
-    for i in range(rounds + 3):
-        timing.flush_l2(device)
-        buf.amax()  # reads 256 MB: evicts (writes back) the flush's dirty lines, leaves clean ones
-        t0 = clock()
-        fn()
-        t1 = clock()
-        if i >= 3:
-            times.append(t1 - t0)
-    times.sort()
-    return times[len(times) // 2] * 1e6
+    # reading 256 MB after the flush evicts (writes back) its dirty lines and leaves clean ones
+    return timing.median_us(fn, device, rounds=rounds, after_flush=buf.amax)
 
 
 _CLEAN: dict = {}

@@ -158,6 +158,12 @@ def test_one_timer_on_cpu_goes_through_pytest_benchmark() -> None:
     assert timing.timer_for("cpu") is timing.sync_perf_counter
 
 
+def test_median_without_pytest_benchmark_runs_every_round_after_its_flush() -> None:
+    order = []
+    us = timing.median_us(lambda: order.append("call"), "cpu", rounds=5, warmup_rounds=2, after_flush=lambda: order.append("flushed"))
+    assert order == ["flushed", "call"] * 7 and us > 0
+
+
 def test_rounds_are_clamped() -> None:
     assert timing.rounds_for(1e-6, budget_s=1.0, lo=5, hi=200) == 200
     assert timing.rounds_for(10.0, budget_s=1.0, lo=5, hi=200) == 5
