@@ -129,14 +129,20 @@ def test_decode_qk_split_matches_reference(tmp_dir, case, seed, keys_as_m, tau, 
     assert plan["qk_split"], plan
 
 
-def test_decode_tma_falls_back_for_unaligned_kv(tmp_dir):
+@pytest.mark.parametrize("family", ["decode", "prefill"])
+def test_tma_falls_back_for_unaligned_kv(tmp_dir, family):
     """A kv whose rows a descriptor cannot address (odd row stride, unaligned base) takes the
     pointer kernel: same answer."""
-    module = render(DECODE, {**decode_knobs()[0], "KV_LOAD": "tma", "BLOCK_N": 16}, tmp_dir)
+    if family == "decode":
+        module = render(DECODE, {**decode_knobs()[0], "KV_LOAD": "tma", "BLOCK_N": 16}, tmp_dir)
+        sq, skv = 2, 23
+    else:
+        module = render(PREFILL, {**read_knobs(PREFILL)[0], "KV_LOAD": "tma", "BLOCK_M": 16, "BLOCK_N": 16}, tmp_dir)
+        sq, skv = 9, 21
     gen = torch.Generator().manual_seed(5)
-    q = torch.randn(1, 2, 3, 576, generator=gen).to(torch.bfloat16)
-    big = torch.randn(1, 23 * 577 + 1, generator=gen).to(torch.bfloat16)
-    kv = big[:, 1:].reshape(1, 23, 577)[:, :, :576]  # row stride 577, base offset 2 bytes
+    q = torch.randn(1, sq, 3, 576, generator=gen).to(torch.bfloat16)
+    big = torch.randn(1, skv * 577 + 1, generator=gen).to(torch.bfloat16)
+    kv = big[:, 1:].reshape(1, skv, 577)[:, :, :576]  # row stride 577, base offset 2 bytes
     assert not module._tma_ok(kv)
     errors = MLA.compare(module.kernel(q, kv, 0.0721), MLA.reference(q=q, kv=kv, scale=0.0721))
     assert all(e.ok for e in errors), [e.reason for e in errors if not e.ok]
@@ -218,17 +224,6 @@ def test_prefill_qk_split_matches_reference(tmp_dir, case, seed, hpt, unmasked, 
     knobs = {**read_knobs(PREFILL)[0], "KV_LOAD": "tma", "QK_SPLIT": True, "BLOCK_M": 16, "BLOCK_N": 16,
              "HEADS_PER_TILE": hpt, "UNMASKED_LOOP": unmasked, "KEYS_AS_M": keys_as_m, "RESCALE_TAU": tau, "ROWSUM": rowsum}
     check(MLA_PREFILL, render(PREFILL, knobs, tmp_dir).kernel, case, seed)
-
-
-def test_prefill_tma_falls_back_for_unaligned_kv(tmp_dir):
-    module = render(PREFILL, {**read_knobs(PREFILL)[0], "KV_LOAD": "tma", "BLOCK_M": 16, "BLOCK_N": 16}, tmp_dir)
-    gen = torch.Generator().manual_seed(6)
-    q = torch.randn(1, 9, 2, 576, generator=gen).to(torch.bfloat16)
-    big = torch.randn(1, 21 * 577 + 1, generator=gen).to(torch.bfloat16)
-    kv = big[:, 1:].reshape(1, 21, 577)[:, :, :576]  # row stride 577, base offset 2 bytes
-    assert not module._tma_ok(kv)
-    errors = MLA.compare(module.kernel(q, kv, 0.0721), MLA.reference(q=q, kv=kv, scale=0.0721))
-    assert all(e.ok for e in errors), [e.reason for e in errors if not e.ok]
 
 
 def test_prefill_every_space_value(tmp_dir):
