@@ -84,8 +84,15 @@ if DRY:
 # (one launch fewer, the solve's re-reads of q, k, g and the Akk / Aqk scratch hit L1 / L2 instead
 # of DRAM), at block_maxnreg 128 (4 programs/SM, 168 B spilled) or 168 (3/SM, no spill);
 # block_maxnreg 168 with 2 block warps: 6 block-row programs per SM without spilling.
+# Version 7 rows (prepared, not run): pair="split" -- the block rows' pairwise diagonal fallback
+# (14 % of the headline's key tiles) cut exactly into 4 x 4 pairwise sub-blocks and two factored
+# levels: 16.1 K warp-instructions per block-row program instead of 18.6 K (offline sm_90 SASS), but
+# 183 registers (2 programs/SM); with block_maxnreg 128: 16.3 K, 4/SM, 32 B spilled.
 VARIANTS = {
     "default": {},
+    "split_nreg128": {"pair": "split", "block_maxnreg": 128},  # TRY_EARLY 1
+    "split": {"pair": "split"},
+    "block_nreg128": {"block_maxnreg": 128},  # the control for split_nreg128 (18.3 K inst, 16 B spilled)
     "out128": {"out_bv": 128},
     "chunk": {"block_prog": "chunk"},
     "v5": {"block_prog": "chunk", "out_bv": 128},

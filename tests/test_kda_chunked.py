@@ -339,7 +339,7 @@ for stage in ([0] if kn["fuse_prep"] else [1, 2]):
     build(fam._kda_prep_kernel, prep, dict(K=K, V=V, BT=plan["BT"], BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"],
           DK=plan["DK"], LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
           TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
-          CHUNK=plan["CHUNK"], STAGE=stage),
+          CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"], STAGE=stage),
           kn["solve_warps"] if stage == 2 else kn["block_warps"], 1)
 scan = {"w_ptr": B16, "u_ptr": P, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "au_ptr": AU, "h0_ptr": P,
         "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P}
@@ -356,8 +356,9 @@ print("compiled for sm_90")
 
 
 @pytest.mark.parametrize("override", [{}, {"subst": "rows", "scan_warps": 2}, {"block_prog": "chunk", "out_bv": 128},
-                                      {"fuse_prep": True, "au": "bf16", "out_bv": 128, "fuse_output": True, "scan_warps": 4}],
-                         ids=["default", "v4_rows_scan_w2", "v5_chunk_out128", "v6_fused_prep_au_bf16"])
+                                      {"fuse_prep": True, "au": "bf16", "out_bv": 128, "fuse_output": True, "scan_warps": 4},
+                                      {"pair": "split"}],
+                         ids=["default", "v4_rows_scan_w2", "v5_chunk_out128", "v6_fused_prep_au_bf16", "v7_split"])
 def test_default_knobs_compile_for_hopper(override):
     """The default knobs (and version 4's block-row inverses, early solve loads and 2-warp scan)
     compile for sm_90 (no GPU needed) within the shared-memory limit."""
@@ -491,3 +492,57 @@ def test_v6_hypothesis_shapes(tmp_path):
         check(module.kernel, inputs(case, seed), case)
 
     run()
+
+
+# version 7: pair "split" -- the pairwise diagonal fallback of the "row" block programs cut exactly
+# into 4 x 4 pairwise sub-blocks and factored off-diagonal quarters
+SPLIT = {"pair": "split"}
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_split_pair_hostile_gates(tmp_path, kind):
+    """pair "split" on every hostile gate kind, K != V, a short last chunk: right, finite, and its
+    raw Aqk / Akk (subst "extract") about as close to the float64 ones as "full"'s (both exact;
+    "split" sums each 4 x 4 sub-block from its own start, so it is closer on -3e4 gates)."""
+    case = {"B": 1, "T": 45, "H": 2, "K": 64, "V": 16, "initial_state": True, "output_final_state": True}
+    x = hostile_inputs(kind, case, seed=81)
+    module = render({**FAMILY.knobs, **SPLIT}, tmp_path)
+    check(module.kernel, x, case)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], True)
+    want = aqk_akk_float64(x, 32)
+    for forced in (False, True):  # forced: every diagonal block takes the fallback (guard limit -1)
+        if forced:
+            module._GUARD_LIMIT = {name: -1.0 for name in module._GUARD_LIMIT}
+        err = {}
+        for pair in ("full", "split"):
+            d = {}
+            module.kda_chunked(*args, {**FAMILY.knobs, "pair": pair, "subst": "extract", "solve_warps": 8}, debug=d)
+            aqk = d["aqk"][0].double() + d["aqk"][1].double()
+            assert torch.isfinite(aqk).all() and torch.isfinite(d["akk"]).all(), pair
+            err[pair] = [(aqk - want["aqk"]).abs().max().item(), (d["akk"].double() - want["akk"]).abs().max().item()]
+        assert all(s <= max(2 * f, 1e-5) for s, f in zip(err["split"], err["full"])), (kind, forced, err)
+    check(module.kernel, x, case)  # still forced: the split fallback on every block
+
+
+@pytest.mark.parametrize("case", [
+    {"B": 1, "T": 1, "H": 1, "K": 16, "V": 32, "initial_state": True, "output_final_state": True},
+    {"B": 1, "T": 19, "H": 1, "K": 32, "V": 128, "initial_state": False, "output_final_state": True},
+], ids=PROBLEM.describe)
+def test_split_pair_edge_shapes(tmp_path, case):
+    """T = 1 and K != V with pair "split", on the problem's own gates (their -1000 resets)."""
+    module = render({**FAMILY.knobs, **SPLIT}, tmp_path)
+    check(module.kernel, inputs(case, seed=82), case)
+
+
+def test_split_pair_tf32_emulated(tmp_path, monkeypatch):
+    """pair "split" with every diagonal block forced into the fallback (guard limit -1) and the
+    GPU's tf32 operand rounding emulated: its factored levels are tf32 products too."""
+    hits = tf32_rounding(monkeypatch)
+    module = render({**FAMILY.knobs, **SPLIT}, tmp_path)
+    module._GUARD_LIMIT = {name: -1.0 for name in module._GUARD_LIMIT}
+    case = {"B": 1, "T": 70, "H": 1, "K": 64, "V": 32, "initial_state": True, "output_final_state": True}
+    for x in (inputs(case, seed=11), hostile_inputs("channels", case, seed=11),
+              hostile_inputs("strong_run", case, seed=11)):
+        errors = check(module.kernel, x, case)
+        assert all(e.rel_rms < 4e-3 for e in errors), [(e.name, e.rel_rms) for e in errors]
+    assert hits, "no tf32 product was emulated"

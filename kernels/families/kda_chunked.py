@@ -110,6 +110,15 @@ chunk runs both block rows and then the solve (one launch fewer; the solve's re-
 the Akk / Aqk scratch come from L1 / L2 instead of DRAM), with ``block_maxnreg`` 128 (4 programs per
 SM, 168 B spilled) or 168 (3 per SM, no spill); ``block_maxnreg=168`` also gives 2-warp block rows
 6 programs per SM with no spill (128 spilled 204 B).
+
+Version 7 (prepared, not run on a GPU; kernels/notes/kda.md "Version 7"): ``pair="split"`` makes the
+pairwise diagonal fallback of ``block_prog="row"`` (``_diag_split``) cheaper and still exact: the
+BC x BC block is cut into 4 x 4 diagonal sub-blocks, taken pairwise ([BC/4, 4, 4, 32] elements in one
+channel step instead of [BC, BC, 8] in four) with running sums local to each sub-block, and, per
+level (8, then 4), the lower-left quarters of the 2h x 2h diagonal blocks are factored around the
+quarter's first row m -- exp(E_i - E_m) x exp(E_m - E_j), both exponents <= 0, so nothing
+overflows -- as one tf32 product pair per level.  ``"full"`` (the default) keeps version 4's code;
+``block_prog="chunk"`` ignores the knob.
 """
 
 import math
@@ -144,6 +153,7 @@ KNOBS = {
     "block_prog": "row",
     "out_bv": 0,
     "au": "fp32",
+    "pair": "full",
 }
 # kopt:knobs-end
 SPACE = {
@@ -171,6 +181,7 @@ SPACE = {
     "block_prog": ["row", "chunk"],  # version 5: "chunk" = every block row of a chunk in one program
     "out_bv": [0, 64, 128],  # version 5: the read-out's value tile (0: the scan's BV)
     "au": ["fp32", "bf16"],  # version 6: storage of Aqk u (readout "pre"): bf16 halves its bytes
+    "pair": ["full", "split"],  # version 7: the pairwise diagonal fallback of block_prog "row", split exactly
 }
 # Measured by the search loop right after the defaults. Version 5's block_prog "chunk" + out_bv 128
 # was slower in the H200 loop (headline 1124.9 vs 869.8 us, session 3); out_bv 128 alone is unmeasured.
@@ -178,11 +189,16 @@ SPACE = {
 # bytes (Aqk u in bf16, qd read once per chunk); then the read-out fused into a 4-warp scan (no
 # per-chunk states through DRAM, two scan programs per SM: aimed at B2 T16384, where the out stage
 # costs ~4x the headline's 142 us).
-TRY_EARLY = [{"au": "bf16", "out_bv": 128}, {"fuse_output": True, "scan_warps": 4, "au": "bf16"}, {"out_bv": 128}]
+# Version 7 (not run on a GPU; kernels/notes/kda.md "Version 7"): the block rows' pairwise fallback
+# split exactly (16.3 K warp-instructions per block-row program at 128 registers, vs 18.6 K).
+TRY_EARLY = [{"pair": "split", "block_maxnreg": 128}, {"au": "bf16", "out_bv": 128}, {"fuse_output": True, "scan_warps": 4, "au": "bf16"}, {"out_bv": 128}]
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
 _RECENTRE_CODE = {"start": 0, "midpoint": 1, "end": 2}
+# pair "split": the side of the diagonal sub-blocks that stay pairwise
+_SPLIT_SB = 4
+_SPLIT_ELEMS = 2048
 # Pipelined tiles of the scan must fit in this much shared memory (the H200 has 227 KB).
 _SCAN_SMEM_BUDGET = 200 * 1024
 
@@ -216,6 +232,77 @@ def _diag_pairwise(q_ptr, k_ptr, g_ptr, row0, rows_ok, ks,
         kj = k[None, :, :] * dec
         acc_q += tl.sum(q[:, None, :] * kj, axis=2)
         acc_k += tl.sum(k[:, None, :] * kj, axis=2)
+    return acc_q, acc_k
+
+
+@triton.jit
+def _split_level(q_b, k_b, e_b, HALF: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, TF32: tl.constexpr):
+    """One level of ``_diag_split``: the lower-left HALF x HALF quarter of every 2 HALF x 2 HALF
+    diagonal block, factored around that quarter's first row m: exp(E_i - E_m) (rows) times
+    exp(E_m - E_j) (columns), exponents <= 0; everything else of the [BC, BC] result is 0."""
+    ri = tl.arange(0, BC)
+    m_row = (ri // (2 * HALF)) * (2 * HALF) + HALF  # the reference row of row i (and of column j = i)
+    e_ref = tl.zeros([BC, BK], dtype=tl.float32)
+    for b in tl.static_range(BC // (2 * HALF)):
+        e_m = tl.sum(tl.where((ri == b * 2 * HALF + HALF)[:, None], e_b, 0.0), axis=0)  # E at row m
+        e_ref = tl.where((m_row == b * 2 * HALF + HALF)[:, None], e_m[None, :], e_ref)
+    in_row = (ri % (2 * HALF)) >= HALF  # rows of a later half
+    in_col = (ri % (2 * HALF)) < HALF  # columns of an earlier half
+    up = tl.where(in_row[:, None], tl.exp(tl.where(in_row[:, None], e_b - e_ref, 0.0)), 0.0)
+    down = tl.where(in_col[:, None], k_b * tl.exp(tl.where(in_col[:, None], e_ref - e_b, 0.0)), 0.0)
+    down_t = tl.trans(down)
+    dq = _dotp(q_b * up, down_t, tl.zeros([BC, BC], dtype=tl.float32), TF32)
+    dk = _dotp(k_b * up, down_t, tl.zeros([BC, BC], dtype=tl.float32), TF32)
+    sel = in_row[:, None] & in_col[None, :] & ((ri // (2 * HALF))[:, None] == (ri // (2 * HALF))[None, :])
+    return tl.where(sel, dq, 0.0), tl.where(sel, dk, 0.0)
+
+
+@triton.jit
+def _diag_split(q_b, k_b, e_b, q_ptr, k_ptr, g_ptr, row0, rows_ok, ks,
+                s_qt, s_kt, s_gt,
+                BC: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr, SB: tl.constexpr, LOG_NS: tl.constexpr,
+                TF32: tl.constexpr):
+    """``pair="split"`` (version 7): the same Aqk and Akk (unscaled) of one BC x BC diagonal block
+    over key channels ks..ks+BK as ``_diag_pairwise``, with the block cut exactly into SB x SB
+    diagonal sub-blocks and the off-diagonal parts between them.  At each level h = BC/2, BC/4,
+    .., SB the lower-left h x h quarter of every 2h x 2h diagonal block is factored around its
+    own first row m (the later half's start): exp(E_i - E_m) for the rows and exp(E_m - E_j) for
+    the columns, both exponents <= 0 (E non-increasing), so no factor overflows and one that
+    underflows stands for a product below e^-87 -- one product pair per level, always exact.  Only
+    the SB x SB diagonal sub-blocks are taken pairwise ([BC/SB, SB, SB, DK] instead of
+    [BC, BC, DK] elements), with running sums local to each sub-block.  q_b, k_b, e_b: the
+    block's [BC, BK] rows and running sums (first row's gate left out) that ``_block_row`` loaded."""
+    NS: tl.constexpr = BC // SB
+    ri = tl.arange(0, BC)
+    acc_q = tl.zeros([BC, BC], dtype=tl.float32)
+    acc_k = tl.zeros([BC, BC], dtype=tl.float32)
+    for lv in tl.static_range(LOG_NS):
+        dq, dk = _split_level(q_b, k_b, e_b, BC // (2 << lv), BC, BK, TF32)
+        acc_q += dq
+        acc_k += dk
+    # the SB x SB diagonal sub-blocks, pairwise: [NS, SB, DK] tiles, sums local to each sub-block
+    s3 = tl.arange(0, NS)[:, None, None]
+    i3 = tl.arange(0, SB)[None, :, None]
+    rows3 = row0 + s3 * SB + i3
+    ok3 = tl.reshape(rows_ok, [NS, SB, 1])
+    causal = (tl.arange(0, SB)[:, None] >= tl.arange(0, SB)[None, :])[None, :, :, None]
+    blk_q = tl.zeros([NS, SB, SB], dtype=tl.float32)
+    blk_k = tl.zeros([NS, SB, SB], dtype=tl.float32)
+    for c0 in range(0, BK, DK):
+        c3 = (ks + c0 + tl.arange(0, DK))[None, None, :]
+        g = tl.load(g_ptr + rows3 * s_gt + c3, mask=ok3, other=0.0).to(tl.float32)
+        q = tl.load(q_ptr + rows3 * s_qt + c3, mask=ok3, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + rows3 * s_kt + c3, mask=ok3, other=0.0).to(tl.float32)
+        e_loc = tl.cumsum(tl.where(i3 > 0, g, 0.0), axis=1)
+        diff = e_loc[:, :, None, :] - e_loc[:, None, :, :]
+        dec = tl.exp(tl.where(causal, diff, float("-inf")))
+        kj = k[:, None, :, :] * dec
+        blk_q += tl.sum(q[:, :, None, :] * kj, axis=3)
+        blk_k += tl.sum(k[:, :, None, :] * kj, axis=3)
+    # place the sub-blocks on the diagonal: [NS, SB, NS, SB] -> [BC, BC], selection only
+    same = (tl.arange(0, NS)[:, None, None, None] == tl.arange(0, NS)[None, None, :, None])
+    acc_q += tl.reshape(tl.where(same, blk_q[:, :, None, :], 0.0), [BC, BC])
+    acc_k += tl.reshape(tl.where(same, blk_k[:, :, None, :], 0.0), [BC, BC])
     return acc_q, acc_k
 
 
@@ -264,7 +351,7 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
                s_qt, s_kt, s_gt, s_bt,
                K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr,
                RECENTRE: tl.constexpr, LIMIT: tl.constexpr, TF32: tl.constexpr, SUBST: tl.constexpr,
-               LOG_BC: tl.constexpr):
+               LOG_BC: tl.constexpr, SB: tl.constexpr = 0, LOG_NS: tl.constexpr = 0, DKS: tl.constexpr = 1):
     """Rows bi*BC .. bi*BC+BC-1 of one chunk's Aqk (scaled; hi and lo bf16 halves) and Akk
     (beta-scaled, strictly lower, float32), all BT columns, written to aqk_ptr / akk_ptr
     (pointers at the chunk's first row; the lo half of Aqk sits lo_off elements after).
@@ -327,7 +414,11 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
             dia_q += tl.where(rc[:, None] >= cc[None, :], dq, 0.0)
             dia_k += tl.where(rc[:, None] > cc[None, :], dk, 0.0)
         else:
-            dq, dk = _diag_pairwise(q_ptr, k_ptr, g_ptr, r, rb_ok, ks, s_qt, s_kt, s_gt, BC, BK, DK, tl.float32)
+            if LOG_NS > 0:  # pair="split" (version 7)
+                dq, dk = _diag_split(q_b, k_b, e_b, q_ptr, k_ptr, g_ptr, r, rb_ok, ks, s_qt, s_kt, s_gt,
+                                     BC, BK, DKS, SB, LOG_NS, TF32)
+            else:
+                dq, dk = _diag_pairwise(q_ptr, k_ptr, g_ptr, r, rb_ok, ks, s_qt, s_kt, s_gt, BC, BK, DK, tl.float32)
             dia_q += dq
             dia_k += tl.where(rc[:, None] > cc[None, :], dk, 0.0)
     # off-diagonal part (reversed columns j = r - 1 - i < r), zeros right of the block, and
@@ -634,7 +725,7 @@ def _kda_prep_kernel(
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BKP: tl.constexpr, BVP: tl.constexpr, DK: tl.constexpr,
     LOG_NC: tl.constexpr, RECENTRE: tl.constexpr, LIMIT: tl.constexpr, MERGE: tl.constexpr,
     TF32: tl.constexpr, PRE: tl.constexpr, SUBST: tl.constexpr, STAGE: tl.constexpr, LOG_BC: tl.constexpr,
-    HOIST: tl.constexpr, CHUNK: tl.constexpr,
+    HOIST: tl.constexpr, CHUNK: tl.constexpr, SB: tl.constexpr = 0, LOG_NS: tl.constexpr = 0, DKS: tl.constexpr = 1,
 ):
     """STAGE 0: everything for one chunk (block rows, then the solve); 1: one block row of
     one chunk (grid NT * NC), or with CHUNK all block rows of one chunk (grid NT); 2: the solve
@@ -673,14 +764,14 @@ def _kda_prep_kernel(
     if STAGE == 0 and not CHUNK:
         for b in range(NC):
             _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, b, lo_off,
-                       s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC)
+                       s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC, SB, LOG_NS, DKS)
         tl.debug_barrier()  # the block rows were written by other threads of this program
     if STAGE == 1 and CHUNK:
         _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, lo_off,
                      s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC)
     if STAGE == 1 and not CHUNK:
         _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi, lo_off,
-                   s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC)
+                   s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC, SB, LOG_NS, DKS)
     if STAGE != 1:
         _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr, akk_ptr, gl_ptr,
                   aqk_ptr, au_ptr, lo_off,
@@ -886,6 +977,7 @@ def _pow2(x: int) -> bool:
 
 def _plan(K: int, V: int, knobs: dict) -> dict:
     """Check a knob combination against a shape; return the launch plan or raise ValueError."""
+    knobs = {"pair": "full", **knobs}  # knob dicts written before version 7 lack "pair"
     # combinations the CPU interpreter passes but the H200 computed wrongly: refused by name
     if knobs.get("subst") == "direct":
         raise ValueError("subst='direct' computes wrong outputs on the H200 (results/runs/kda-h200: "
@@ -946,6 +1038,11 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "BT": BT, "BC": BC, "BK": bk, "BV": bv, "BKP": min(64, K), "BVP": min(64, V),
         "DK": max(1, min(bk, 2048 // (BC * BC))),
         "CHUNK": knobs["block_prog"] == "chunk",
+        # pair "split" (version 7): the fallback's pairwise part on SB x SB sub-blocks only, with
+        # its channel step widened to keep [BC/SB, SB, SB, DKS] at 2048 elements
+        "SB": BC if knobs["pair"] == "full" else min(_SPLIT_SB, BC),
+        "LOG_NS": 0 if knobs["pair"] == "full" else int(math.log2(BC // min(_SPLIT_SB, BC))),
+        "DKS": max(1, min(bk, _SPLIT_ELEMS // (BC * min(_SPLIT_SB, BC)))),
         "OUT_BV": min(V, knobs["out_bv"] or BV),
         "LOG_NC": int(math.log2(BT // BC)),
         "RECENTRE": _RECENTRE_CODE[knobs["recentre"]], "LIMIT": limit,
@@ -1031,7 +1128,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             K=K, V=V, BT=BT, BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"], DK=plan["DK"],
             LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
             TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
-            CHUNK=plan["CHUNK"], num_stages=1,
+            CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"], num_stages=1,
         )
         # block_maxnreg / solve_maxnreg: cap the registers per thread (ptxas spills the rest to
         # L1-backed local memory) so that more programs are resident: at 128, 4 block-row
