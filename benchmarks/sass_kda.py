@@ -147,7 +147,7 @@ def build_all(fam, knobs: dict, shape: dict) -> dict:
     pmeta = dict(K=K, V=V, BT=BT, BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"], DK=plan["DK"],
                  LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
                  TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
-                 CHUNK=plan["CHUNK"])
+                 CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"])
     rows_grid = (NT if plan["CHUNK"] else NT * (BT // plan["BC"])) * BH
     out = {}
     out["rows"] = (compile_kernel(fam._kda_prep_kernel, prep, {**pmeta, "STAGE": 1}, kn["block_warps"], 1,
@@ -449,7 +449,10 @@ def analyse(knobs: dict, shape: dict, workdir: Path, measured: dict | None = Non
     nc = plan["BT"] // plan["BC"]
     rules = {
         "rows": ({source_line(src, "_block_row", r"for ks in range\(0, K, BK\)"): K // plan["BK"],
-                  source_line(src, "_diag_pairwise", r"for c0 in range\(0, BK, DK\)"): plan["BK"] // plan["DK"]},
+                  # the pairwise fallback's channel loop: _diag_split's with pair="split" (BK // DKS trips)
+                  (source_line(src, "_diag_split", r"for c0 in range\(0, BK, DK\)") if kn.get("pair") == "split"
+                   else source_line(src, "_diag_pairwise", r"for c0 in range\(0, BK, DK\)")):
+                      plan["BK"] // (plan["DKS"] if kn.get("pair") == "split" else plan["DK"])},
                  {source_line(src, "_block_row", r"if bi > 0:"): (nc - 1) / nc,
                   source_line(src, "_block_row", r"if span <= LIMIT:"): 1.0 - p_pair}),
         "solve": ({source_line(src, "_solve_wy", r"for ks in range\(0, K, BK\)"): -(-K // plan["BKP"]),
