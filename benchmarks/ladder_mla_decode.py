@@ -235,20 +235,10 @@ _CLEAN: dict = {}
 
 def profile_us(fn, iters=20) -> dict:
     """Device time per kernel (us per call) from the profiler, L2 flushed before each call."""
-    from torch.profiler import ProfilerActivity, profile
+    from dev_mla import profile_kernels  # benchmarks/ is this script's own folder
 
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            flush.zero_()
-            fn()
-        torch.cuda.synchronize()
-    out = {}
-    for evt in prof.key_averages():
-        t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
-        if t and "zero" not in evt.key.lower() and "fill" not in evt.key.lower():
-            out[evt.key[:40]] = round(t / iters, 2)
-    return out
+    return {name[:40]: round(k["us_per_call"], 2) for name, k in profile_kernels(fn, flush, iters).items()}
 
 
 def rel_rms(out, ref) -> float:
