@@ -71,6 +71,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ANN0
             floor_text = f"  {floor / median_us:6.1%} of floor" if floor else ""
             err = bench.extra_info.get("rel_rms")
             err_text = f"  err {err:.2g}" if err is not None else ""
+            # the host outlasted the GPU's wait: the figure includes idle time, not only the kernels'
+            bound_text = "  HOST-BOUND" if bench.extra_info.get("host_bound") else ""
             terminalreporter.write_line(
-                f"  {bench.extra_info.get('impl', bench.name):28s} {median_us:12.1f} us  {ratio:7.2f}x vs {base.extra_info.get('impl')}{floor_text}{err_text}"
+                f"  {bench.extra_info.get('impl', bench.name):28s} {median_us:12.1f} us  {ratio:7.2f}x vs {base.extra_info.get('impl')}{floor_text}{err_text}{bound_text}"
             )

@@ -164,6 +164,25 @@ def test_median_without_pytest_benchmark_runs_every_round_after_its_flush() -> N
     assert order == ["flushed", "call"] * 7 and us > 0
 
 
+def test_host_window_covers_the_call_and_is_capped() -> None:
+    assert timing.host_window_cycles(0.0) == timing.HOST_WINDOW_CYCLES  # never below the default ~1 ms
+    assert timing.host_window_cycles(0.004) == int(1.5 * 0.004 * timing.MAX_GPU_CLOCK_HZ)  # grows with the call
+    assert timing.host_window_cycles(10.0) == int(1.5 * timing.HOST_WINDOW_MAX_S * timing.MAX_GPU_CLOCK_HZ)
+    # 1.3 ms of host time (fla's chunk_kda at B8 T1024) outlasts the default wait, not its own window
+    assert timing.is_host_bound(0.0013, timing.HOST_WINDOW_CYCLES)
+    assert not timing.is_host_bound(0.0013, timing.host_window_cycles(0.0013))
+
+
+def test_enqueue_seconds_times_the_host_side_on_an_idle_gpu(monkeypatch) -> None:
+    syncs = []
+    monkeypatch.setattr(timing, "_synchronize", lambda: syncs.append(1))
+    calls = []
+    seconds = timing.enqueue_seconds(lambda: (calls.append(1), time.sleep(0.003)), "cuda", calls=2)
+    assert seconds >= 0.003 and len(calls) == 2 and len(syncs) == 3  # drained before each call and after
+    cpu_calls = []
+    assert timing.enqueue_seconds(lambda: cpu_calls.append(1), "cpu") == 0.0 and not cpu_calls  # no interpreter call
+
+
 def test_rounds_are_clamped() -> None:
     assert timing.rounds_for(1e-6, budget_s=1.0, lo=5, hi=200) == 200
     assert timing.rounds_for(10.0, budget_s=1.0, lo=5, hi=200) == 5

@@ -16,6 +16,13 @@ only as much host time as its flush takes). That host time is real too, so the c
 records each call's host time (``EventClock.host_times``), and ``benchmark`` reports its median
 as ``extra_info["host_us"]`` beside the device time.
 
+The wait grows with the call: ``benchmark`` and ``median_us`` first time one enqueue of the call
+and wait half again as long (``host_window_cycles``), up to 20 ms. flash-linear-attention's
+``chunk_kda`` spends up to 1.3 ms of host time per call, past a fixed 1 ms window; at a shape
+whose device time is shorter than that, the figure then counted the GPU's idle gap (155.6 µs in
+one run, 273.3 in another, session 4). A call whose median host time still exceeds its wait is
+host-bound; ``benchmark`` marks it ``extra_info["host_bound"]``.
+
 Use from a benchmark test::
 
     clock = timer_for(device)
@@ -37,12 +44,45 @@ L2_FLUSH_BYTES = 256 * 1024 * 1024  # several times any GPU's L2 (H200: 60 MiB)
 # GPU-side wait after each flush, in clock cycles: about 1 ms at the H200's 1.98 GHz, enough
 # host time to enqueue ten or more Triton launches before the start event is reached.
 HOST_WINDOW_CYCLES = 2_000_000
+# Cycles to seconds for the wait: at this clock or any slower one a wait of n cycles lasts at least
+# n / MAX_GPU_CLOCK_HZ seconds (the H200's maximum boost is 1.98 GHz).
+MAX_GPU_CLOCK_HZ = 2.0e9
+# Longest wait: a call with more host time than this is host-bound whatever the wait (PyTorch
+# references at the big shapes spend tens of milliseconds), and is marked, not waited for.
+HOST_WINDOW_MAX_S = 0.02
 
 _flush_buffers: dict[str, torch.Tensor] = {}
 
 
-def flush_l2(device: str | torch.device) -> None:
-    """Evict the GPU's L2 cache by writing a large buffer; nothing to do on the CPU."""
+def host_window_cycles(host_seconds: float) -> int:
+    """The GPU-side wait after a flush that lets the host enqueue a call taking ``host_seconds``
+    (with half again as margin): never shorter than HOST_WINDOW_CYCLES, at most HOST_WINDOW_MAX_S."""
+    wanted = 1.5 * min(max(host_seconds, 0.0), HOST_WINDOW_MAX_S) * MAX_GPU_CLOCK_HZ
+    return max(HOST_WINDOW_CYCLES, int(wanted))
+
+
+def enqueue_seconds(fn: Callable[[], Any], device: str | torch.device, *, calls: int = 2) -> float:
+    """Host time of one call of ``fn`` (the longest of ``calls``), each started on an idle GPU.
+    On the CPU nothing is enqueued and the interpreter is slow: no call, 0."""
+    if torch.device(device).type != "cuda":
+        return 0.0
+    longest = 0.0
+    for _ in range(calls):
+        _synchronize()
+        start = time.perf_counter()
+        fn()
+        longest = max(longest, time.perf_counter() - start)
+    _synchronize()
+    return longest
+
+
+def _synchronize() -> None:
+    torch.cuda.synchronize()
+
+
+def flush_l2(device: str | torch.device, window_cycles: int = HOST_WINDOW_CYCLES) -> None:
+    """Evict the GPU's L2 cache by writing a large buffer, then wait ``window_cycles`` on the GPU
+    (the host's window to enqueue the timed call); nothing to do on the CPU."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
@@ -51,7 +91,7 @@ def flush_l2(device: str | torch.device) -> None:
     if buffer is None:
         buffer = _flush_buffers[key] = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
     buffer.zero_()
-    torch.cuda._sleep(HOST_WINDOW_CYCLES)
+    torch.cuda._sleep(int(window_cycles))
     return None
 
 
@@ -103,9 +143,10 @@ def median_us(fn: Callable[[], Any], device: str | torch.device, *, rounds: int,
     ``fn`` (Python and launches) beside the device time, as ``benchmark``'s ``host_us``; on the
     CPU the clock is the host's, so both are the same figure."""
     clock = timer_for(device)
+    window = host_window_cycles(enqueue_seconds(fn, device))
     times = []
     for i in range(rounds + warmup_rounds):
-        flush_l2(device)
+        flush_l2(device, window)
         if after_flush is not None:
             after_flush()
         start = clock()
@@ -164,11 +205,18 @@ def benchmark(
     clock = timer_for(device)
     fixture = _fixture(name, fullname or name, group, clock, store)
     fixture.extra_info.update(extra_info or {})
+    window = HOST_WINDOW_CYCLES
+    if torch.device(device).type == "cuda":  # one untimed round first: how long the host takes to enqueue fn
+        if setup is not None:
+            setup()
+        window = host_window_cycles(enqueue_seconds(fn, device, calls=1))
+        if teardown is not None:
+            teardown()
 
     def prepare():
         if setup is not None:
             setup()
-        flush_l2(device)
+        flush_l2(device, window)
 
     if teardown is None or "teardown" in inspect.signature(fixture.pedantic).parameters:
         fixture.pedantic(fn, setup=prepare, teardown=(lambda: teardown()) if teardown else None, rounds=rounds, warmup_rounds=warmup_rounds)
@@ -188,7 +236,14 @@ def benchmark(
     if host_times:  # the warm-up rounds went through the clock too; their calls may compile
         timed = sorted(host_times[-store[0].stats.rounds:])
         store[0].extra_info["host_us"] = timed[len(timed) // 2] * 1e6
+        store[0].extra_info["host_window_us"] = window / MAX_GPU_CLOCK_HZ * 1e6
+        store[0].extra_info["host_bound"] = is_host_bound(timed[len(timed) // 2], window)
     return store[0]
+
+
+def is_host_bound(host_seconds: float, window_cycles: int) -> bool:
+    """Whether a call's host time outlasts the GPU's wait, so its device figure includes idle time."""
+    return host_seconds > window_cycles / MAX_GPU_CLOCK_HZ
 
 
 def rounds_for(seconds_per_call: float, *, budget_s: float, lo: int, hi: int) -> int:
