@@ -19,8 +19,8 @@ as ``extra_info["host_us"]`` beside the device time.
 The wait grows with the call: ``benchmark`` and ``median_us`` first time one enqueue of the call
 and wait half again as long (``host_window_cycles``), up to 20 ms. flash-linear-attention's
 ``chunk_kda`` spends up to 1.3 ms of host time per call, past a fixed 1 ms window; at a shape
-whose device time is shorter than that, the figure then counted the GPU's idle gap (155.6 µs in
-one run, 273.3 in another, session 4). A call whose median host time still exceeds its wait is
+whose device time is shorter than that, the figure can count the GPU's idle gap (B8 T1024: 155.6
+µs with 1.08 ms of host time, 273.3 µs with 1.27 ms, session 4). A call whose median host time still exceeds its wait is
 host-bound; ``benchmark`` marks it ``extra_info["host_bound"]``.
 
 Use from a benchmark test::
