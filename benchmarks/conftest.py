@@ -44,6 +44,19 @@ def pytest_benchmark_update_machine_info(config, machine_info):  # noqa: ANN001
         machine_info["cuda"] = torch.version.cuda
 
 
+def pytest_benchmark_update_commit_info(config, commit_info):  # noqa: ANN001
+    """Name the timed files by content: on the lent GPU machine the repository's git metadata is a
+    snapshot from the session's start (the JSON said ``5bbcc4f (dirty)`` for later commits), so
+    the commit id alone does not say which kernels were timed."""
+    import hashlib
+
+    from pytest_kopt import KERNELS_DIR
+
+    for path in sorted((KERNELS_DIR / "best").glob("*.py")):
+        if path.name != "__init__.py":
+            commit_info[f"sha256:kernels/best/{path.name}"] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return
