@@ -51,6 +51,21 @@ def test_quick_mode_stops_before_the_profile_unless_the_profile_is_asked_for(tmp
     assert default["stage"] == "benchmark" and default["profile"] is None
 
 
+def test_the_result_says_where_the_childs_time_went() -> None:
+    """Per stage and per kind of work, so a slow loop can be read off its evals (session 4: ~30 s
+    per judge call on the H200 with no breakdown)."""
+    from pytest_kopt.judge import evaluate
+
+    result = evaluate(TOY_REF, HOSTILE / "good_axpy.py", quick=True, upto="profile")
+    seconds = result["seconds"]
+    stages = {key for key in seconds if key.startswith("stage:")}
+    assert stages == {"stage:compile", "stage:correctness", "stage:benchmark", "stage:profile"}
+    for part in ("inputs", "reference", "checked_calls", "hypothesis", "timing:candidate", "timing:baselines"):
+        assert seconds[part] > 0, part
+    assert sum(seconds[s] for s in stages) <= result["child_duration_s"] + 1e-3
+    assert seconds["timing:candidate"] + seconds["timing:baselines"] <= seconds["stage:benchmark"] + 1e-3
+
+
 def test_several_timed_cases_give_geometric_means_and_keep_each_case() -> None:
     from pytest_kopt.judge import evaluate
 

@@ -13,6 +13,7 @@ reference, inputs against their copies, what the dispatch mode and launch monito
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hmac
 import importlib.util
 import json
@@ -135,6 +136,9 @@ class Judge:
         self.first_call_s: dict[str, float] = {}
         self.timed: tuple[dict, dict] | None = None  # (case, live inputs) the profile stage reuses
         self.output_names = [o.name for o in problem.outputs]
+        # where the child's time goes (result["seconds"]): a loop's throughput is candidates per hour
+        self.seconds: dict[str, float] = {}
+        self._stage_started: tuple[str, float] | None = None
         self.tolerance = {o.name: o.tolerance for o in problem.outputs}
         self.result: dict[str, Any] = {
             "verdict": "fail", "stage": "compile", "reasons": [], "problem": problem.name, "device": self.device_name,
@@ -147,17 +151,39 @@ class Judge:
         return self.rng.getrandbits(62)
 
     def enter(self, stage: str) -> None:
+        self.close_stage()
+        self._stage_started = (stage, time.perf_counter())
         self.result["stage"] = stage
         if self.progress is not None:
             with open(self.progress, "a") as fh:
                 fh.write(json.dumps({"stage": stage, "time": time.time()}) + "\n")
+
+    def close_stage(self) -> None:
+        if self._stage_started is not None:
+            stage, started = self._stage_started
+            self.seconds[f"stage:{stage}"] = self.seconds.get(f"stage:{stage}", 0.0) + time.perf_counter() - started
+            self._stage_started = None
+
+    @contextlib.contextmanager
+    def spent(self, key: str):
+        """Add the wall time of the block to ``seconds[key]``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - start
+
+    def reference(self, inputs: dict) -> Any:
+        with self.spent("reference"):
+            return self.problem.reference(**inputs)
 
     def sync(self) -> None:
         if self.cuda:
             self.torch.cuda.synchronize()
 
     def make(self, case: dict) -> dict:
-        return self.problem.make_inputs(case, device=str(self.device), seed=self.seed())
+        with self.spent("inputs"):
+            return self.problem.make_inputs(case, device=str(self.device), seed=self.seed())
 
     def label(self, case: dict) -> str:
         return self.problem.describe(case)
@@ -192,10 +218,10 @@ class Judge:
         start = time.perf_counter()
         mode_lost = False
         try:
-            with guard:
+            with guard, self.spent("checked_calls"):
                 outputs = self.kernel(**inputs)
                 mode_lost = guard not in _get_current_dispatch_mode_stack()
-            self.sync()
+                self.sync()
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are candidate faults too
             text = describe_exception(exc, self.candidate)
             raise CandidateError(f"the candidate raised {text}", fatal=any(m in text for m in FATAL_MARKERS)) from None
@@ -278,7 +304,7 @@ class Judge:
         reasons = [f"{label}: {r}" for r in honesty]
         if saved is None:
             return reasons
-        expected = self.problem.reference(**inputs)
+        expected = self.reference(inputs)
         reasons += [f"{label}: {r}" for r in self.add_errors(label, self.problem.compare(saved, expected))]
         del expected, saved
         if reasons:
@@ -290,7 +316,7 @@ class Judge:
             else:
                 inputs[key] = value
         del fresh
-        expected = self.problem.reference(**inputs)
+        expected = self.reference(inputs)
         again = f"{label} (second call: new data at the same addresses)"
         outputs, honesty, _ = self.call(inputs)
         reasons += [f"{again}: {r}" for r in honesty]
@@ -306,7 +332,7 @@ class Judge:
             return honesty
         saved = self.clone_outputs(outputs)
         del outputs
-        expected = self.problem.reference(**inputs)
+        expected = self.reference(inputs)
         errors = self.problem.compare(saved, expected)
         bad = [e.reason for e in errors if not e.ok]
         if honesty or bad:
@@ -371,7 +397,8 @@ class Judge:
                         phases=[Phase.explicit, Phase.generate, Phase.shrink])(test)
         test = hypothesis_seed(self.seed())(test)
         try:
-            test()
+            with self.spent("hypothesis"):
+                test()
         except CaseFailed as exc:
             key = exc.args[0]
             case = json.loads(key)
@@ -426,7 +453,7 @@ class Judge:
         label = self.label(case)
         group = f"{problem.name} {label}"
         sets = [self.make(case), self.make(case)]
-        expected = [problem.reference(**s) for s in sets]
+        expected = [self.reference(s) for s in sets]
         live = dict(sets[0])
         stash = [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()} for s in sets]
         del sets
@@ -475,20 +502,21 @@ class Judge:
             state["round"] += 1
 
         try:
-            setup()
-            self.sync()
-            start = time.perf_counter()
-            target()
-            self.sync()
-            estimate = time.perf_counter() - start
-            teardown()
-            if self.cuda:
-                rounds = timing.rounds_for(estimate, budget_s=0.3 if self.quick else 1.0, lo=5, hi=50 if self.quick else 200)
-                warmup = 3
-            else:
-                rounds, warmup = (2, 1) if self.quick else (3, 1)
-            meta = timing.benchmark(target, device=self.device, name="candidate", group=group, fullname=f"{group}::candidate",
-                                    rounds=rounds, warmup_rounds=warmup, setup=setup, teardown=teardown, extra_info={"role": "candidate", "case": case})
+            with self.spent("timing:candidate"):
+                setup()
+                self.sync()
+                start = time.perf_counter()
+                target()
+                self.sync()
+                estimate = time.perf_counter() - start
+                teardown()
+                if self.cuda:
+                    rounds = timing.rounds_for(estimate, budget_s=0.3 if self.quick else 1.0, lo=5, hi=50 if self.quick else 200)
+                    warmup = 3
+                else:
+                    rounds, warmup = (2, 1) if self.quick else (3, 1)
+                meta = timing.benchmark(target, device=self.device, name="candidate", group=group, fullname=f"{group}::candidate",
+                                        rounds=rounds, warmup_rounds=warmup, setup=setup, teardown=teardown, extra_info={"role": "candidate", "case": case})
         except CandidateError as exc:
             raise StageFailed("benchmark", [exc.reason]) from None
         except BaseException as exc:  # noqa: BLE001
@@ -506,23 +534,24 @@ class Judge:
         reference_us: float | None = None
         baseline_errors: dict[str, str] = {}
         others = [(b.name, b.fn) for b in problem.baselines(str(self.device))] + [("reference", problem.reference)]
-        for name, fn in others:
-            try:
-                self.sync()
-                start = time.perf_counter()
-                fn(**live)
-                self.sync()
-                one = time.perf_counter() - start
-                n = timing.rounds_for(one, budget_s=0.3 if self.quick else 1.0, lo=3, hi=rounds) if self.cuda else max(2, rounds)
-                m = timing.benchmark(lambda fn=fn: fn(**live), device=self.device, name=name, group=group, fullname=f"{group}::{name}",
-                                     rounds=n, warmup_rounds=1, extra_info={"role": "reference" if name == "reference" else "baseline", "case": case})
-                self.result["benchmarks"].append(m.as_dict(include_data=True))
-                if name == "reference":
-                    reference_us = m.stats.median * 1e6
-                else:
-                    baselines[name] = m.stats.median * 1e6
-            except Exception as exc:  # a baseline that cannot run here is reported, not fatal
-                baseline_errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+        with self.spent("timing:baselines"):
+            for name, fn in others:
+                try:
+                    self.sync()
+                    start = time.perf_counter()
+                    fn(**live)
+                    self.sync()
+                    one = time.perf_counter() - start
+                    n = timing.rounds_for(one, budget_s=0.3 if self.quick else 1.0, lo=3, hi=rounds) if self.cuda else max(2, rounds)
+                    m = timing.benchmark(lambda fn=fn: fn(**live), device=self.device, name=name, group=group, fullname=f"{group}::{name}",
+                                         rounds=n, warmup_rounds=1, extra_info={"role": "reference" if name == "reference" else "baseline", "case": case})
+                    self.result["benchmarks"].append(m.as_dict(include_data=True))
+                    if name == "reference":
+                        reference_us = m.stats.median * 1e6
+                    else:
+                        baselines[name] = m.stats.median * 1e6
+                except Exception as exc:  # a baseline that cannot run here is reported, not fatal
+                    baseline_errors[name] = f"{type(exc).__name__}: {exc}"[:300]
         candidate_us = candidate_s * 1e6
         timings = {
             "case": label, "candidate_us": candidate_us, "baselines": baselines, "reference_us": reference_us,
@@ -610,7 +639,9 @@ class Judge:
         except Exception as exc:  # noqa: BLE001 - a bug of the judge (or a problem) is reported, never a pass
             self.result["reasons"] = [f"judge error during {self.result['stage']}: {type(exc).__name__}: {exc}",
                                       traceback.format_exc(limit=6)[-2000:]]
+        self.close_stage()
         self.result["child_duration_s"] = time.perf_counter() - start
+        self.result["seconds"] = {key: round(value, 3) for key, value in sorted(self.seconds.items())}
         return self.result
 
 
