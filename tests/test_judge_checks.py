@@ -167,7 +167,9 @@ def test_median_without_pytest_benchmark_runs_every_round_after_its_flush() -> N
 def test_host_window_covers_the_call_and_is_capped() -> None:
     assert timing.host_window_cycles(0.0) == timing.HOST_WINDOW_CYCLES  # never below the default ~1 ms
     assert timing.host_window_cycles(0.004) == int(1.5 * 0.004 * timing.MAX_GPU_CLOCK_HZ)  # grows with the call
-    assert timing.host_window_cycles(10.0) == int(1.5 * timing.HOST_WINDOW_MAX_S * timing.MAX_GPU_CLOCK_HZ)
+    assert timing.host_window_cycles(0.013) == int(1.5 * 0.013 * timing.MAX_GPU_CLOCK_HZ)  # 19.5 ms: still waited for
+    assert timing.host_window_cycles(0.045) == timing.HOST_WINDOW_CYCLES  # hopelessly host-bound: not waited for
+    assert timing.is_host_bound(0.045, timing.host_window_cycles(0.045))
     # 1.3 ms of host time (fla's chunk_kda at B8 T1024) outlasts the default wait, not its own window
     assert timing.is_host_bound(0.0013, timing.HOST_WINDOW_CYCLES)
     assert not timing.is_host_bound(0.0013, timing.host_window_cycles(0.0013))
