@@ -103,6 +103,13 @@ def _run_section(run: RunSummary) -> list[str]:
         lines += _table(["stage", "reason", "candidates"], [[s, _short(r), str(n)] for s, r, n in run.failures_by_reason()[:15]])
     lines += [""]
 
+    if run.tool_seconds:  # a loop's throughput is candidates per hour: where its minutes went
+        lines += ["### Time per tool", ""]
+        lines += _table(["tool", "calls", "mean", "total"],
+                        [[tool, str(len(s)), f"{sum(s) / len(s):.1f} s", _duration(sum(s))]
+                         for tool, s in sorted(run.tool_seconds.items(), key=lambda kv: -sum(kv[1]))])
+        lines += [""]
+
     lines += ["### Best speedup over time", ""]
     if run.progress:
         lines += _table(["tool call", "candidate", "speedup"],
@@ -152,6 +159,10 @@ def _best_section(run: RunSummary) -> list[str]:
     if achieved:
         lines += ["", "Achieved: " + ", ".join(achieved) + "."]
     lines += _cases_table(timings, roofline)
+    judge_seconds = result.get("seconds") or {}
+    if judge_seconds:
+        parts = ", ".join(f"{key} {value:.1f} s" for key, value in judge_seconds.items() if _num(value) is not None)
+        lines += ["", f"The judge's child spent {result.get('child_duration_s', 0):.1f} s on this evaluation: {parts}."]
     if not result:
         lines += ["", "_(the judge's result file for this candidate was not found; figures from the event log)_"]
     return lines

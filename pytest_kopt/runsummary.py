@@ -82,6 +82,7 @@ class RunSummary:
     best_speedup: float | None = None
     baseline_us: float | None = None  # what speedups are measured against
     best_result: dict | None = None  # the judge's full result JSON for the best candidate
+    tool_seconds: dict[str, list[float]] = field(default_factory=dict)  # tool -> wall seconds of each of its calls
 
     @property
     def label(self) -> str:
@@ -163,6 +164,9 @@ def summarise(run_dir: Path | str) -> RunSummary:
         elif kind == "tool_result":  # a call is charged once it has its result (an in-flight one is redone on resume)
             charged.add(int(event.get("call") or call))
             summary.budget_used = max(summary.budget_used, len(charged))
+            seconds = _number(event.get("duration_s"))
+            if seconds is not None and event.get("tool"):
+                summary.tool_seconds.setdefault(str(event["tool"]), []).append(seconds)
         elif kind == "candidate":
             cid = event.get("candidate_id")
             if cid:

@@ -126,6 +126,9 @@ def test_report_writes_markdown_and_plots(tmp_path, capsys):
     assert f"| pass | {e1['pass']} |" in md and f"| fail | {e1['fail']} |" in md
     assert "relative RMS error 0.31 > tolerance 0.02" in md or "exceeds shared memory" in md
     assert f"`{e1['best'][0]}`" in md and "roofline floor" in md and "baseline: fla chunk_kda" in md and "the run's baseline candidate" in md
+    run = summarise(tmp_path / "runs" / "r1")
+    benchmark_calls = len(run.tool_seconds["benchmark"])
+    assert benchmark_calls and f"| benchmark | {benchmark_calls} | 5.0 s |" in md  # time per tool, from the log's durations
     for name in ("progress.png", "candidates-r1.png", "candidates-r2.png"):
         assert f"]({name})" in md
         png = (out / name).read_bytes()
