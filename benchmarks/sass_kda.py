@@ -136,10 +136,11 @@ def build_all(fam, knobs: dict, shape: dict) -> dict:
     BH = B * H
     P, B16 = "*fp32", "*bf16"
     AU = B16 if kn["au"] == "bf16" else P
+    U = B16 if plan.get("u_bf16") else P  # version 8's u_store
     qs = (T * H * K, H * K, K)
     vs = (T * H * V, H * V, V)
     bs = (T * H, H, 1)
-    prep = {"q_ptr": B16, "k_ptr": B16, "v_ptr": B16, "g_ptr": P, "beta_ptr": B16, "w_ptr": B16, "u_ptr": P,
+    prep = {"q_ptr": B16, "k_ptr": B16, "v_ptr": B16, "g_ptr": P, "beta_ptr": B16, "w_ptr": B16, "u_ptr": U,
             "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "akk_ptr": P, "gl_ptr": P, "au_ptr": AU,
             "scale": float(K ** -0.5), "T": T, "TP": TP, "NT": NT, "H": H, "lo_off": BH * TP * BT}
     for pre, st in (("q", qs), ("k", qs), ("v", vs), ("g", qs), ("b", bs)):
@@ -152,11 +153,12 @@ def build_all(fam, knobs: dict, shape: dict) -> dict:
     out = {}
     out["rows"] = (compile_kernel(fam._kda_prep_kernel, prep, {**pmeta, "STAGE": 1}, kn["block_warps"], 1,
                                   kn["block_maxnreg"] or None), rows_grid, kn["block_warps"])
-    out["solve"] = (compile_kernel(fam._kda_prep_kernel, prep, {**pmeta, "STAGE": 2}, kn["solve_warps"], 1,
+    out["solve"] = (compile_kernel(fam._kda_prep_kernel, prep, {**pmeta, "STAGE": 2}, kn["solve_warps"],
+                                   plan.get("solve_stages", 1),
                                    kn["solve_maxnreg"] or None), NT * BH, kn["solve_warps"])
     split = plan["split"]
     common = {"T": T, "TP": TP, "NT": NT, "H": H, "lo_off": BH * TP * BT, "s_ob": vs[0], "s_ot": vs[1], "s_oh": vs[2]}
-    scan = {"w_ptr": B16, "u_ptr": P, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "au_ptr": AU,
+    scan = {"w_ptr": B16, "u_ptr": U, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "au_ptr": AU,
             "h0_ptr": B16, "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if split else B16, "dbuf_ptr": P, **common}
     BV = plan["BV"]
     out["scan"] = (compile_kernel(fam._kda_scan_kernel, scan,
@@ -397,12 +399,13 @@ def dram_bytes(stage: str, shape: dict, plan: dict, kn: dict) -> float:
     BT = plan["BT"]
     n = B * H * (-(-T // BT))  # chunk-heads
     au = 2 if kn["au"] == "bf16" else 4
+    u = 2 if kn.get("u_store") == "bf16" else 4
     if stage == "rows":  # q, k bf16, g fp32, beta; Aqk hi + lo, Akk fp32
         return n * (BT * K * 8 + BT * 2 + BT * BT * (4 + 4))
-    if stage == "solve":  # q, k, v, g, beta, Akk, Aqk; w, kd, qd bf16, u fp32, au, gl
-        return n * (BT * K * 8 + BT * V * 2 + BT * 2 + BT * BT * 8 + BT * K * 6 + BT * V * (4 + au) + K * 4)
+    if stage == "solve":  # q, k, v, g, beta, Akk, Aqk; w, kd, qd bf16, u (fp32 or bf16), au, gl
+        return n * (BT * K * 8 + BT * V * 2 + BT * 2 + BT * BT * 8 + BT * K * 6 + BT * V * (u + au) + K * 4)
     if stage == "scan":  # w, kd, u, gl; per-chunk state (bf16) written, final state
-        return n * (BT * K * 4 + BT * V * 4 + K * 4 + K * V * 2) + B * H * K * V * 4
+        return n * (BT * K * 4 + BT * V * u + K * 4 + K * V * 2) + B * H * K * V * 4
     if stage == "out":  # qd, state, au; o
         return n * (BT * K * 2 + K * V * 2 + BT * V * au + BT * V * 2)
     return 0.0

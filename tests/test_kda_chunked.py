@@ -333,15 +333,18 @@ def build(fn, types, constexprs, warps, stages):
     return c
 
 AU = B16 if kn["au"] == "bf16" else P
-prep = {"q_ptr": B16, "k_ptr": B16, "v_ptr": B16, "g_ptr": P, "beta_ptr": B16, "w_ptr": B16, "u_ptr": P,
+U = B16 if plan["u_bf16"] else P
+prep = {"q_ptr": B16, "k_ptr": B16, "v_ptr": B16, "g_ptr": P, "beta_ptr": B16, "w_ptr": B16, "u_ptr": U,
         "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "akk_ptr": P, "gl_ptr": P, "au_ptr": AU, "scale": "fp32"}
 for stage in ([0] if kn["fuse_prep"] else [1, 2]):
-    build(fam._kda_prep_kernel, prep, dict(K=K, V=V, BT=plan["BT"], BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"],
+    c = build(fam._kda_prep_kernel, prep, dict(K=K, V=V, BT=plan["BT"], BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"],
           DK=plan["DK"], LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
           TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
           CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"], STAGE=stage),
-          kn["solve_warps"] if stage == 2 else kn["block_warps"], 1)
-scan = {"w_ptr": B16, "u_ptr": P, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "au_ptr": AU, "h0_ptr": P,
+          kn["solve_warps"] if stage == 2 else kn["block_warps"], 1 if stage == 1 else plan["solve_stages"])
+    if stage != 1 and plan["solve_stages"] > 1:  # version 8: the solve's key / value tiles prefetched
+        assert "cp.async" in c.asm["ptx"], "solve_stages > 1 should pipeline the solve's loads"
+scan = {"w_ptr": B16, "u_ptr": U, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "au_ptr": AU, "h0_ptr": P,
         "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P}
 c = build(fam._kda_scan_kernel, scan, dict(K=K, V=V, BT=plan["BT"], BV=plan["BV"], LAYOUT=plan["layout"],
           FUSE_OUT=plan["fuse"], SPLIT_S=plan["split"], USE_H0=True, STORE_HT=True, PRE=plan["PRE"]),
@@ -357,8 +360,9 @@ print("compiled for sm_90")
 
 @pytest.mark.parametrize("override", [{}, {"subst": "rows", "scan_warps": 2}, {"block_prog": "chunk", "out_bv": 128},
                                       {"fuse_prep": True, "au": "bf16", "out_bv": 128, "fuse_output": True, "scan_warps": 4},
-                                      {"pair": "split"}],
-                         ids=["default", "v4_rows_scan_w2", "v5_chunk_out128", "v6_fused_prep_au_bf16", "v7_split"])
+                                      {"pair": "split"}, {"solve_stages": 3, "u_store": "bf16"}],
+                         ids=["default", "v4_rows_scan_w2", "v5_chunk_out128", "v6_fused_prep_au_bf16", "v7_split",
+                              "v8_stages3_u_bf16"])
 def test_default_knobs_compile_for_hopper(override):
     """The default knobs (and version 4's block-row inverses, early solve loads and 2-warp scan)
     compile for sm_90 (no GPU needed) within the shared-memory limit."""
@@ -546,3 +550,66 @@ def test_split_pair_tf32_emulated(tmp_path, monkeypatch):
         errors = check(module.kernel, x, case)
         assert all(e.rel_rms < 4e-3 for e in errors), [(e.name, e.rel_rms) for e in errors]
     assert hits, "no tf32 product was emulated"
+
+
+# ------------------------------------------------------------------------------------------
+# Version 8: the solve's loads pipelined (solve_stages; no effect on the interpreter, checked
+# for sm_90 above) and the WY factor u stored in bf16 (u_store)
+# ------------------------------------------------------------------------------------------
+V8 = {"solve_stages": 2, "u_store": "bf16"}
+
+
+def test_u_store_bf16_rounds_only_u(family):
+    """u_store="bf16" stores u rounded to bf16 and changes nothing else the preparation writes (au
+    is computed from the float32 u); the outputs stay within the default's error plus a little."""
+    case = {"B": 1, "T": 45, "H": 1, "K": 32, "V": 32, "initial_state": True, "output_final_state": True}
+    x = hostile_inputs("channels", case, seed=91)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], True)
+    f32, b16 = {}, {}
+    got32 = family.kda_chunked(*args, family.KNOBS, f32)
+    got16 = family.kda_chunked(*args, {**family.KNOBS, **V8}, b16)
+    assert f32["u"].dtype == torch.float32 and b16["u"].dtype == torch.bfloat16
+    assert torch.equal(b16["u"], f32["u"].to(torch.bfloat16))
+    for name in ("w", "kd", "qd", "au", "aqk", "akk", "gl"):
+        assert torch.equal(b16[name], f32[name]), name
+    want = PROBLEM.reference(**x)
+    e32, e16 = PROBLEM.compare(got32, want), PROBLEM.compare(got16, want)
+    assert all(e.ok for e in e16), [e.reason for e in e16 if not e.ok]
+    for a, b in zip(e32, e16):
+        assert b.rel_rms <= a.rel_rms + 1.5e-3, (a.name, a.rel_rms, b.rel_rms)
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_v8_hostile_gates(tmp_path, kind):
+    """bf16 u with the pipelined solve on every hostile gate kind (exact zeros after -3e4 / -1000
+    gates, no decay at all, ...), K != V, a short last chunk: right and within 4e-3."""
+    module = render({**FAMILY.knobs, **V8}, tmp_path)
+    case = {"B": 1, "T": 45, "H": 2, "K": 32, "V": 64, "initial_state": True, "output_final_state": True}
+    errors = check(module.kernel, hostile_inputs(kind, case, seed=92), case)
+    assert all(e.rel_rms < 4e-3 for e in errors), [(e.name, e.rel_rms) for e in errors]
+
+
+@pytest.mark.parametrize("over", [{"scan_layout": "vk", "fuse_output": True, "scan_warps": 4},
+                                  {"readout": "aqk", "fuse_prep": True, "solve_stages": 3}],
+                         ids=["vk_fused_readout", "aqk_fused_prep"])
+def test_v8_other_paths(tmp_path, over):
+    """bf16 u through the scan's other layout with the fused read-out, and through version 2's
+    read-out (o = qd S + Aqk delta, au unused) with the one-launch preparation; T = 1 and a short
+    last chunk."""
+    module = render({**FAMILY.knobs, **V8, **over}, tmp_path)
+    for case in ({"B": 1, "T": 1, "H": 1, "K": 16, "V": 32, "initial_state": True, "output_final_state": True},
+                 {"B": 2, "T": 37, "H": 1, "K": 64, "V": 16, "initial_state": False, "output_final_state": True}):
+        check(module.kernel, inputs(case, seed=93), case)
+
+
+def test_v8_refused_where_the_solve_spills(family):
+    y = inputs({"B": 1, "T": 4, "H": 1, "K": 16, "V": 16, "initial_state": False, "output_final_state": False}, seed=0)
+    args = (y["q"], y["k"], y["v"], y["g"], y["beta"], None, None, False)
+    for stages in (2, 3):
+        with pytest.raises(ValueError, match="solve_stages"):
+            family.kda_chunked(*args, {**family.KNOBS, "solve_stages": stages, "BT": 64, "solve_warps": 8})
+    with pytest.raises(ValueError, match="solve_stages"):
+        family.kda_chunked(*args, {**family.KNOBS, "solve_stages": 4})
+    with pytest.raises(ValueError, match="u_store"):
+        family.kda_chunked(*args, {**family.KNOBS, "u_store": "fp16"})
+    family.kda_chunked(*args, {**family.KNOBS, "solve_stages": 2, "BT": 64, "solve_warps": 8, "solve_maxnreg": 0})

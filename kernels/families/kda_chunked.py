@@ -66,7 +66,7 @@ computes it exactly, so tests/test_kda_chunked.py emulates the tf32 operand trun
 2.9e-3 on the problem's inputs, the same as bf16x3).  Kept
 at that precision: the Aqk/Akk factors, delta in both delta products, Aqk in the read-out, the
 state with ``scan_dot="split"`` (``"mixed"`` rounds the state to bf16 for its two products).
-u stays float32; w, kd, qd are bf16.  Everything all-bf16 (as flash-linear-attention does)
+u stays float32 (``u_store="bf16"``, version 8, rounds it too); w, kd, qd are bf16.  Everything all-bf16 (as flash-linear-attention does)
 measures ~3.9e-3 on long sequences and up to 4.3e-3 on short ones; this family measures up to
 3.0e-3 (mixed) / 2.5e-3 (split), 1.7e-3 of which is o's own bf16 rounding.
 
@@ -119,6 +119,18 @@ level (8, then 4), the lower-left quarters of the 2h x 2h diagonal blocks are fa
 quarter's first row m -- exp(E_i - E_m) x exp(E_m - E_j), both exponents <= 0, so nothing
 overflows -- as one tf32 product pair per level.  ``"full"`` (the default) keeps version 4's code;
 ``block_prog="chunk"`` ignores the knob.
+
+Version 8 (prepared, not run on a GPU; kernels/notes/kda.md "Version 8"), aimed at the solve's DRAM
+time (Nsight Compute, session 4: 165 us at 48 % of the H200's bandwidth, loads not pipelined), two
+knobs whose defaults keep version 7's code: ``solve_stages`` 2 / 3 is the solve launch's
+``num_stages`` (the fused preparation's too): sm_90's pipeliner then prefetches the key-tile loop's
+g and k tiles and the value loop's v tiles with cp.async (LDGSTS) through shared memory (22 / 35 KB
+instead of 16 at the defaults, 128 registers, 8 B spilled: still 4 programs per SM; q and the
+reversed-row loads stay plain).  The block rows keep num_stages 1 (their SASS is identical at 2 and 3:
+no load of theirs feeds a product directly).  ``u_store="bf16"`` stores the WY factor u in bf16,
+halving its write in the solve and its read in the scan (au is still formed from the float32 u): on
+the CPU +0.05-0.4e-3 relative in o (worst 3.6e-3: zero gates, T 4096) and +0.5-0.8e-3 in the final
+state (the state sums u's rounding).
 """
 
 import math
@@ -154,6 +166,8 @@ KNOBS = {
     "out_bv": 128,
     "au": "bf16",
     "pair": "split",
+    "solve_stages": 1,
+    "u_store": "fp32",
 }
 # kopt:knobs-end
 SPACE = {
@@ -182,6 +196,10 @@ SPACE = {
     "out_bv": [0, 64, 128],  # version 5: the read-out's value tile (0: the scan's BV)
     "au": ["fp32", "bf16"],  # version 6: storage of Aqk u (readout "pre"): bf16 halves its bytes
     "pair": ["full", "split"],  # version 7: the pairwise diagonal fallback of block_prog "row", split exactly
+    # version 8: num_stages of the solve launch -- at 2 / 3 Triton turns the g, k (key-tile loop) and v
+    # (value loop) loads into cp.async (LDGSTS) prefetches through shared memory (1: plain loads, as before)
+    "solve_stages": [1, 2, 3],
+    "u_store": ["fp32", "bf16"],  # version 8: storage of the WY factor u: bf16 halves its write and two reads
 }
 # Measured by the search loop right after the defaults (session 4, results/runs/kda-h200-2, judge timer,
 # geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then on
@@ -189,8 +207,11 @@ SPACE = {
 # read-out fused into a 4-warp scan 843.8 were slower. Next: the one-launch preparation (version 6's
 # fuse_prep, not yet timed) at both register caps, then 2-warp block rows at the 168 cap (six programs
 # per SM without spills, offline sm_90): the ncu profile of session 4 has the block rows issue-bound at
-# 25 % occupancy.
-TRY_EARLY = [{"fuse_prep": True}, {"fuse_prep": True, "block_maxnreg": 168}, {"block_warps": 2, "block_maxnreg": 168}]
+# 25 % occupancy.  Those three were timed in session 4 (799.9 / 806.6 / 761.8 us: none beat the defaults'
+# 756.5).  Version 8 (prepared, not timed; aimed at the solve, 165 us at 48 % of DRAM bandwidth): the
+# pipelined solve (predicted -5..-20 us), u in bf16 (-5..-15 us: solve write and scan read), then both.
+TRY_EARLY = [{"fuse_prep": True}, {"fuse_prep": True, "block_maxnreg": 168}, {"block_warps": 2, "block_maxnreg": 168},
+             {"solve_stages": 2}, {"u_store": "bf16"}, {"solve_stages": 2, "u_store": "bf16"}]
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
@@ -698,7 +719,8 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
         cv = vs + tl.arange(0, BVP)
         v_a = tl.load(v_ptr + rt[:, None] * s_vt + cv[None, :], mask=rt_ok[:, None], other=0.0)
         u_t = tl.dot(a_wy, v_a.to(tl.bfloat16))
-        tl.store(u_ptr + rt[:, None] * V + cv[None, :], u_t)
+        # u as stored (float32, or bf16 with u_store="bf16"); au below takes the float32 u_t
+        tl.store(u_ptr + rt[:, None] * V + cv[None, :], u_t.to(u_ptr.dtype.element_ty))
         if PRE:
             if TF32:
                 au = tl.dot(aq_hi.to(tl.float32) + aq_lo.to(tl.float32), u_t, input_precision="tf32")
@@ -840,7 +862,7 @@ def _kda_scan_kernel(
         kd_n = tl.load(kd_ptr + p_k)
         gl_n = tl.load(gl_ptr + n * K + rk)
         if LAYOUT == 0:
-            u_n = tl.load(u_ptr + row[:, None] * V + cv[None, :])
+            u_n = tl.load(u_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
             if FUSE_OUT:
                 qd_n = tl.load(qd_ptr + p_k)
                 if PRE:
@@ -879,7 +901,7 @@ def _kda_scan_kernel(
                          mask=(row < T)[:, None])
             S = S_next
         else:
-            u_t = tl.load(u_ptr + row[None, :] * V + cv[:, None])  # [BV, BT]
+            u_t = tl.load(u_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
             if FUSE_OUT:
                 qd_n = tl.load(qd_ptr + p_k)
                 if PRE:
@@ -976,7 +998,8 @@ def _pow2(x: int) -> bool:
 
 def _plan(K: int, V: int, knobs: dict) -> dict:
     """Check a knob combination against a shape; return the launch plan or raise ValueError."""
-    knobs = {"pair": "full", **knobs}  # knob dicts written before version 7 lack "pair"
+    # knob dicts written before version 7 / 8 lack "pair", "solve_stages" and "u_store"
+    knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", **knobs}
     # combinations the CPU interpreter passes but the H200 computed wrongly: refused by name
     if knobs.get("subst") == "direct":
         raise ValueError("subst='direct' computes wrong outputs on the H200 (results/runs/kda-h200: "
@@ -1008,6 +1031,14 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         raise ValueError("fuse_prep=True is served at BT=32 with subst='rows', block_prog='row' and 4 block warps "
                          "only (the fused program runs the solve at block_warps; a 4-warp solve is wrong on the "
                          "H200 at BT=64, and 2 or 8 warps leave one program per SM)")
+    # version 8's pipelined solve: everywhere it compiles without a heavy spill on sm_90 (at most
+    # 40 B per thread, 22-35 KB of shared memory at BT 32, 64-80 KB at BT 64); not where the solve
+    # already spills 336-376 B per thread at 128 registers (BT 64): the prefetched tiles would
+    # land in shared memory only to be spilled again on their way through registers
+    if knobs.get("solve_stages") in (2, 3) and knobs.get("BT") == 64 and knobs.get("solve_maxnreg") == 128:
+        raise ValueError(f"solve_stages={knobs.get('solve_stages')} is not served at BT=64 with solve_maxnreg=128 "
+                         "(the solve spills 336-376 B per thread there on sm_90 at every stage count; pipelining "
+                         "adds 16-32 KB of shared memory on top)")
     for name, choices in SPACE.items():
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
@@ -1023,7 +1054,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     split = knobs["scan_dot"] == "split"
     # shared memory one pipeline stage of the scan holds (operand tiles it loads per chunk)
     pre = knobs["readout"] == "pre"
-    per_stage = (BT * K * 2 * (3 if fuse else 2) + BT * bv * 4 + K * 4
+    per_stage = (BT * K * 2 * (3 if fuse else 2) + BT * bv * (2 if knobs["u_store"] == "bf16" else 4) + K * 4
                  + (0 if not fuse else BT * bv * 4 if pre else BT * BT * 4))
     # layout kv stages the state and delta (right-hand operands) through shared memory each step
     scratch = K * bv * 4 + BT * bv * 8 if knobs["scan_layout"] == "kv" else 0
@@ -1057,6 +1088,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "HOIST": 0 if knobs["subst"] != "rows" or BT != 32 else
                  2 if (knobs["block_warps"] if knobs["fuse_prep"] else knobs["solve_warps"]) == 8 else 1,
         "fuse": fuse, "split": split, "scan_stages": stages,
+        "solve_stages": knobs["solve_stages"], "u_bf16": knobs["u_store"] == "bf16",
         "layout": 0 if knobs["scan_layout"] == "kv" else 1,
     }
 
@@ -1103,7 +1135,8 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
     w = torch.empty((BH, TP, K), dtype=torch.bfloat16, device=dev)
     kd = torch.empty_like(w)
     qd = torch.empty_like(w)
-    u = torch.empty((BH, TP, V), dtype=torch.float32, device=dev)
+    # u_store="bf16" (version 8): u in bf16, half the bytes of its write here and its read in the scan
+    u = torch.empty((BH, TP, V), dtype=torch.bfloat16 if plan["u_bf16"] else torch.float32, device=dev)
     aqk = torch.empty((2, BH, TP, BT), dtype=torch.bfloat16, device=dev)  # Aqk as bf16 hi, lo
     akk = torch.empty((BH, TP, BT), dtype=torch.float32, device=dev)
     gl = torch.empty((BH, NT, K), dtype=torch.float32, device=dev)
@@ -1127,7 +1160,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             K=K, V=V, BT=BT, BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"], DK=plan["DK"],
             LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
             TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
-            CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"], num_stages=1,
+            CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"],
         )
         # block_maxnreg / solve_maxnreg: cap the registers per thread (ptxas spills the rest to
         # L1-backed local memory) so that more programs are resident: at 128, 4 block-row
@@ -1135,12 +1168,16 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
         block_regs = {"maxnreg": kn["block_maxnreg"]} if kn["block_maxnreg"] else {}
         solve_regs = {"maxnreg": kn["solve_maxnreg"]} if kn["solve_maxnreg"] else {}
         if kn["fuse_prep"]:
-            _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=0, num_warps=kn["block_warps"], **block_regs, **prep_meta)
+            _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=0, num_warps=kn["block_warps"], num_stages=plan["solve_stages"],
+                                       **block_regs, **prep_meta)
         else:
             rows_grid = NT if plan["CHUNK"] else NT * (BT // plan["BC"])
-            _kda_prep_kernel[(rows_grid, BH)](*prep_args, STAGE=1, num_warps=kn["block_warps"],
+            # the block rows stay at num_stages 1: their loads feed no product directly, and sm_90's
+            # SASS is identical at 2 and 3 (version 8, offline compile); solve_stages pipelines the solve
+            _kda_prep_kernel[(rows_grid, BH)](*prep_args, STAGE=1, num_warps=kn["block_warps"], num_stages=1,
                                                             **block_regs, **prep_meta)
-            _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=2, num_warps=kn["solve_warps"], **solve_regs, **prep_meta)
+            _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=2, num_warps=kn["solve_warps"], num_stages=plan["solve_stages"],
+                                       **solve_regs, **prep_meta)
         if debug is not None:
             debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=gl, BT=BT, NT=NT, TP=TP,
                          pre=plan["PRE"], au=au if plan["PRE"] else None)
