@@ -95,6 +95,14 @@ if DRY:
 # 183 registers (2 programs/SM); with block_maxnreg 128: 16.3 K, 4/SM, 32 B spilled.
 VARIANTS = {
     "default": {},
+    # version 8 (session 4, prepared): the solve's loads pipelined, u stored in bf16 (TRY_EARLY 4-6)
+    "v8_stages2": {"solve_stages": 2},
+    "v8_u_bf16": {"u_store": "bf16"},
+    "v8": {"solve_stages": 2, "u_store": "bf16"},
+    "v8_stages3": {"solve_stages": 3, "u_store": "bf16"},
+    # the previous defaults, as controls (the rows below are overrides of today's defaults)
+    "v6_defaults": {"pair": "full", "block_maxnreg": 0},
+    "v4_defaults": {"pair": "full", "block_maxnreg": 0, "au": "fp32", "out_bv": 0},
     "split_nreg128": {"pair": "split", "block_maxnreg": 128},  # TRY_EARLY 1
     "split": {"pair": "split"},
     "block_nreg128": {"block_maxnreg": 128},  # the control for split_nreg128 (18.3 K inst, 16 B spilled)
@@ -140,13 +148,13 @@ VARIANTS = {
 # tokens x heads there; the fused read-out trades a slower scan for 268 MB less traffic per
 # headline's worth of tokens -- with 4 scan warps (172 regs) two scan programs fit per SM, with 8
 # (162 regs x 256 threads) only one, so at B2 T16384 the 8-warp fused scan would run in two waves)
-SHAPE_ROWS = ["v6_out", "v6_w2", "fused_out_au_w4", "v6"]
+SHAPE_ROWS = ["v8", "v8_stages2", "v8_u_bf16", "v4_defaults"]
 # KDA_DEV_ROWS=name,name,...: only these rows (the default is always kept first)
 if os.environ.get("KDA_DEV_ROWS"):
     _keep = [n.strip() for n in os.environ["KDA_DEV_ROWS"].split(",") if n.strip()]
     VARIANTS = {"default": {}, **{n: VARIANTS[n] for n in _keep if n in VARIANTS}}
 if DRY:
-    VARIANTS = {k: VARIANTS[k] for k in ("default", "v6", "v6_w2", "v5", "fused_out_au_w4", "BT64_rows_w8_out128")}
+    VARIANTS = {k: VARIANTS[k] for k in ("default", "v8", "v6_defaults", "v5", "fused_out_au_w4", "BT64_rows_w8_out128")}
 
 
 # --ncu / --stages: the default knobs at these shapes (the headline first; B2 T16384 is the loop's
