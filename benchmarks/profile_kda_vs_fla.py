@@ -8,8 +8,9 @@
 
 For each case (the headline, B2 T16384, B8 T1024 D64): fresh inputs from the problem, the judge's
 median (CUDA events, L2 flushed, host time hidden behind the flush's sleep) for kernels/best/kda.py
-and for fla, then the device time of every kernel of one call from torch.profiler (L2 flushed
-before each call, mean of PROFILE_CALLS calls). do_bench is not used: it adds fla's ~0.6-1 ms of
+and for fla, then the device time of every kernel of one call from the judge's profiler (L2 flushed
+before each call, mean of PROFILE_CALLS calls; session 4's JSON came from an earlier version that
+also dropped fla's own fill kernels, ~20 µs of its 613). do_bench is not used: it adds fla's ~0.6-1 ms of
 host time per call to fla's figure (session 4 found this; see kernels/notes/kda.md).
 JSON to OUT/profile_kda_vs_fla.json.
 """
@@ -26,6 +27,7 @@ import torch
 
 from pytest_kopt import KERNELS_DIR
 from pytest_kopt.gate import load_kernel
+from pytest_kopt.judge.profile import profile_kernels
 from pytest_kopt.judge.timing import flush_l2, median_us
 from pytest_kopt.problems import get_problem
 
@@ -38,22 +40,11 @@ PROFILE_CALLS = 10
 
 
 def kernel_times(fn) -> dict[str, float]:
-    """Mean device microseconds per call of each kernel ``fn`` launches (flush kernels left out)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(PROFILE_CALLS):
-            flush_l2("cuda")
-            fn()
-        torch.cuda.synchronize()
-    times = {}
-    for evt in prof.key_averages():
-        total = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
-        name = evt.key
-        if not total or "zero" in name.lower() or "fill" in name.lower() or "sleep" in name.lower():
-            continue
-        times[name[:70]] = round(total / PROFILE_CALLS, 1)
-    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
+    """Mean device microseconds per call of each kernel ``fn`` launches, the L2 flushed before each
+    call (the judge's profiler; the flush's own int8 memset and its GPU-side wait are left out)."""
+    rows = profile_kernels(lambda: (flush_l2("cuda"), fn()), device=torch.device("cuda"), monitor=None, calls=PROFILE_CALLS)
+    return {row["name"][:70]: round(row["us"], 1) for row in rows
+            if "spin_kernel" not in row["name"] and not ("FillFunctor" in row["name"] and "signed char" in row["name"])}
 
 
 def implementations(problem):
