@@ -16,12 +16,14 @@ only as much host time as its flush takes). That host time is real too, so the c
 records each call's host time (``EventClock.host_times``), and ``benchmark`` reports its median
 as ``extra_info["host_us"]`` beside the device time.
 
-The wait grows with the call: ``benchmark`` and ``median_us`` first time one enqueue of the call
-and wait half again as long (``host_window_cycles``) when that is at most 20 ms. flash-linear-attention's
-``chunk_kda`` spends up to 1.3 ms of host time per call, past a fixed 1 ms window; at a shape
-whose device time is shorter than that, the figure can count the GPU's idle gap (B8 T1024: 155.6
-µs with 1.08 ms of host time, 273.3 µs with 1.27 ms, session 4). A call whose median host time still exceeds its wait is
-host-bound; ``benchmark`` marks it ``extra_info["host_bound"]``.
+The wait grows with the call: ``benchmark`` and ``median_us`` first time one enqueue of the
+call and wait half again as long (``host_window_cycles``) when that is at most 20 ms.
+flash-linear-attention's ``chunk_kda`` spends up to 1.3 ms of host time per call, past a fixed
+1 ms window; at a shape whose device time is shorter than that, the figure can count the GPU's
+idle gap (B8 T1024: 155.6 µs with 1.08 ms of host time, 273.3 µs with 1.27 ms, session 4). A
+call whose median host time still exceeds its wait is host-bound; ``benchmark`` marks it
+``extra_info["host_bound"]`` (conservatively: the wait is converted to seconds at the highest
+clock, and lasts longer at a lower one).
 
 Use from a benchmark test::
 
