@@ -218,9 +218,10 @@ class Judge:
         start = time.perf_counter()
         mode_lost = False
         try:
-            with guard, self.spent("checked_calls"):
-                outputs = self.kernel(**inputs)
-                mode_lost = guard not in _get_current_dispatch_mode_stack()
+            with self.spent("checked_calls"):
+                with guard:
+                    outputs = self.kernel(**inputs)
+                    mode_lost = guard not in _get_current_dispatch_mode_stack()
                 self.sync()
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are candidate faults too
             text = describe_exception(exc, self.candidate)
