@@ -642,7 +642,7 @@ class Judge:
                                       traceback.format_exc(limit=6)[-2000:]]
         self.close_stage()
         self.result["child_duration_s"] = time.perf_counter() - start
-        self.result["seconds"] = {key: round(value, 3) for key, value in sorted(self.seconds.items())}
+        self.result["seconds"] = {key: round(value, 6) for key, value in sorted(self.seconds.items())}
         return self.result
 
 
