@@ -302,6 +302,18 @@ def _mla_decode_partial(
                               Sq, H, R, n_splits, n_mergers, MERGERS, S_P2, CHUNK, BLOCK_H, DN)
 
 
+@triton.jit
+def _rescale(acc0, acc1, alpha, VALUES_AS_M: tl.constexpr):
+    """Both accumulator halves times each head row's alpha (the rows are columns when the values are the M)."""
+    if VALUES_AS_M:
+        out0 = acc0 * alpha[None, :]
+        out1 = acc1 * alpha[None, :]
+    else:
+        out0 = acc0 * alpha[:, None]
+        out1 = acc1 * alpha[:, None]
+    return out0, out1
+
+
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _mla_decode_tma(
     q, kv, o, lse, part_o, part_lse, counters,
@@ -408,12 +420,7 @@ def _mla_decode_tma(
                 if tl.max(m_new - m_i, 0) > TAU:
                     alpha = tl.exp2(m_i - m_new)
                     l_i = l_i * alpha
-                    if VALUES_AS_M:
-                        acc0 = acc0 * alpha[None, :]
-                        acc1 = acc1 * alpha[None, :]
-                    else:
-                        acc0 = acc0 * alpha[:, None]
-                        acc1 = acc1 * alpha[:, None]
+                    acc0, acc1 = _rescale(acc0, acc1, alpha, VALUES_AS_M)
                     m_i = m_new
                 p = tl.exp2(qk - m_i[:, None])
                 l_i = l_i + tl.sum(p, 1)
@@ -421,12 +428,7 @@ def _mla_decode_tma(
                 alpha = tl.exp2(m_i - m_new)
                 p = tl.exp2(qk - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
-                if VALUES_AS_M:
-                    acc0 = acc0 * alpha[None, :]
-                    acc1 = acc1 * alpha[None, :]
-                else:
-                    acc0 = acc0 * alpha[:, None]
-                    acc1 = acc1 * alpha[:, None]
+                acc0, acc1 = _rescale(acc0, acc1, alpha, VALUES_AS_M)
                 m_i = m_new
             pb = p.to(kn0.dtype)
             if VALUES_AS_M:
