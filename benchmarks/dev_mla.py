@@ -56,10 +56,14 @@ VARIANTS = [
     ("decode", "auto-pdl2", {"PDL": 2}),  # + the split kernel launched early, waiting on the previous grid
     ("decode", "n16w8-split", N16W8),  # B1: 32 splits x 4 row blocks, 8 warps per program
     ("decode", "n16w8-split-pdl1", {**N16W8, "PDL": 1}),
-    ("prefill", "split", {}),  # the default (QK_SPLIT): control, run 5 12.92 ms
-    ("prefill", "defer", {"ROWSUM": "defer"}),  # row sums reduced once after the loop
-    ("prefill", "defer-HT64", {"ROWSUM": "defer", "HEADS_PER_TILE": 64}),  # one query's 64 heads per row tile
-    ("prefill", "defer-km", {"ROWSUM": "defer", "KEYS_AS_M": True}),  # S^T = K q^T (run 5 split-km 13.16 ms)
+    ("prefill", "split", {}),  # the family default (QK_SPLIT, ROWSUM defer, HT16): control, session 4 12.42 ms
+    ("prefill", "defer-HT64", {"ROWSUM": "defer", "HEADS_PER_TILE": 64}),  # the promoted kernel: control, 12.34-12.38 ms
+    # session 5 (kernels/notes/mla.md "Version 7"): the next tile's latent scores in flight under the softmax
+    # (QK_AHEAD; fits only at BLOCK_N 32), its BLOCK_N 32 control without QK_AHEAD, and q through a descriptor
+    ("prefill", "ahead-bn32-HT64", {"HEADS_PER_TILE": 64, "QK_AHEAD": True, "BLOCK_N": 32}),
+    ("prefill", "ahead-bn32-reduce-HT64", {"HEADS_PER_TILE": 64, "QK_AHEAD": True, "BLOCK_N": 32, "ROWSUM": "reduce"}),
+    ("prefill", "bn32-HT64", {"HEADS_PER_TILE": 64, "BLOCK_N": 32}),
+    ("prefill", "qtma-HT64", {"HEADS_PER_TILE": 64, "Q_LOAD": "tma"}),
 ]
 # decode variants timed on the B1 Sq1 case only (the rest: every headline case); keeps the run short
 B1_ONLY = {"auto-pdl2", "n16w8-split", "n16w8-split-pdl1"}
@@ -70,7 +74,7 @@ def cases_of(family: str, label: str) -> list[dict]:
 
 
 # under ncu (--ncu): (family, variant label, case index) profiled once each, after a warm-up call
-NCU_TARGETS = [("prefill", "split", 0), ("prefill", "defer", 0), ("decode", "auto-pdl1", 0), ("decode", "n16w8-split", 0)]
+NCU_TARGETS = [("prefill", "defer-HT64", 0), ("prefill", "ahead-bn32-HT64", 0), ("decode", "auto-pdl1", 0), ("decode", "n16w8-split", 0)]
 
 
 def render(family: str, label: str, overrides: dict, out_dir: Path) -> Path:

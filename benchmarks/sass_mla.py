@@ -85,6 +85,7 @@ def sass_of(compiled, dump: Path | None, name: str) -> list[tuple[int, str]]:
         dump.mkdir(parents=True, exist_ok=True)
         (dump / f"{name}.sass").write_text(text)
         (dump / f"{name}.ptx").write_text(compiled.asm["ptx"])
+        (dump / f"{name}.ttgir").write_text(compiled.asm["ttgir"])
     out = []
     for line in text.splitlines():
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
@@ -254,12 +255,92 @@ def analyze(mod, overrides, dump=None, tag="split"):
     return plan, compiled, {"prologue": counts(pro), "loop": counts(loop), "epilogue": counts(epi)}, loop
 
 
+PREFILL = ROOT / "kernels" / "families" / "mla_prefill.py"
+P_SQ = P_SKV = 8192  # the prefill headline: B1 Sq = Skv = 8192 H64
+# (label, knob overrides on mla_prefill.py's KNOBS): the promoted kernel is KNOBS + HEADS_PER_TILE 64
+PREFILL_VARIANTS = [
+    ("promoted (HT64)", {"HEADS_PER_TILE": 64}),
+    ("promoted + Q_LOAD tma", {"HEADS_PER_TILE": 64, "Q_LOAD": "tma"}),
+    ("BN32 (no ahead)", {"HEADS_PER_TILE": 64, "BLOCK_N": 32}),
+    ("ahead BN64 (refused)", {"HEADS_PER_TILE": 64, "QK_AHEAD": True}),
+    ("ahead BN32", {"HEADS_PER_TILE": 64, "QK_AHEAD": True, "BLOCK_N": 32}),
+    ("ahead BN32 + Q tma", {"HEADS_PER_TILE": 64, "QK_AHEAD": True, "BLOCK_N": 32, "Q_LOAD": "tma"}),
+    ("ahead BN32 reduce", {"HEADS_PER_TILE": 64, "QK_AHEAD": True, "BLOCK_N": 32, "ROWSUM": "reduce"}),
+    ("ahead BN16 st3", {"HEADS_PER_TILE": 64, "QK_AHEAD": True, "BLOCK_N": 16, "num_stages": 3}),
+]
+
+
+def load_prefill():
+    spec = importlib.util.spec_from_file_location("mla_prefill_sass", PREFILL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def analyze_prefill(mod, overrides, dump=None, tag="prefill"):
+    """``_mla_prefill_tma`` compiled as launched at the headline (bf16, contiguous, 132 SMs); the
+    constexprs follow kernel()'s plan (QK_AHEAD only with QK_SPLIT; Q_TMA for Q_LOAD "tma")."""
+    k = {**mod.KNOBS, **overrides}
+    hpt = min(int(k["HEADS_PER_TILE"]), 64)
+    values = dict(stride_qb=P_SQ * 64 * 576, stride_qs=64 * 576, stride_qh=576, stride_qd=1, stride_kb=P_SKV * 576, stride_kn=576,
+                  stride_ob=P_SQ * 64 * 512, stride_os=64 * 512, stride_oh=512, stride_od=1, stride_lb=64 * P_SQ, stride_lh=P_SQ,
+                  stride_ls=1, Sq=P_SQ, H=64, Skv=P_SKV, n_hgroups=-(-64 // hpt))
+    cx = dict(BLOCK_M=k["BLOCK_M"], BLOCK_N=k["BLOCK_N"], HEADS_PER_TILE=hpt, UNMASKED_LOOP=k["UNMASKED_LOOP"], KEYS_AS_M=k["KEYS_AS_M"],
+              TAU=float(k["RESCALE_TAU"]), DN=512, DR=64, QK_SPLIT=k["QK_SPLIT"], DEFER_SUM=k["ROWSUM"] == "defer",
+              QK_AHEAD=bool(k["QK_SPLIT"] and k["QK_AHEAD"]), Q_TMA=k["Q_LOAD"] == "tma")
+    compiled = build(mod._mla_prefill_tma, cx, values, k["num_warps"], k["num_stages"])
+    sass = sass_of(compiled, dump, tag)
+    pro, loop, epi = regions(sass)
+    return compiled, counts(loop), loop
+
+
+def loop_order(loop, keep=None):
+    """The loop body as runs of the kept instruction classes, and its wgmma waits."""
+    keep = keep or {"HGMMA", "WG.DEPBAR(wait)", "BAR.SYNC", "MUFU.EX2", "UTMALDG(TMA)", "SYNCS(mbarrier)", "STS", "LDS"}
+    compact = []
+    for _, x in loop:
+        c = classify(x)
+        if c not in keep:
+            continue
+        if compact and compact[-1][0] == c:
+            compact[-1][1] += 1
+        else:
+            compact.append([c, 1])
+    waits = [re.sub(r"\s+", " ", x) for _, x in loop if opcode(x).startswith("WARPGROUP.DEPBAR")]
+    return compact, waits
+
+
+def prefill_main(dump) -> int:
+    mod = load_prefill()
+    print(f"prefill _mla_prefill_tma at B1 Sq{P_SQ} Skv{P_SKV} H64, sm_90 offline; loop = per warp per key tile")
+    print(f"{'variant':26s} {'regs':>4s} {'stack':>5s} {'smem B':>7s} {'loop':>5s} {'HGMMA':>5s} {'EX2':>4s} {'BAR':>4s} {'STL/LDL':>7s}  "
+          "HGMMA issued before the first MUFU.EX2 / waits")
+    for label, ov in PREFILL_VARIANTS:
+        try:
+            c, (lc, shapes), loop = analyze_prefill(mod, ov, dump, "prefill-" + re.sub(r"\W+", "-", label))
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            print(f"{label:26s} compile failed: {type(exc).__name__}: {str(exc)[:160]}")
+            continue
+        compact, waits = loop_order(loop)
+        first_ex2 = next((i for i, (_, x) in enumerate(loop) if classify(x) == "MUFU.EX2"), len(loop))
+        before = sum(1 for _, x in loop[:first_ex2] if classify(x) == "HGMMA")
+        spills = sum(1 for _, x in loop if opcode(x).startswith(("STL", "LDL")))
+        print(f"{label:26s} {c.res.get('regs', 0):4d} {c.res.get('stack', 0):5d} {c.metadata.shared:7d} {lc['total']:5d} "
+              f"{lc.get('HGMMA', 0):5d} {lc.get('MUFU.EX2', 0):4d} {lc.get('BAR.SYNC', 0):4d} {spills:7d}  {before} / "
+              + "; ".join(w.split(" ", 1)[-1] for w in waits))
+        print("    " + " -> ".join(f"{s}x{n}" for s, n in compact))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dump", help="write the SASS and PTX here")
     ap.add_argument("--ladder", action="store_true", help="also compile benchmarks/ladder_mla_decode.py's rungs (sm_90, per-rung counts)")
+    ap.add_argument("--prefill", action="store_true", help="only the prefill TMA kernel's variants (PREFILL_VARIANTS): resources, loop order, waits")
     args = ap.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)
+    if args.prefill:
+        return prefill_main(Path(args.dump) if args.dump else None)
     mod = load_family()
     dump = Path(args.dump) if args.dump else None
     if args.ladder:
