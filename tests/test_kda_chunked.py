@@ -347,9 +347,11 @@ for stage in ([0] if kn["fuse_prep"] else [1, 2]):
 scan = {"w_ptr": B16, "u_ptr": U, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "au_ptr": AU, "h0_ptr": P,
         "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P}
 c = build(fam._kda_scan_kernel, scan, dict(K=K, V=V, BT=plan["BT"], BV=plan["BV"], LAYOUT=plan["layout"],
-          FUSE_OUT=plan["fuse"], SPLIT_S=plan["split"], USE_H0=True, STORE_HT=True, PRE=plan["PRE"]),
-          kn["scan_warps"], plan["scan_stages"])
+          FUSE_OUT=plan["fuse"], SPLIT_S=plan["split"], USE_H0=True, STORE_HT=True, PRE=plan["PRE"],
+          PAIR=plan["pair"]), kn["scan_warps"], plan["scan_stages"])
 assert "mma" in c.asm["ptx"], "the scan's products should run on the tensor cores"
+if plan["pair"]:  # version 9: the 64-row product with the state (and (C w_a)^T) on wgmma, no local memory
+    assert "wgmma.mma_async" in c.asm["ptx"] and "ld.local" not in c.asm["ptx"]
 if not plan["fuse"]:
     out = {"qd_ptr": B16, "aqk_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P, "o_ptr": B16, "au_ptr": AU}
     build(fam._kda_out_kernel, out, dict(K=K, V=V, BT=plan["BT"], BV=plan["OUT_BV"], SPLIT_S=plan["split"], PRE=plan["PRE"]),
@@ -360,9 +362,10 @@ print("compiled for sm_90")
 
 @pytest.mark.parametrize("override", [{}, {"subst": "rows", "scan_warps": 2}, {"block_prog": "chunk", "out_bv": 128},
                                       {"fuse_prep": True, "au": "bf16", "out_bv": 128, "fuse_output": True, "scan_warps": 4},
-                                      {"pair": "split"}, {"solve_stages": 3, "u_store": "bf16"}],
+                                      {"pair": "split"}, {"solve_stages": 3, "u_store": "bf16"},
+                                      {"scan_pair": True, "solve_stages": 2, "u_store": "bf16"}],
                          ids=["default", "v4_rows_scan_w2", "v5_chunk_out128", "v6_fused_prep_au_bf16", "v7_split",
-                              "v8_stages3_u_bf16"])
+                              "v8_stages3_u_bf16", "v9_pair_v8"])
 def test_default_knobs_compile_for_hopper(override):
     """The default knobs (and version 4's block-row inverses, early solve loads and 2-warp scan)
     compile for sm_90 (no GPU needed) within the shared-memory limit."""
@@ -613,3 +616,54 @@ def test_v8_refused_where_the_solve_spills(family):
     with pytest.raises(ValueError, match="u_store"):
         family.kda_chunked(*args, {**family.KNOBS, "u_store": "fp16"})
     family.kda_chunked(*args, {**family.KNOBS, "solve_stages": 2, "BT": 64, "solve_warps": 8, "solve_maxnreg": 0})
+
+
+# ------------------------------------------------------------------------------------------
+# Version 9: the state pass over pairs of chunks (scan_pair)
+# ------------------------------------------------------------------------------------------
+PAIR = {"scan_pair": True}
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_scan_pair_hostile_gates(family, kind):
+    """The paired state pass on every hostile gate kind, three chunks (the last pair has no chunk b)
+    with a short last one, K != V, an initial state: the preparation's intermediates are untouched,
+    o and the final state stay within a tight bound of the one-chunk pass and under 4e-3 of the
+    float64 reference."""
+    case = {"B": 1, "T": 70, "H": 1, "K": 32, "V": 16, "initial_state": True, "output_final_state": True}
+    x = hostile_inputs(kind, case, seed=94)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], True)
+    one, two = {}, {}
+    o1, s1 = family.kda_chunked(*args, family.KNOBS, one)
+    o2, s2 = family.kda_chunked(*args, {**family.KNOBS, **PAIR}, two)
+    for name in ("w", "u", "kd", "qd", "au", "gl"):
+        assert torch.equal(one[name], two[name]), name
+    # the first pair's read-out is bit-identical (S and S_a are formed as in the one-chunk pass)
+    assert torch.equal(o2[:, :64], o1[:, :64])
+    assert (o2.float() - o1.float()).abs().max() <= 2 ** -7 * max(1e-3, o1.float().abs().max())
+    assert (s2 - s1).abs().max() <= 2 ** -7 * max(1e-3, s1.abs().max())
+    errors = PROBLEM.compare((o2, s2), PROBLEM.reference(**x))
+    assert all(e.ok and e.rel_rms < 4e-3 for e in errors), [(e.name, e.rel_rms) for e in errors]
+
+
+@pytest.mark.parametrize("case,over", [
+    ({"B": 1, "T": 1, "H": 1, "K": 16, "V": 32, "initial_state": True, "output_final_state": True}, {}),
+    ({"B": 2, "T": 33, "H": 1, "K": 64, "V": 16, "initial_state": False, "output_final_state": True},
+     {"u_store": "bf16", "readout": "aqk"}),
+    ({"B": 1, "T": 96, "H": 2, "K": 16, "V": 64, "initial_state": True, "output_final_state": False},
+     {"u_store": "bf16", "solve_stages": 2}),
+], ids=["T1", "B2_T33_aqk_u_bf16", "T96_u_bf16"])
+def test_scan_pair_edge_shapes(tmp_path, case, over):
+    """T = 1 (one chunk: the pair's b half is all padding), B = 2 with two chunks and version 2's
+    read-out (the pass stores both halves' deltas), three full chunks with bf16 u, K != V both ways."""
+    module = render({**FAMILY.knobs, **PAIR, **over}, tmp_path)
+    errors = check(module.kernel, inputs(case, seed=95), case)
+    assert all(e.rel_rms < 4e-3 for e in errors), [(e.name, e.rel_rms) for e in errors]
+
+
+def test_scan_pair_refusals(family):
+    y = inputs({"B": 1, "T": 4, "H": 1, "K": 16, "V": 16, "initial_state": False, "output_final_state": False}, seed=0)
+    args = (y["q"], y["k"], y["v"], y["g"], y["beta"], None, None, False)
+    for over in ({"fuse_output": True}, {"BT": 64, "solve_warps": 8}, {"scan_layout": "vk"}):
+        with pytest.raises(ValueError, match="scan_pair"):
+            family.kda_chunked(*args, {**family.KNOBS, **PAIR, **over})

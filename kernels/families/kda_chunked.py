@@ -168,6 +168,7 @@ KNOBS = {
     "pair": "split",
     "solve_stages": 1,
     "u_store": "fp32",
+    "scan_pair": False,
 }
 # kopt:knobs-end
 SPACE = {
@@ -200,6 +201,8 @@ SPACE = {
     # (value loop) loads into cp.async (LDGSTS) prefetches through shared memory (1: plain loads, as before)
     "solve_stages": [1, 2, 3],
     "u_store": ["fp32", "bf16"],  # version 8: storage of the WY factor u: bf16 halves its write and two reads
+    # version 9: the state pass steps over pairs of BT-32 chunks (half the serial chain; BT 32, unfused read-out)
+    "scan_pair": [False, True],
 }
 # Measured by the search loop right after the defaults (session 4, results/runs/kda-h200-2, judge timer,
 # geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then on
@@ -210,7 +213,10 @@ SPACE = {
 # 25 % occupancy.  Those three were timed in session 4 (799.9 / 806.6 / 761.8 us: none beat the defaults'
 # 756.5).  Version 8 (prepared, not timed; aimed at the solve, 165 us at 48 % of DRAM bandwidth): the
 # pipelined solve (predicted -5..-20 us), u in bf16 (-5..-15 us: solve write and scan read), then both.
-TRY_EARLY = [{"fuse_prep": True}, {"fuse_prep": True, "block_maxnreg": 168}, {"block_warps": 2, "block_maxnreg": 168},
+# Version 9 (prepared, not timed; aimed at the state pass, 223 us at the headline, a latency chain of 256
+# chunk steps): the paired pass, first -- but see kernels/notes/kda.md "Version 9": its step compiles to
+# 2.2x the instructions of two single steps and to 1 program per SM, so it may well be slower.
+TRY_EARLY = [{"scan_pair": True},
              {"solve_stages": 2}, {"u_store": "bf16"}, {"solve_stages": 2, "u_store": "bf16"}]
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
@@ -803,6 +809,92 @@ def _kda_prep_kernel(
 # Stage 2: the sequential scan over chunks
 # ------------------------------------------------------------------------------------------
 @triton.jit
+def _scan_pair_step(S, n, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, dbuf_ptr, NT, rk, cv, rt,
+                    K: tl.constexpr, BV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                    SPLIT_S: tl.constexpr, PRE: tl.constexpr):
+    """Chunks a = n and b = n + 1 in one step of the chain (version 9, layout "kv").  With
+    C = w_b kd_a^T [BT, BT]:
+
+        d_a   = u_a - w_a S
+        d_b   = u_b - w_b S_a = (u_b - C u_a) - (w_b diag(gl_a) - C w_a) S
+        S_a   = diag(gl_a) S + kd_a^T d_a          (stored to hbuf for the read-out)
+        S_end = diag(gl_b) S_a + kd_b^T d_b
+
+    so both deltas are ONE 64-row product with S: w' = [w_a; w_b'], u' = [u_a; u_b'] (w_b' =
+    w_b diag(gl_a) - C w_a, u_b' = u_b - C u_a do not depend on S), and the two state products
+    share d (kd^T times d with the other half's rows zeroed).  C is exact (bf16 operands, float32
+    sums) and is split into bf16 hi + lo for its products (u_a too when float32); w_b' is rounded
+    to bf16 as w itself is stored.  A missing chunk b (odd NT) loads zeros with gl_b = 1: C, w_b',
+    u_b' and d_b are then exactly 0 and S_end = S_a; the rows past T inside a chunk are zeros from
+    the preparation (k, v, beta masked to 0 there), so they add nothing either.
+
+    Written for Triton's choices on sm_90: the merge's results reach the next product only through
+    a transpose, since Triton tiles a chain of mma.sync products [num_warps, 1] (four times
+    redundant at 32 rows and 8 warps); (C w_a)^T is a 128-row wgmma; the 64-row product with S
+    is a wgmma as at BT 64."""
+    ra = n * BT + rt
+    rb = ra + BT
+    b_ok = rb < NT * BT  # chunk b exists
+    kb_ok = (rk * 0 + n + 1) < NT
+    p_a = ra[:, None] * K + rk[None, :]
+    w_a = tl.load(w_ptr + p_a)
+    w_b = tl.load(w_ptr + rb[:, None] * K + rk[None, :], mask=b_ok[:, None], other=0.0)
+    kd_a = tl.load(kd_ptr + p_a)
+    gl_a = tl.load(gl_ptr + n * K + rk)
+    gl_b = tl.load(gl_ptr + (n + 1) * K + rk, mask=kb_ok, other=1.0)
+    u_a = tl.load(u_ptr + ra[:, None] * V + cv[None, :])
+    u_b = tl.load(u_ptr + rb[:, None] * V + cv[None, :], mask=b_ok[:, None], other=0.0).to(tl.float32)
+    # the merge, independent of S
+    c = tl.dot(w_b, tl.trans(kd_a))  # [BT(b), BT(a)]
+    c_hi, c_lo = _split(c)
+    ch_t = tl.trans(c_hi)
+    cl_t = tl.trans(c_lo)
+    wat = tl.trans(w_a)
+    cw_t = tl.dot(wat, ch_t)  # (C w_a)^T, [K, BT(b)]
+    cw_t = tl.dot(wat, cl_t, cw_t)
+    wb2_t = (tl.trans(w_b).to(tl.float32) * gl_a[:, None] - cw_t).to(tl.bfloat16)  # w_b'^T
+    if u_ptr.dtype.element_ty == tl.bfloat16:  # u_store "bf16": u_a is exactly bf16, no low half
+        ua_t = tl.trans(u_a)
+        cu_t = tl.dot(ua_t, ch_t)  # (C u_a)^T, [BV, BT(b)]
+        cu_t = tl.dot(ua_t, cl_t, cu_t)
+    else:
+        ua_hi, ua_lo = _split(tl.trans(u_a))
+        cu_t = tl.dot(ua_hi, ch_t)
+        cu_t = tl.dot(ua_lo, ch_t, cu_t)
+        cu_t = tl.dot(ua_hi, cl_t, cu_t)
+    ub2 = u_b - tl.trans(cu_t)
+    # w' and u' as 64-row tiles: [w_a; w_b'], [u_a; u_b']
+    w2 = tl.trans(tl.reshape(tl.permute(tl.join(wat, wb2_t), (0, 2, 1)), (K, 2 * BT)))
+    u2 = tl.reshape(tl.permute(tl.join(u_a.to(tl.float32), ub2), (2, 0, 1)), (2 * BT, BV))
+    r2 = tl.arange(0, 2 * BT)
+    row2 = n * BT + r2
+    kd2 = tl.load(kd_ptr + row2[:, None] * K + rk[None, :], mask=(row2 < NT * BT)[:, None], other=0.0)
+    # the chain
+    if SPLIT_S:
+        s_hi, s_lo = _split(S)
+        ws = tl.dot(w2, s_hi)
+        ws = tl.dot(w2, s_lo, ws)
+    else:
+        ws = tl.dot(w2, S.to(tl.bfloat16))
+    d = u2 - ws  # [2 BT, BV]: d_a, d_b
+    tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
+    if not PRE:
+        tl.store(dbuf_ptr + row2[:, None] * V + cv[None, :], d, mask=(row2 < NT * BT)[:, None])
+    first = (r2 < BT)[:, None]
+    da_hi, da_lo = _split(tl.where(first, d, 0.0))
+    db_hi, db_lo = _split(tl.where(first, 0.0, d))
+    kt2 = tl.trans(kd2)
+    xa = tl.dot(kt2, da_hi)
+    xa = tl.dot(kt2, da_lo, xa)
+    xb = tl.dot(kt2, db_hi)
+    xb = tl.dot(kt2, db_lo, xb)
+    S_a = S * gl_a[:, None] + xa
+    tl.store(hbuf_ptr + (n + 1) * K * V + rk[:, None] * V + cv[None, :], S_a.to(hbuf_ptr.dtype.element_ty),
+             mask=kb_ok[:, None])
+    return S_a * gl_b[:, None] + xb
+
+
+@triton.jit
 def _kda_scan_kernel(
     w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, gl_ptr, au_ptr,
     h0_ptr, ht_ptr, o_ptr, hbuf_ptr, dbuf_ptr,
@@ -810,7 +902,7 @@ def _kda_scan_kernel(
     s_ob, s_ot, s_oh,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     LAYOUT: tl.constexpr, FUSE_OUT: tl.constexpr, SPLIT_S: tl.constexpr,
-    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRE: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRE: tl.constexpr, PAIR: tl.constexpr = False,
 ):
     """One program per (V-block, batch*head) walks the chunks in order.  LAYOUT 0 keeps the
     state as S [K, BV]; LAYOUT 1 as S^T [BV, K], so that the state and delta are the
@@ -819,7 +911,10 @@ def _kda_scan_kernel(
     read-out's Aqk delta three (Aqk arrives as hi and lo halves); products with the state use
     the split too when SPLIT_S, else the state rounded to bf16.  No tf32 anywhere.  With PRE the
     read-out is o = qd' S + au (qd' = qd - Aqk w and au = Aqk u from the preparation): no Aqk
-    tiles, no products with delta but the state update's."""
+    tiles, no products with delta but the state update's.
+
+    PAIR (version 9, ``scan_pair``; LAYOUT 0 without FUSE_OUT): the loop steps over pairs of
+    chunks, so the serial chain S -> delta -> S has half as many steps (``_scan_pair_step``)."""
     i_v = tl.program_id(0).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -852,94 +947,99 @@ def _kda_scan_kernel(
     dbuf_ptr += i_bh * TP * V
     hbuf_ptr += i_bh * NT * K * V
 
-    for n in range(NT):
-        # Everything the read-out needs is loaded first and the read-out computed last (from
-        # the state entering the chunk), so that its loads -- au is not pipelined by Triton --
-        # overlap the S -> delta -> S chain instead of stalling it.
-        row = n * BT + rt
-        p_k = row[:, None] * K + rk[None, :]
-        w_n = tl.load(w_ptr + p_k)
-        kd_n = tl.load(kd_ptr + p_k)
-        gl_n = tl.load(gl_ptr + n * K + rk)
-        if LAYOUT == 0:
-            u_n = tl.load(u_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
-            if FUSE_OUT:
-                qd_n = tl.load(qd_ptr + p_k)
-                if PRE:
-                    o_n = tl.load(au_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
-                else:
-                    o_n = tl.zeros([BT, BV], dtype=tl.float32)
-                    p_a = aqk_ptr + row[:, None] * BT + ct[None, :]
-                    a_hi = tl.load(p_a)
-                    a_lo = tl.load(p_a + lo_off)
-            if SPLIT_S:
-                s_hi, s_lo = _split(S)
-                ws = tl.dot(w_n, s_hi)
-                ws = tl.dot(w_n, s_lo, ws)
-            else:
-                s_hi = S.to(tl.bfloat16)
-                ws = tl.dot(w_n, s_hi)
-            d = u_n - ws  # [BT, BV]
-            d_hi, d_lo = _split(d)
-            if not FUSE_OUT:
-                tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
-                if not PRE:
-                    tl.store(dbuf_ptr + row[:, None] * V + cv[None, :], d)
-            kt = tl.trans(kd_n)
-            upd = tl.dot(kt, d_hi)
-            upd = tl.dot(kt, d_lo, upd)
-            S_next = S * gl_n[:, None] + upd
-            if FUSE_OUT:
-                o_n = tl.dot(qd_n, s_hi, o_n)
+    if PAIR:
+        for n in range(0, NT, 2):
+            S = _scan_pair_step(S, n, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, dbuf_ptr, NT, rk, cv, rt,
+                                K, BV, V, BT, SPLIT_S, PRE)
+    else:
+        for n in range(NT):
+            # Everything the read-out needs is loaded first and the read-out computed last (from
+            # the state entering the chunk), so that its loads -- au is not pipelined by Triton --
+            # overlap the S -> delta -> S chain instead of stalling it.
+            row = n * BT + rt
+            p_k = row[:, None] * K + rk[None, :]
+            w_n = tl.load(w_ptr + p_k)
+            kd_n = tl.load(kd_ptr + p_k)
+            gl_n = tl.load(gl_ptr + n * K + rk)
+            if LAYOUT == 0:
+                u_n = tl.load(u_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
+                if FUSE_OUT:
+                    qd_n = tl.load(qd_ptr + p_k)
+                    if PRE:
+                        o_n = tl.load(au_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
+                    else:
+                        o_n = tl.zeros([BT, BV], dtype=tl.float32)
+                        p_a = aqk_ptr + row[:, None] * BT + ct[None, :]
+                        a_hi = tl.load(p_a)
+                        a_lo = tl.load(p_a + lo_off)
                 if SPLIT_S:
-                    o_n = tl.dot(qd_n, s_lo, o_n)
-                if not PRE:
-                    o_n = tl.dot(a_hi, d_hi, o_n)
-                    o_n = tl.dot(a_hi, d_lo, o_n)
-                    o_n = tl.dot(a_lo, d_hi, o_n)
-                tl.store(o_ptr + row[:, None] * s_ot + cv[None, :], o_n.to(o_ptr.dtype.element_ty),
-                         mask=(row < T)[:, None])
-            S = S_next
-        else:
-            u_t = tl.load(u_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
-            if FUSE_OUT:
-                qd_n = tl.load(qd_ptr + p_k)
-                if PRE:
-                    o_t = tl.load(au_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
+                    s_hi, s_lo = _split(S)
+                    ws = tl.dot(w_n, s_hi)
+                    ws = tl.dot(w_n, s_lo, ws)
                 else:
-                    o_t = tl.zeros([BV, BT], dtype=tl.float32)
-                    p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
-                    a_hi = tl.load(p_a)
-                    a_lo = tl.load(p_a + lo_off)
-            wt = tl.trans(w_n)
-            if SPLIT_S:
-                s_hi, s_lo = _split(S)
-                ws = tl.dot(s_hi, wt)
-                ws = tl.dot(s_lo, wt, ws)
+                    s_hi = S.to(tl.bfloat16)
+                    ws = tl.dot(w_n, s_hi)
+                d = u_n - ws  # [BT, BV]
+                d_hi, d_lo = _split(d)
+                if not FUSE_OUT:
+                    tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
+                    if not PRE:
+                        tl.store(dbuf_ptr + row[:, None] * V + cv[None, :], d)
+                kt = tl.trans(kd_n)
+                upd = tl.dot(kt, d_hi)
+                upd = tl.dot(kt, d_lo, upd)
+                S_next = S * gl_n[:, None] + upd
+                if FUSE_OUT:
+                    o_n = tl.dot(qd_n, s_hi, o_n)
+                    if SPLIT_S:
+                        o_n = tl.dot(qd_n, s_lo, o_n)
+                    if not PRE:
+                        o_n = tl.dot(a_hi, d_hi, o_n)
+                        o_n = tl.dot(a_hi, d_lo, o_n)
+                        o_n = tl.dot(a_lo, d_hi, o_n)
+                    tl.store(o_ptr + row[:, None] * s_ot + cv[None, :], o_n.to(o_ptr.dtype.element_ty),
+                             mask=(row < T)[:, None])
+                S = S_next
             else:
-                s_hi = S.to(tl.bfloat16)
-                ws = tl.dot(s_hi, wt)
-            d = u_t - ws  # [BV, BT]
-            d_hi, d_lo = _split(d)
-            if not FUSE_OUT:
-                tl.store(hbuf_ptr + n * K * V + rk[None, :] * V + cv[:, None], S.to(hbuf_ptr.dtype.element_ty))
-                if not PRE:
-                    tl.store(dbuf_ptr + row[None, :] * V + cv[:, None], d)
-            upd = tl.dot(d_hi, kd_n)
-            upd = tl.dot(d_lo, kd_n, upd)
-            S_next = S * gl_n[None, :] + upd
-            if FUSE_OUT:
-                qt = tl.trans(qd_n)
-                o_t = tl.dot(s_hi, qt, o_t)
+                u_t = tl.load(u_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
+                if FUSE_OUT:
+                    qd_n = tl.load(qd_ptr + p_k)
+                    if PRE:
+                        o_t = tl.load(au_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
+                    else:
+                        o_t = tl.zeros([BV, BT], dtype=tl.float32)
+                        p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
+                        a_hi = tl.load(p_a)
+                        a_lo = tl.load(p_a + lo_off)
+                wt = tl.trans(w_n)
                 if SPLIT_S:
-                    o_t = tl.dot(s_lo, qt, o_t)
-                if not PRE:
-                    o_t = tl.dot(d_hi, a_hi, o_t)
-                    o_t = tl.dot(d_lo, a_hi, o_t)
-                    o_t = tl.dot(d_hi, a_lo, o_t)
-                tl.store(o_ptr + row[None, :] * s_ot + cv[:, None], o_t.to(o_ptr.dtype.element_ty),
-                         mask=(row < T)[None, :])
-            S = S_next
+                    s_hi, s_lo = _split(S)
+                    ws = tl.dot(s_hi, wt)
+                    ws = tl.dot(s_lo, wt, ws)
+                else:
+                    s_hi = S.to(tl.bfloat16)
+                    ws = tl.dot(s_hi, wt)
+                d = u_t - ws  # [BV, BT]
+                d_hi, d_lo = _split(d)
+                if not FUSE_OUT:
+                    tl.store(hbuf_ptr + n * K * V + rk[None, :] * V + cv[:, None], S.to(hbuf_ptr.dtype.element_ty))
+                    if not PRE:
+                        tl.store(dbuf_ptr + row[None, :] * V + cv[:, None], d)
+                upd = tl.dot(d_hi, kd_n)
+                upd = tl.dot(d_lo, kd_n, upd)
+                S_next = S * gl_n[None, :] + upd
+                if FUSE_OUT:
+                    qt = tl.trans(qd_n)
+                    o_t = tl.dot(s_hi, qt, o_t)
+                    if SPLIT_S:
+                        o_t = tl.dot(s_lo, qt, o_t)
+                    if not PRE:
+                        o_t = tl.dot(d_hi, a_hi, o_t)
+                        o_t = tl.dot(d_lo, a_hi, o_t)
+                        o_t = tl.dot(d_hi, a_lo, o_t)
+                    tl.store(o_ptr + row[None, :] * s_ot + cv[:, None], o_t.to(o_ptr.dtype.element_ty),
+                             mask=(row < T)[None, :])
+                S = S_next
 
     if STORE_HT:
         tl.store(ht_ptr + state_off, S)
@@ -999,7 +1099,7 @@ def _pow2(x: int) -> bool:
 def _plan(K: int, V: int, knobs: dict) -> dict:
     """Check a knob combination against a shape; return the launch plan or raise ValueError."""
     # knob dicts written before version 7 / 8 lack "pair", "solve_stages" and "u_store"
-    knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", **knobs}
+    knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "scan_pair": False, **knobs}
     # combinations the CPU interpreter passes but the H200 computed wrongly: refused by name
     if knobs.get("subst") == "direct":
         raise ValueError("subst='direct' computes wrong outputs on the H200 (results/runs/kda-h200: "
@@ -1039,6 +1139,14 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         raise ValueError(f"solve_stages={knobs.get('solve_stages')} is not served at BT=64 with solve_maxnreg=128 "
                          "(the solve spills 336-376 B per thread there on sm_90 at every stage count; pipelining "
                          "adds 16-32 KB of shared memory on top)")
+    # version 9's paired state pass: written for the unfused read-out (the fused one would need the
+    # mid-pair state S_a on every step for o_b, and was slower in session 4: 843.8 vs 756.5 us) and
+    # for BT 32 (its point: the preparation stays at BT 32; at BT 64 a pair is a 128-row step)
+    if knobs.get("scan_pair") and (knobs.get("fuse_output") or knobs.get("BT") != 32
+                                   or knobs.get("scan_layout") != "kv"):
+        raise ValueError("scan_pair=True is served at BT=32 with fuse_output=False and scan_layout='kv' only (the "
+                         "paired state pass stores both chunk states for the separate read-out; BT 64 would pair "
+                         "into 128-row steps; its Triton layout work was done for the default kv layout only)")
     for name, choices in SPACE.items():
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
@@ -1056,6 +1164,8 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     pre = knobs["readout"] == "pre"
     per_stage = (BT * K * 2 * (3 if fuse else 2) + BT * bv * (2 if knobs["u_store"] == "bf16" else 4) + K * 4
                  + (0 if not fuse else BT * bv * 4 if pre else BT * BT * 4))
+    if knobs["scan_pair"]:  # two chunks' tiles per step
+        per_stage *= 2
     # layout kv stages the state and delta (right-hand operands) through shared memory each step
     scratch = K * bv * 4 + BT * bv * 8 if knobs["scan_layout"] == "kv" else 0
     stages = knobs["scan_stages"]
@@ -1090,6 +1200,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "fuse": fuse, "split": split, "scan_stages": stages,
         "solve_stages": knobs["solve_stages"], "u_bf16": knobs["u_store"] == "bf16",
         "layout": 0 if knobs["scan_layout"] == "kv" else 1,
+        "pair": bool(knobs["scan_pair"]),
     }
 
 
@@ -1196,7 +1307,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             o.stride(0), o.stride(1), o.stride(2),
             K=K, V=V, BT=BT, BV=BV,
             LAYOUT=plan["layout"], FUSE_OUT=fuse, SPLIT_S=plan["split"],
-            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"],
+            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"], PAIR=plan["pair"],
             num_warps=kn["scan_warps"], num_stages=plan["scan_stages"],
         )
         if not fuse:
