@@ -9,6 +9,13 @@ prologue / main KV loop / epilogue (the loop = the backward branch whose body ho
 counts instruction classes per region, and evaluates a latency model of one program's serial
 chain with the assumptions printed beside it. Results and reading: kernels/notes/mla.md,
 "Static latency analysis of B1 decode (session 3)".
+
+    .venv/bin/python benchmarks/sass_mla.py --prefill [--dump DIR]
+
+compiles the prefill TMA kernel's variants (PREFILL_VARIANTS: the promoted kernel, QK_AHEAD, Q_LOAD)
+as launched at the prefill headline and prints registers, stack, shared memory, the loop's
+instruction counts, the wgmmas still in flight when the softmax's first exp2 issues, the wgmma waits
+and the loop's order (kernels/notes/mla.md, "Version 7 (session 5)").
 """
 
 from __future__ import annotations
@@ -314,7 +321,7 @@ def prefill_main(dump) -> int:
     mod = load_prefill()
     print(f"prefill _mla_prefill_tma at B1 Sq{P_SQ} Skv{P_SKV} H64, sm_90 offline; loop = per warp per key tile")
     print(f"{'variant':26s} {'regs':>4s} {'stack':>5s} {'smem B':>7s} {'loop':>5s} {'HGMMA':>5s} {'EX2':>4s} {'BAR':>4s} {'STL/LDL':>7s}  "
-          "HGMMA issued before the first MUFU.EX2 / waits")
+          "HGMMA in flight at the first MUFU.EX2 / waits")
     for label, ov in PREFILL_VARIANTS:
         try:
             c, (lc, shapes), loop = analyze_prefill(mod, ov, dump, "prefill-" + re.sub(r"\W+", "-", label))
@@ -323,7 +330,13 @@ def prefill_main(dump) -> int:
             continue
         compact, waits = loop_order(loop)
         first_ex2 = next((i for i, (_, x) in enumerate(loop) if classify(x) == "MUFU.EX2"), len(loop))
-        before = sum(1 for _, x in loop[:first_ex2] if classify(x) == "HGMMA")
+        before = 0  # HGMMAs issued and not yet waited on when the softmax's first exp2 issues
+        for _, x in loop[:first_ex2]:
+            if classify(x) == "HGMMA":
+                before += 1
+            elif classify(x) == "WG.DEPBAR(wait)":
+                m = re.search(r"0x([0-9a-f]+)", x)
+                before = min(before, int(m.group(1), 16) if m else 0)
         spills = sum(1 for _, x in loop if opcode(x).startswith(("STL", "LDL")))
         print(f"{label:26s} {c.res.get('regs', 0):4d} {c.res.get('stack', 0):5d} {c.metadata.shared:7d} {lc['total']:5d} "
               f"{lc.get('HGMMA', 0):5d} {lc.get('MUFU.EX2', 0):4d} {lc.get('BAR.SYNC', 0):4d} {spills:7d}  {before} / "
