@@ -131,6 +131,15 @@ no load of theirs feeds a product directly).  ``u_store="bf16"`` stores the WY f
 halving its write in the solve and its read in the scan (au is still formed from the float32 u): on
 the CPU +0.05-0.4e-3 relative in o (worst 3.6e-3: zero gates, T 4096) and +0.5-0.8e-3 in the final
 state (the state sums u's rounding).
+
+Version 9 (prepared, not run on a GPU; kernels/notes/kda.md "Version 9"), aimed at the state pass's
+serial chain (223 us at the headline, 256 dependent chunk steps per program): ``scan_pair=True`` walks
+pairs of chunks, one merged 64-row step each (``_scan_pair_step``: the pair's merge terms do not
+depend on the state), storing both chunks' states, so the read-out is unchanged.  Served with the kv
+layout, the unfused read-out and BT 32.  On the CPU it moves o by +0.00-0.08e-3 relative and the final
+state by +0.0-0.25e-3.  Offline sm_90 warns: 762 instructions and 13 barriers per warp per pair step
+(two single steps: 340 and 8), 255 registers (1 program per SM instead of 2), because the merge is
+recomputed by every V-block program and its 32-row products tile poorly.
 """
 
 import math
