@@ -71,11 +71,10 @@ SPACE = {
     "QK_AHEAD": [False, True],  # QK_SPLIT: the next tile's scores issued (async wgmma) before this tile's softmax; value tile loaded twice
     "Q_LOAD": ["pointer", "tma"],  # TMA kernel: q by per-thread pointer loads or through a tensor descriptor (falls back to pointers)
 }
-# Measured by the search loop right after the defaults. First: QK_AHEAD (session 5, offline sm_90 only: the
-# next tile's latent score wgmmas in flight under the softmax; only BLOCK_N 32 fits; unmeasured, could go
-# either way, kernels/notes/mla.md "Version 7"); then q through a descriptor (242 instead of 255 registers);
-# then HEADS_PER_TILE 64 (the promoted kernel, 12.34-12.38 ms, session 4).
-TRY_EARLY = [{"HEADS_PER_TILE": 64, "QK_AHEAD": True, "BLOCK_N": 32}, {"HEADS_PER_TILE": 64, "Q_LOAD": "tma"}, {"HEADS_PER_TILE": 64}]
+# Measured by the search loop right after the defaults: HEADS_PER_TILE 64 (the promoted kernel, 12.34-12.38 ms,
+# session 4). Session 5's knobs were timed on the H200 first (dev_mla.py, kernels/notes/mla.md "Version 7"):
+# QK_AHEAD at BLOCK_N 32 17.4 ms and Q_LOAD tma 12.40 ms against 12.33 for the promoted kernel, so neither is here.
+TRY_EARLY = [{"HEADS_PER_TILE": 64}]
 
 D_NOPE = 512  # latent width: the value width
 D_ROPE = 64  # rope width; key width = D_NOPE + D_ROPE = 576
