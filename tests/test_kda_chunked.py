@@ -12,12 +12,17 @@ their operands as the tensor cores do, and benchmarks/dev_kda_chunked.py checks 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
+from triton.runtime.errors import InterpreterError
 from family_modules import compile_in_child, import_rendered
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -319,6 +324,7 @@ from triton.compiler import ASTSource
 spec = importlib.util.spec_from_file_location("kda_chunked", sys.argv[1])
 fam = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fam)
+fam._SCAN_PAIR_REFUSED = False  # version 9's paired scan is refused (H200 crash) but still compiled here
 K = V = 128
 kn = {**fam.KNOBS, **json.loads(sys.argv[2])}
 plan = fam._plan(K, V, kn)
@@ -624,12 +630,20 @@ def test_v8_refused_where_the_solve_spills(family):
 PAIR = {"scan_pair": True}
 
 
+@pytest.fixture
+def pair_served(family, monkeypatch):
+    """The family module with version 9's refusal lifted, so the paired code stays checked on the CPU."""
+    monkeypatch.setattr(family, "_SCAN_PAIR_REFUSED", False)
+    return family
+
+
 @pytest.mark.parametrize("kind", HOSTILE)
-def test_scan_pair_hostile_gates(family, kind):
+def test_scan_pair_hostile_gates(pair_served, kind):
     """The paired state pass on every hostile gate kind, three chunks (the last pair has no chunk b)
     with a short last one, K != V, an initial state: the preparation's intermediates are untouched,
     o and the final state stay within a tight bound of the one-chunk pass and under 4e-3 of the
     float64 reference."""
+    family = pair_served
     case = {"B": 1, "T": 70, "H": 1, "K": 32, "V": 16, "initial_state": True, "output_final_state": True}
     x = hostile_inputs(kind, case, seed=94)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], True)
@@ -657,13 +671,132 @@ def test_scan_pair_edge_shapes(tmp_path, case, over):
     """T = 1 (one chunk: the pair's b half is all padding), B = 2 with two chunks and version 2's
     read-out (the pass stores both halves' deltas), three full chunks with bf16 u, K != V both ways."""
     module = render({**FAMILY.knobs, **PAIR, **over}, tmp_path)
+    module._SCAN_PAIR_REFUSED = False
     errors = check(module.kernel, inputs(case, seed=95), case)
     assert all(e.rel_rms < 4e-3 for e in errors), [(e.name, e.rel_rms) for e in errors]
 
 
-def test_scan_pair_refusals(family):
+def test_scan_pair_refusals(pair_served):
+    family = pair_served
     y = inputs({"B": 1, "T": 4, "H": 1, "K": 16, "V": 16, "initial_state": False, "output_final_state": False}, seed=0)
     args = (y["q"], y["k"], y["v"], y["g"], y["beta"], None, None, False)
     for over in ({"fuse_output": True}, {"BT": 64, "solve_warps": 8}, {"scan_layout": "vk"}):
         with pytest.raises(ValueError, match="scan_pair"):
             family.kda_chunked(*args, {**family.KNOBS, **PAIR, **over})
+
+
+def test_scan_pair_refused_after_the_h200_crash(family):
+    """Version 9 crashed on the H200 (illegal memory access) with every address in bounds on the CPU
+    (below): ``_plan`` refuses it by name, and the search space no longer holds it."""
+    assert FAMILY.space["scan_pair"] == [False]
+    assert all(not over.get("scan_pair") for over in family.TRY_EARLY)
+    y = inputs({"B": 1, "T": 4, "H": 1, "K": 16, "V": 16, "initial_state": False, "output_final_state": False}, seed=0)
+    with pytest.raises(ValueError, match="illegal memory access on the H200, cause not found"):
+        family.kda_chunked(y["q"], y["k"], y["v"], y["g"], y["beta"], None, None, False, {**family.KNOBS, **PAIR})
+
+
+# ------------------------------------------------------------------------------------------
+# Addresses: the interpreter reads and writes wherever a pointer points (it does not bounds-check);
+# the GPU faults.  Checked here lane by lane against the tensors passed to each launch.
+# ------------------------------------------------------------------------------------------
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes a (possibly strided) tensor covers: [first, last + 1)."""
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0) if t.numel() else -1
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+@contextlib.contextmanager
+def addresses_checked():
+    """Under the CPU interpreter, fail (AssertionError, which the interpreter re-raises as its
+    InterpreterError; before the access) when an unmasked lane of
+    a tl.load / tl.store addresses a byte outside every tensor passed to that launch.  Masked-off lanes
+    are not checked: the GPU does not touch them either.  Patches Triton's interpreter: the launch's
+    host copies of its tensor arguments (GridExecutor._init_args_hst) and the builder's masked load
+    and store, through which every pointer load and store of the interpreter passes."""
+    from triton.runtime import interpreter as interp
+
+    launch = {"kernel": "?", "spans": []}
+    init, load, store = (interp.GridExecutor._init_args_hst, interp.InterpreterBuilder.create_masked_load,
+                         interp.InterpreterBuilder.create_masked_store)
+
+    def init_args(self, args_dev, kwargs):
+        args, kw = init(self, args_dev, kwargs)
+        launch["kernel"] = getattr(self.fn, "__name__", "?")
+        launch["spans"] = [_span(a) for a in [*args, *kw.values()] if isinstance(a, torch.Tensor)]
+        return args, kw
+
+    def within(kind, ptrs, mask):
+        shape = np.broadcast_shapes(np.shape(ptrs.data), np.shape(mask.data))
+        lanes = np.broadcast_to(np.asarray(mask.data).astype(bool), shape)  # masks may arrive as int arrays
+        addr = np.broadcast_to(ptrs.data, shape)[lanes].astype(np.uint64)
+        size = interp._get_np_dtype(ptrs.get_element_ty()).itemsize
+        ok = np.zeros(addr.shape, dtype=bool)
+        for lo, hi in launch["spans"]:
+            ok |= (addr >= lo) & (addr + size <= hi)
+        if not ok.all():
+            bad = addr[~ok]
+            near = min(launch["spans"], key=lambda sp: min(abs(int(bad[0]) - sp[0]), abs(int(bad[0]) - sp[1])))
+            raise AssertionError(f"{launch['kernel']}: {kind} of {bad.size} unmasked lanes outside every tensor "
+                                 f"passed (the first at byte {int(bad[0]) - near[0]:+d} of a {near[1] - near[0]}-byte "
+                                 "tensor)")
+
+    def checked_load(self, ptrs, mask, other, *rest):
+        within("load", ptrs, mask)
+        return load(self, ptrs, mask, other, *rest)
+
+    def checked_store(self, ptrs, value, mask, *rest):
+        within("store", ptrs, mask)
+        return store(self, ptrs, value, mask, *rest)
+
+    interp.GridExecutor._init_args_hst = init_args
+    interp.InterpreterBuilder.create_masked_load = checked_load
+    interp.InterpreterBuilder.create_masked_store = checked_store
+    try:
+        yield
+    finally:
+        interp.GridExecutor._init_args_hst = init
+        interp.InterpreterBuilder.create_masked_load = load
+        interp.InterpreterBuilder.create_masked_store = store
+
+
+@triton.jit
+def _probe_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, MASKED: tl.constexpr, STORE_PAST: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    if MASKED:
+        x = tl.load(x_ptr + r, mask=r < n, other=0.0)
+    else:
+        x = tl.load(x_ptr + r)
+    if STORE_PAST:
+        tl.store(y_ptr + r + 1, x, mask=r < n)
+    else:
+        tl.store(y_ptr + r, x, mask=r < n)
+
+
+def test_address_check_catches_out_of_bounds_lanes():
+    """The check itself: masked tails pass; an unmasked load past the end and a masked store one
+    element off fail, before they touch memory."""
+    x, y = torch.arange(12, dtype=torch.float32), torch.zeros(12)
+    with addresses_checked():
+        _probe_kernel[(1,)](x, y, 12, BLOCK=16, MASKED=True, STORE_PAST=False)
+        assert torch.equal(y, x)
+        with pytest.raises((AssertionError, InterpreterError), match="_probe_kernel: load of 4 unmasked lanes"):
+            _probe_kernel[(1,)](x, y, 12, BLOCK=16, MASKED=False, STORE_PAST=False)
+        with pytest.raises((AssertionError, InterpreterError), match="_probe_kernel: store of 1 unmasked lanes"):
+            _probe_kernel[(1,)](x[:11], y[:11], 11, BLOCK=16, MASKED=True, STORE_PAST=True)
+
+
+@pytest.mark.parametrize("over", [{}, PAIR, {**PAIR, "solve_stages": 2, "u_store": "bf16"}],
+                         ids=["default", "pair", "pair_v8"])
+@pytest.mark.parametrize("T", [64, 70])
+def test_every_address_in_bounds(pair_served, over, T):
+    """Every launch (preparation, scan, read-out) addresses only its own tensors, for the configurations
+    that crashed on the H200 (version 9's paired scan, fp32 and bf16 u) and the default as a control, at
+    an even and an odd chunk count, B = H = 2, final state without an initial one (the crashed runs'
+    flags).  It passes: the H200's illegal access in the paired scan is not in the kernel's addresses."""
+    case = {"B": 2, "T": T, "H": 2, "K": 32, "V": 32, "initial_state": False, "output_final_state": True}
+    x = inputs(case, seed=96)
+    with addresses_checked():
+        got = pair_served.kda_chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, True,
+                                      {**pair_served.KNOBS, **over})
+    errors = PROBLEM.compare(got, PROBLEM.reference(**x))
+    assert all(e.ok for e in errors), [e.reason for e in errors if not e.ok]
