@@ -218,20 +218,14 @@ SPACE = {
     # True is refused by _plan: an illegal memory access on the H200, cause not found (see _SCAN_PAIR_REFUSED)
     "scan_pair": [False],
 }
-# Measured by the search loop right after the defaults (session 4, results/runs/kda-h200-2, judge timer,
-# geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then on
-# top of it pair split + block_maxnreg 128 756.7 us (now the defaults); pair split alone 854.3 and the
-# read-out fused into a 4-warp scan 843.8 were slower. Next: the one-launch preparation (version 6's
-# fuse_prep, not yet timed) at both register caps, then 2-warp block rows at the 168 cap (six programs
-# per SM without spills, offline sm_90): the ncu profile of session 4 has the block rows issue-bound at
-# 25 % occupancy.  Those three were timed in session 4 (799.9 / 806.6 / 761.8 us: none beat the defaults'
-# 756.5).  Version 8 (prepared, not timed; aimed at the solve, 165 us at 48 % of DRAM bandwidth): the
-# pipelined solve (predicted -5..-20 us), u in bf16 (-5..-15 us: solve write and scan read), then both.
-# Version 9 (prepared, not timed; aimed at the state pass, 223 us at the headline, a latency chain of 256
-# chunk steps): the paired pass, first -- but see kernels/notes/kda.md "Version 9": its step compiles to
-# 2.2x the instructions of two single steps and to 1 program per SM, so it may well be slower.  It crashed
-# on the H200 (illegal memory access, session 5 call 2) and is refused by _plan, so it is no longer here.
-TRY_EARLY = [{"solve_stages": 2}, {"u_store": "bf16"}, {"solve_stages": 2, "u_store": "bf16"}]
+# Measured by the search loop right after the defaults. Session 4 (results/runs/kda-h200-2, judge timer,
+# geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then pair split
+# + block_maxnreg 128 756.7 us (now the defaults); fuse_prep 799.9 / 806.6 (cap 168) and 2-warp block rows at
+# 168 761.8 were slower. Session 5 (dev rows, results/h200-2026-11-29e): the pipelined solve (solve_stages 2/3)
+# 770-771 vs 761 us at the headline, 2809 vs 2773 at B2 T16384, no faster anywhere, so it is not here; u in bf16 -2 us at the headline and -0.1..-0.5 % at
+# the other shapes (noise-sized, +0.25e-3 error in o): left for the loop to judge on its own shapes. Version 9's
+# paired scan is refused (see _SCAN_PAIR_REFUSED).
+TRY_EARLY = [{"u_store": "bf16"}]
 
 # Version 9's paired state pass (scan_pair=True) crashed on the H200 with an illegal memory access
 # (results/h200-2026-11-29e, call 2: B1 T2048 H8 K=V=64 fp32 u, and H16 K=V=128 with solve_stages 2 and
