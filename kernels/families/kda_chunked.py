@@ -215,7 +215,7 @@ SPACE = {
     "solve_stages": [1, 2, 3],
     "u_store": ["fp32", "bf16"],  # version 8: storage of the WY factor u: bf16 halves its write and two reads
     # version 9: the state pass steps over pairs of BT-32 chunks (half the serial chain; BT 32, unfused read-out).
-    # True is refused by _plan: an illegal memory access on the H200, cause not found (see _SCAN_PAIR_REFUSED)
+    # True is refused by _plan: an illegal memory access on the H200 in Triton's lowering (see _SCAN_PAIR_REFUSED)
     "scan_pair": [False],
 }
 # Measured by the search loop right after the defaults. Session 4 (results/runs/kda-h200-2, judge timer,
@@ -232,8 +232,10 @@ TRY_EARLY = [{"u_store": "bf16"}]
 # bf16 u; the same shapes without it ran).  Every address its Triton source forms lies inside the buffers
 # passed to the launch (the interpreter's bounds check, tests/test_kda_chunked.py, at odd / even chunk
 # counts, T = 1, B = 2, K != V, both read-outs) and the pipelined TTGIR predicates every prefetch, so the
-# fault is below the source (shared memory / wgmma lowering of the pair step, not found without a GPU).
-# _plan refuses it while this is True; the interpreter tests set it False to keep the code checked.
+# fault is below the source.  compute-sanitizer on the H200 (calls 3-4) places it there: "Invalid __shared__
+# read of size 256 bytes" past the kernel's shared allocation, in the pair step's state product kd^T d (the
+# 64-row tl.dot), 183 such reads per launch; loading kd already transposed instead of tl.trans moved nothing.
+# A Triton 3.6 sm_90 lowering fault, not worked around.  _plan refuses it while this is True; the interpreter tests set it False to keep the code checked.
 _SCAN_PAIR_REFUSED = True
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
@@ -1160,9 +1162,9 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     # mid-pair state S_a on every step for o_b, and was slower in session 4: 843.8 vs 756.5 us) and
     # for BT 32 (its point: the preparation stays at BT 32; at BT 64 a pair is a 128-row step)
     if knobs.get("scan_pair") and _SCAN_PAIR_REFUSED:
-        raise ValueError("scan_pair=True is refused: illegal memory access on the H200, cause not found (every address "
-                         "is in bounds under the CPU interpreter's check; results/h200-2026-11-29e call 2, "
-                         "kernels/notes/kda.md 'Version 9')")
+        raise ValueError("scan_pair=True is refused: illegal memory access on the H200, a shared-memory read past "
+                         "the allocation in Triton 3.6's lowering of the pair step (compute-sanitizer; every address "
+                         "the source forms is in bounds; results/h200-2026-11-29e, kernels/notes/kda.md 'Version 9')")
     if knobs.get("scan_pair") and (knobs.get("fuse_output") or knobs.get("BT") != 32
                                    or knobs.get("scan_layout") != "kv"):
         raise ValueError("scan_pair=True is served at BT=32 with fuse_output=False and scan_layout='kv' only (the "

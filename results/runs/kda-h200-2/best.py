@@ -66,7 +66,7 @@ computes it exactly, so tests/test_kda_chunked.py emulates the tf32 operand trun
 2.9e-3 on the problem's inputs, the same as bf16x3).  Kept
 at that precision: the Aqk/Akk factors, delta in both delta products, Aqk in the read-out, the
 state with ``scan_dot="split"`` (``"mixed"`` rounds the state to bf16 for its two products).
-u stays float32; w, kd, qd are bf16.  Everything all-bf16 (as flash-linear-attention does)
+u stays float32 (``u_store="bf16"``, version 8, rounds it too); w, kd, qd are bf16.  Everything all-bf16 (as flash-linear-attention does)
 measures ~3.9e-3 on long sequences and up to 4.3e-3 on short ones; this family measures up to
 3.0e-3 (mixed) / 2.5e-3 (split), 1.7e-3 of which is o's own bf16 rounding.
 
@@ -119,6 +119,31 @@ level (8, then 4), the lower-left quarters of the 2h x 2h diagonal blocks are fa
 quarter's first row m -- exp(E_i - E_m) x exp(E_m - E_j), both exponents <= 0, so nothing
 overflows -- as one tf32 product pair per level.  ``"full"`` (the default) keeps version 4's code;
 ``block_prog="chunk"`` ignores the knob.
+
+Version 8 (prepared, not run on a GPU; kernels/notes/kda.md "Version 8"), aimed at the solve's DRAM
+time (Nsight Compute, session 4: 165 us at 48 % of the H200's bandwidth, loads not pipelined), two
+knobs whose defaults keep version 7's code: ``solve_stages`` 2 / 3 is the solve launch's
+``num_stages`` (the fused preparation's too): sm_90's pipeliner then prefetches the key-tile loop's
+g and k tiles and the value loop's v tiles with cp.async (LDGSTS) through shared memory (22 / 35 KB
+instead of 16 at the defaults, 128 registers, 8 B spilled: still 4 programs per SM; q and the
+reversed-row loads stay plain).  The block rows keep num_stages 1 (their SASS is identical at 2 and 3:
+no load of theirs feeds a product directly).  ``u_store="bf16"`` stores the WY factor u in bf16,
+halving its write in the solve and its read in the scan (au is still formed from the float32 u): on
+the CPU +0.05-0.4e-3 relative in o (worst 3.6e-3: zero gates, T 4096) and +0.5-0.8e-3 in the final
+state (the state sums u's rounding).
+
+Version 9 (prepared, not run on a GPU; kernels/notes/kda.md "Version 9"), aimed at the state pass's
+serial chain (223 us at the headline, 256 dependent chunk steps per program): ``scan_pair=True`` walks
+pairs of chunks, one merged 64-row step each (``_scan_pair_step``: the pair's merge terms do not
+depend on the state), storing both chunks' states, so the read-out is unchanged.  Served with the kv
+layout, the unfused read-out and BT 32.  On the CPU it moves o by +0.00-0.08e-3 relative and the final
+state by +0.0-0.25e-3.  Offline sm_90 warns: 762 instructions and 13 barriers per warp per pair step
+(two single steps: 340 and 8), 255 registers (1 program per SM instead of 2), because the merge is
+recomputed by every V-block program and its 32-row products tile poorly.  On the H200 (session 5,
+call 2) it crashed with an illegal memory access at B1 T2048 H8 K=V=64 and H16 K=V=128; every address
+it forms is inside its buffers under the interpreter's bounds check (tests/test_kda_chunked.py), so the
+fault is below the Triton source (not found): ``_plan`` refuses ``scan_pair=True`` and SPACE no longer
+holds it; the code stays, exercised by the interpreter tests with ``_SCAN_PAIR_REFUSED`` lifted.
 """
 
 import math
@@ -128,33 +153,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {
-    "BT": 32,
-    "BC": 16,
-    "BK": 32,
-    "BV": 16,
-    "diag": "guarded",
-    "recentre": "midpoint",
-    "merge": "mma",
-    "prec": "tf32",
-    "readout": "pre",
-    "subst": "rows",
-    "fuse_prep": False,
-    "fuse_output": False,
-    "scan_dot": "mixed",
-    "scan_layout": "kv",
-    "block_warps": 4,
-    "solve_warps": 4,
-    "block_maxnreg": 128,
-    "solve_maxnreg": 128,
-    "scan_warps": 8,
-    "scan_stages": 3,
-    "out_warps": 4,
-    "block_prog": "row",
-    "out_bv": 128,
-    "au": "bf16",
-    "pair": "split",
-}
+KNOBS = {'BT': 32, 'BC': 16, 'BK': 32, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 4, 'solve_warps': 4, 'block_maxnreg': 128, 'solve_maxnreg': 128, 'scan_warps': 8, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 128, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'scan_pair': False}
 # kopt:knobs-end
 SPACE = {
     "BT": [32, 64],
@@ -182,15 +181,31 @@ SPACE = {
     "out_bv": [0, 64, 128],  # version 5: the read-out's value tile (0: the scan's BV)
     "au": ["fp32", "bf16"],  # version 6: storage of Aqk u (readout "pre"): bf16 halves its bytes
     "pair": ["full", "split"],  # version 7: the pairwise diagonal fallback of block_prog "row", split exactly
+    # version 8: num_stages of the solve launch -- at 2 / 3 Triton turns the g, k (key-tile loop) and v
+    # (value loop) loads into cp.async (LDGSTS) prefetches through shared memory (1: plain loads, as before)
+    "solve_stages": [1, 2, 3],
+    "u_store": ["fp32", "bf16"],  # version 8: storage of the WY factor u: bf16 halves its write and two reads
+    # version 9: the state pass steps over pairs of BT-32 chunks (half the serial chain; BT 32, unfused read-out).
+    # True is refused by _plan: an illegal memory access on the H200, cause not found (see _SCAN_PAIR_REFUSED)
+    "scan_pair": [False],
 }
-# Measured by the search loop right after the defaults (session 4, results/runs/kda-h200-2, judge timer,
-# geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then on
-# top of it pair split + block_maxnreg 128 756.7 us (now the defaults); pair split alone 854.3 and the
-# read-out fused into a 4-warp scan 843.8 were slower. Next: the one-launch preparation (version 6's
-# fuse_prep, not yet timed) at both register caps, then 2-warp block rows at the 168 cap (six programs
-# per SM without spills, offline sm_90): the ncu profile of session 4 has the block rows issue-bound at
-# 25 % occupancy.
-TRY_EARLY = [{"fuse_prep": True}, {"fuse_prep": True, "block_maxnreg": 168}, {"block_warps": 2, "block_maxnreg": 168}]
+# Measured by the search loop right after the defaults. Session 4 (results/runs/kda-h200-2, judge timer,
+# geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then pair split
+# + block_maxnreg 128 756.7 us (now the defaults); fuse_prep 799.9 / 806.6 (cap 168) and 2-warp block rows at
+# 168 761.8 were slower. Session 5 (dev rows, results/h200-2026-11-29e): the pipelined solve (solve_stages 2/3)
+# 770-771 vs 761 us at the headline, 2809 vs 2773 at B2 T16384, no faster anywhere, so it is not here; u in bf16 -2 us at the headline and -0.1..-0.5 % at
+# the other shapes (noise-sized, +0.25e-3 error in o): left for the loop to judge on its own shapes. Version 9's
+# paired scan is refused (see _SCAN_PAIR_REFUSED).
+TRY_EARLY = [{"u_store": "bf16"}]
+
+# Version 9's paired state pass (scan_pair=True) crashed on the H200 with an illegal memory access
+# (results/h200-2026-11-29e, call 2: B1 T2048 H8 K=V=64 fp32 u, and H16 K=V=128 with solve_stages 2 and
+# bf16 u; the same shapes without it ran).  Every address its Triton source forms lies inside the buffers
+# passed to the launch (the interpreter's bounds check, tests/test_kda_chunked.py, at odd / even chunk
+# counts, T = 1, B = 2, K != V, both read-outs) and the pipelined TTGIR predicates every prefetch, so the
+# fault is below the source (shared memory / wgmma lowering of the pair step, not found without a GPU).
+# _plan refuses it while this is True; the interpreter tests set it False to keep the code checked.
+_SCAN_PAIR_REFUSED = True
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
@@ -698,7 +713,8 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
         cv = vs + tl.arange(0, BVP)
         v_a = tl.load(v_ptr + rt[:, None] * s_vt + cv[None, :], mask=rt_ok[:, None], other=0.0)
         u_t = tl.dot(a_wy, v_a.to(tl.bfloat16))
-        tl.store(u_ptr + rt[:, None] * V + cv[None, :], u_t)
+        # u as stored (float32, or bf16 with u_store="bf16"); au below takes the float32 u_t
+        tl.store(u_ptr + rt[:, None] * V + cv[None, :], u_t.to(u_ptr.dtype.element_ty))
         if PRE:
             if TF32:
                 au = tl.dot(aq_hi.to(tl.float32) + aq_lo.to(tl.float32), u_t, input_precision="tf32")
@@ -781,6 +797,92 @@ def _kda_prep_kernel(
 # Stage 2: the sequential scan over chunks
 # ------------------------------------------------------------------------------------------
 @triton.jit
+def _scan_pair_step(S, n, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, dbuf_ptr, NT, rk, cv, rt,
+                    K: tl.constexpr, BV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                    SPLIT_S: tl.constexpr, PRE: tl.constexpr):
+    """Chunks a = n and b = n + 1 in one step of the chain (version 9, layout "kv").  With
+    C = w_b kd_a^T [BT, BT]:
+
+        d_a   = u_a - w_a S
+        d_b   = u_b - w_b S_a = (u_b - C u_a) - (w_b diag(gl_a) - C w_a) S
+        S_a   = diag(gl_a) S + kd_a^T d_a          (stored to hbuf for the read-out)
+        S_end = diag(gl_b) S_a + kd_b^T d_b
+
+    so both deltas are ONE 64-row product with S: w' = [w_a; w_b'], u' = [u_a; u_b'] (w_b' =
+    w_b diag(gl_a) - C w_a, u_b' = u_b - C u_a do not depend on S), and the two state products
+    share d (kd^T times d with the other half's rows zeroed).  C is exact (bf16 operands, float32
+    sums) and is split into bf16 hi + lo for its products (u_a too when float32); w_b' is rounded
+    to bf16 as w itself is stored.  A missing chunk b (odd NT) loads zeros with gl_b = 1: C, w_b',
+    u_b' and d_b are then exactly 0 and S_end = S_a; the rows past T inside a chunk are zeros from
+    the preparation (k, v, beta masked to 0 there), so they add nothing either.
+
+    Written for Triton's choices on sm_90: the merge's results reach the next product only through
+    a transpose, since Triton tiles a chain of mma.sync products [num_warps, 1] (four times
+    redundant at 32 rows and 8 warps); (C w_a)^T is a 128-row wgmma; the 64-row product with S
+    is a wgmma as at BT 64."""
+    ra = n * BT + rt
+    rb = ra + BT
+    b_ok = rb < NT * BT  # chunk b exists
+    kb_ok = (rk * 0 + n + 1) < NT
+    p_a = ra[:, None] * K + rk[None, :]
+    w_a = tl.load(w_ptr + p_a)
+    w_b = tl.load(w_ptr + rb[:, None] * K + rk[None, :], mask=b_ok[:, None], other=0.0)
+    kd_a = tl.load(kd_ptr + p_a)
+    gl_a = tl.load(gl_ptr + n * K + rk)
+    gl_b = tl.load(gl_ptr + (n + 1) * K + rk, mask=kb_ok, other=1.0)
+    u_a = tl.load(u_ptr + ra[:, None] * V + cv[None, :])
+    u_b = tl.load(u_ptr + rb[:, None] * V + cv[None, :], mask=b_ok[:, None], other=0.0).to(tl.float32)
+    # the merge, independent of S
+    c = tl.dot(w_b, tl.trans(kd_a))  # [BT(b), BT(a)]
+    c_hi, c_lo = _split(c)
+    ch_t = tl.trans(c_hi)
+    cl_t = tl.trans(c_lo)
+    wat = tl.trans(w_a)
+    cw_t = tl.dot(wat, ch_t)  # (C w_a)^T, [K, BT(b)]
+    cw_t = tl.dot(wat, cl_t, cw_t)
+    wb2_t = (tl.trans(w_b).to(tl.float32) * gl_a[:, None] - cw_t).to(tl.bfloat16)  # w_b'^T
+    if u_ptr.dtype.element_ty == tl.bfloat16:  # u_store "bf16": u_a is exactly bf16, no low half
+        ua_t = tl.trans(u_a)
+        cu_t = tl.dot(ua_t, ch_t)  # (C u_a)^T, [BV, BT(b)]
+        cu_t = tl.dot(ua_t, cl_t, cu_t)
+    else:
+        ua_hi, ua_lo = _split(tl.trans(u_a))
+        cu_t = tl.dot(ua_hi, ch_t)
+        cu_t = tl.dot(ua_lo, ch_t, cu_t)
+        cu_t = tl.dot(ua_hi, cl_t, cu_t)
+    ub2 = u_b - tl.trans(cu_t)
+    # w' and u' as 64-row tiles: [w_a; w_b'], [u_a; u_b']
+    w2 = tl.trans(tl.reshape(tl.permute(tl.join(wat, wb2_t), (0, 2, 1)), (K, 2 * BT)))
+    u2 = tl.reshape(tl.permute(tl.join(u_a.to(tl.float32), ub2), (2, 0, 1)), (2 * BT, BV))
+    r2 = tl.arange(0, 2 * BT)
+    row2 = n * BT + r2
+    kd2 = tl.load(kd_ptr + row2[:, None] * K + rk[None, :], mask=(row2 < NT * BT)[:, None], other=0.0)
+    # the chain
+    if SPLIT_S:
+        s_hi, s_lo = _split(S)
+        ws = tl.dot(w2, s_hi)
+        ws = tl.dot(w2, s_lo, ws)
+    else:
+        ws = tl.dot(w2, S.to(tl.bfloat16))
+    d = u2 - ws  # [2 BT, BV]: d_a, d_b
+    tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
+    if not PRE:
+        tl.store(dbuf_ptr + row2[:, None] * V + cv[None, :], d, mask=(row2 < NT * BT)[:, None])
+    first = (r2 < BT)[:, None]
+    da_hi, da_lo = _split(tl.where(first, d, 0.0))
+    db_hi, db_lo = _split(tl.where(first, 0.0, d))
+    kt2 = tl.trans(kd2)
+    xa = tl.dot(kt2, da_hi)
+    xa = tl.dot(kt2, da_lo, xa)
+    xb = tl.dot(kt2, db_hi)
+    xb = tl.dot(kt2, db_lo, xb)
+    S_a = S * gl_a[:, None] + xa
+    tl.store(hbuf_ptr + (n + 1) * K * V + rk[:, None] * V + cv[None, :], S_a.to(hbuf_ptr.dtype.element_ty),
+             mask=kb_ok[:, None])
+    return S_a * gl_b[:, None] + xb
+
+
+@triton.jit
 def _kda_scan_kernel(
     w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, gl_ptr, au_ptr,
     h0_ptr, ht_ptr, o_ptr, hbuf_ptr, dbuf_ptr,
@@ -788,7 +890,7 @@ def _kda_scan_kernel(
     s_ob, s_ot, s_oh,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     LAYOUT: tl.constexpr, FUSE_OUT: tl.constexpr, SPLIT_S: tl.constexpr,
-    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRE: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRE: tl.constexpr, PAIR: tl.constexpr = False,
 ):
     """One program per (V-block, batch*head) walks the chunks in order.  LAYOUT 0 keeps the
     state as S [K, BV]; LAYOUT 1 as S^T [BV, K], so that the state and delta are the
@@ -797,7 +899,10 @@ def _kda_scan_kernel(
     read-out's Aqk delta three (Aqk arrives as hi and lo halves); products with the state use
     the split too when SPLIT_S, else the state rounded to bf16.  No tf32 anywhere.  With PRE the
     read-out is o = qd' S + au (qd' = qd - Aqk w and au = Aqk u from the preparation): no Aqk
-    tiles, no products with delta but the state update's."""
+    tiles, no products with delta but the state update's.
+
+    PAIR (version 9, ``scan_pair``; LAYOUT 0 without FUSE_OUT): the loop steps over pairs of
+    chunks, so the serial chain S -> delta -> S has half as many steps (``_scan_pair_step``)."""
     i_v = tl.program_id(0).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -830,94 +935,99 @@ def _kda_scan_kernel(
     dbuf_ptr += i_bh * TP * V
     hbuf_ptr += i_bh * NT * K * V
 
-    for n in range(NT):
-        # Everything the read-out needs is loaded first and the read-out computed last (from
-        # the state entering the chunk), so that its loads -- au is not pipelined by Triton --
-        # overlap the S -> delta -> S chain instead of stalling it.
-        row = n * BT + rt
-        p_k = row[:, None] * K + rk[None, :]
-        w_n = tl.load(w_ptr + p_k)
-        kd_n = tl.load(kd_ptr + p_k)
-        gl_n = tl.load(gl_ptr + n * K + rk)
-        if LAYOUT == 0:
-            u_n = tl.load(u_ptr + row[:, None] * V + cv[None, :])
-            if FUSE_OUT:
-                qd_n = tl.load(qd_ptr + p_k)
-                if PRE:
-                    o_n = tl.load(au_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
-                else:
-                    o_n = tl.zeros([BT, BV], dtype=tl.float32)
-                    p_a = aqk_ptr + row[:, None] * BT + ct[None, :]
-                    a_hi = tl.load(p_a)
-                    a_lo = tl.load(p_a + lo_off)
-            if SPLIT_S:
-                s_hi, s_lo = _split(S)
-                ws = tl.dot(w_n, s_hi)
-                ws = tl.dot(w_n, s_lo, ws)
-            else:
-                s_hi = S.to(tl.bfloat16)
-                ws = tl.dot(w_n, s_hi)
-            d = u_n - ws  # [BT, BV]
-            d_hi, d_lo = _split(d)
-            if not FUSE_OUT:
-                tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
-                if not PRE:
-                    tl.store(dbuf_ptr + row[:, None] * V + cv[None, :], d)
-            kt = tl.trans(kd_n)
-            upd = tl.dot(kt, d_hi)
-            upd = tl.dot(kt, d_lo, upd)
-            S_next = S * gl_n[:, None] + upd
-            if FUSE_OUT:
-                o_n = tl.dot(qd_n, s_hi, o_n)
+    if PAIR:
+        for n in range(0, NT, 2):
+            S = _scan_pair_step(S, n, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, dbuf_ptr, NT, rk, cv, rt,
+                                K, BV, V, BT, SPLIT_S, PRE)
+    else:
+        for n in range(NT):
+            # Everything the read-out needs is loaded first and the read-out computed last (from
+            # the state entering the chunk), so that its loads -- au is not pipelined by Triton --
+            # overlap the S -> delta -> S chain instead of stalling it.
+            row = n * BT + rt
+            p_k = row[:, None] * K + rk[None, :]
+            w_n = tl.load(w_ptr + p_k)
+            kd_n = tl.load(kd_ptr + p_k)
+            gl_n = tl.load(gl_ptr + n * K + rk)
+            if LAYOUT == 0:
+                u_n = tl.load(u_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
+                if FUSE_OUT:
+                    qd_n = tl.load(qd_ptr + p_k)
+                    if PRE:
+                        o_n = tl.load(au_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
+                    else:
+                        o_n = tl.zeros([BT, BV], dtype=tl.float32)
+                        p_a = aqk_ptr + row[:, None] * BT + ct[None, :]
+                        a_hi = tl.load(p_a)
+                        a_lo = tl.load(p_a + lo_off)
                 if SPLIT_S:
-                    o_n = tl.dot(qd_n, s_lo, o_n)
-                if not PRE:
-                    o_n = tl.dot(a_hi, d_hi, o_n)
-                    o_n = tl.dot(a_hi, d_lo, o_n)
-                    o_n = tl.dot(a_lo, d_hi, o_n)
-                tl.store(o_ptr + row[:, None] * s_ot + cv[None, :], o_n.to(o_ptr.dtype.element_ty),
-                         mask=(row < T)[:, None])
-            S = S_next
-        else:
-            u_t = tl.load(u_ptr + row[None, :] * V + cv[:, None])  # [BV, BT]
-            if FUSE_OUT:
-                qd_n = tl.load(qd_ptr + p_k)
-                if PRE:
-                    o_t = tl.load(au_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
+                    s_hi, s_lo = _split(S)
+                    ws = tl.dot(w_n, s_hi)
+                    ws = tl.dot(w_n, s_lo, ws)
                 else:
-                    o_t = tl.zeros([BV, BT], dtype=tl.float32)
-                    p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
-                    a_hi = tl.load(p_a)
-                    a_lo = tl.load(p_a + lo_off)
-            wt = tl.trans(w_n)
-            if SPLIT_S:
-                s_hi, s_lo = _split(S)
-                ws = tl.dot(s_hi, wt)
-                ws = tl.dot(s_lo, wt, ws)
+                    s_hi = S.to(tl.bfloat16)
+                    ws = tl.dot(w_n, s_hi)
+                d = u_n - ws  # [BT, BV]
+                d_hi, d_lo = _split(d)
+                if not FUSE_OUT:
+                    tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
+                    if not PRE:
+                        tl.store(dbuf_ptr + row[:, None] * V + cv[None, :], d)
+                kt = tl.trans(kd_n)
+                upd = tl.dot(kt, d_hi)
+                upd = tl.dot(kt, d_lo, upd)
+                S_next = S * gl_n[:, None] + upd
+                if FUSE_OUT:
+                    o_n = tl.dot(qd_n, s_hi, o_n)
+                    if SPLIT_S:
+                        o_n = tl.dot(qd_n, s_lo, o_n)
+                    if not PRE:
+                        o_n = tl.dot(a_hi, d_hi, o_n)
+                        o_n = tl.dot(a_hi, d_lo, o_n)
+                        o_n = tl.dot(a_lo, d_hi, o_n)
+                    tl.store(o_ptr + row[:, None] * s_ot + cv[None, :], o_n.to(o_ptr.dtype.element_ty),
+                             mask=(row < T)[:, None])
+                S = S_next
             else:
-                s_hi = S.to(tl.bfloat16)
-                ws = tl.dot(s_hi, wt)
-            d = u_t - ws  # [BV, BT]
-            d_hi, d_lo = _split(d)
-            if not FUSE_OUT:
-                tl.store(hbuf_ptr + n * K * V + rk[None, :] * V + cv[:, None], S.to(hbuf_ptr.dtype.element_ty))
-                if not PRE:
-                    tl.store(dbuf_ptr + row[None, :] * V + cv[:, None], d)
-            upd = tl.dot(d_hi, kd_n)
-            upd = tl.dot(d_lo, kd_n, upd)
-            S_next = S * gl_n[None, :] + upd
-            if FUSE_OUT:
-                qt = tl.trans(qd_n)
-                o_t = tl.dot(s_hi, qt, o_t)
+                u_t = tl.load(u_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
+                if FUSE_OUT:
+                    qd_n = tl.load(qd_ptr + p_k)
+                    if PRE:
+                        o_t = tl.load(au_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
+                    else:
+                        o_t = tl.zeros([BV, BT], dtype=tl.float32)
+                        p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
+                        a_hi = tl.load(p_a)
+                        a_lo = tl.load(p_a + lo_off)
+                wt = tl.trans(w_n)
                 if SPLIT_S:
-                    o_t = tl.dot(s_lo, qt, o_t)
-                if not PRE:
-                    o_t = tl.dot(d_hi, a_hi, o_t)
-                    o_t = tl.dot(d_lo, a_hi, o_t)
-                    o_t = tl.dot(d_hi, a_lo, o_t)
-                tl.store(o_ptr + row[None, :] * s_ot + cv[:, None], o_t.to(o_ptr.dtype.element_ty),
-                         mask=(row < T)[None, :])
-            S = S_next
+                    s_hi, s_lo = _split(S)
+                    ws = tl.dot(s_hi, wt)
+                    ws = tl.dot(s_lo, wt, ws)
+                else:
+                    s_hi = S.to(tl.bfloat16)
+                    ws = tl.dot(s_hi, wt)
+                d = u_t - ws  # [BV, BT]
+                d_hi, d_lo = _split(d)
+                if not FUSE_OUT:
+                    tl.store(hbuf_ptr + n * K * V + rk[None, :] * V + cv[:, None], S.to(hbuf_ptr.dtype.element_ty))
+                    if not PRE:
+                        tl.store(dbuf_ptr + row[None, :] * V + cv[:, None], d)
+                upd = tl.dot(d_hi, kd_n)
+                upd = tl.dot(d_lo, kd_n, upd)
+                S_next = S * gl_n[None, :] + upd
+                if FUSE_OUT:
+                    qt = tl.trans(qd_n)
+                    o_t = tl.dot(s_hi, qt, o_t)
+                    if SPLIT_S:
+                        o_t = tl.dot(s_lo, qt, o_t)
+                    if not PRE:
+                        o_t = tl.dot(d_hi, a_hi, o_t)
+                        o_t = tl.dot(d_lo, a_hi, o_t)
+                        o_t = tl.dot(d_hi, a_lo, o_t)
+                    tl.store(o_ptr + row[None, :] * s_ot + cv[:, None], o_t.to(o_ptr.dtype.element_ty),
+                             mask=(row < T)[None, :])
+                S = S_next
 
     if STORE_HT:
         tl.store(ht_ptr + state_off, S)
@@ -976,7 +1086,8 @@ def _pow2(x: int) -> bool:
 
 def _plan(K: int, V: int, knobs: dict) -> dict:
     """Check a knob combination against a shape; return the launch plan or raise ValueError."""
-    knobs = {"pair": "full", **knobs}  # knob dicts written before version 7 lack "pair"
+    # knob dicts written before version 7 / 8 lack "pair", "solve_stages" and "u_store"
+    knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "scan_pair": False, **knobs}
     # combinations the CPU interpreter passes but the H200 computed wrongly: refused by name
     if knobs.get("subst") == "direct":
         raise ValueError("subst='direct' computes wrong outputs on the H200 (results/runs/kda-h200: "
@@ -1008,7 +1119,29 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         raise ValueError("fuse_prep=True is served at BT=32 with subst='rows', block_prog='row' and 4 block warps "
                          "only (the fused program runs the solve at block_warps; a 4-warp solve is wrong on the "
                          "H200 at BT=64, and 2 or 8 warps leave one program per SM)")
+    # version 8's pipelined solve: everywhere it compiles without a heavy spill on sm_90 (at most
+    # 40 B per thread, 22-35 KB of shared memory at BT 32, 64-80 KB at BT 64); not where the solve
+    # already spills 336-376 B per thread at 128 registers (BT 64): the prefetched tiles would
+    # land in shared memory only to be spilled again on their way through registers
+    if knobs.get("solve_stages") in (2, 3) and knobs.get("BT") == 64 and knobs.get("solve_maxnreg") == 128:
+        raise ValueError(f"solve_stages={knobs.get('solve_stages')} is not served at BT=64 with solve_maxnreg=128 "
+                         "(the solve spills 336-376 B per thread there on sm_90 at every stage count; pipelining "
+                         "adds 16-32 KB of shared memory on top)")
+    # version 9's paired state pass: written for the unfused read-out (the fused one would need the
+    # mid-pair state S_a on every step for o_b, and was slower in session 4: 843.8 vs 756.5 us) and
+    # for BT 32 (its point: the preparation stays at BT 32; at BT 64 a pair is a 128-row step)
+    if knobs.get("scan_pair") and _SCAN_PAIR_REFUSED:
+        raise ValueError("scan_pair=True is refused: illegal memory access on the H200, cause not found (every address "
+                         "is in bounds under the CPU interpreter's check; results/h200-2026-11-29e call 2, "
+                         "kernels/notes/kda.md 'Version 9')")
+    if knobs.get("scan_pair") and (knobs.get("fuse_output") or knobs.get("BT") != 32
+                                   or knobs.get("scan_layout") != "kv"):
+        raise ValueError("scan_pair=True is served at BT=32 with fuse_output=False and scan_layout='kv' only (the "
+                         "paired state pass stores both chunk states for the separate read-out; BT 64 would pair "
+                         "into 128-row steps; its Triton layout work was done for the default kv layout only)")
     for name, choices in SPACE.items():
+        if name == "scan_pair":  # True is out of SPACE (refused above) but still served with the refusal lifted
+            choices = [False, True]
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
     BT, BC, BK, BV = knobs["BT"], knobs["BC"], knobs["BK"], knobs["BV"]
@@ -1023,8 +1156,10 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     split = knobs["scan_dot"] == "split"
     # shared memory one pipeline stage of the scan holds (operand tiles it loads per chunk)
     pre = knobs["readout"] == "pre"
-    per_stage = (BT * K * 2 * (3 if fuse else 2) + BT * bv * 4 + K * 4
+    per_stage = (BT * K * 2 * (3 if fuse else 2) + BT * bv * (2 if knobs["u_store"] == "bf16" else 4) + K * 4
                  + (0 if not fuse else BT * bv * 4 if pre else BT * BT * 4))
+    if knobs["scan_pair"]:  # two chunks' tiles per step
+        per_stage *= 2
     # layout kv stages the state and delta (right-hand operands) through shared memory each step
     scratch = K * bv * 4 + BT * bv * 8 if knobs["scan_layout"] == "kv" else 0
     stages = knobs["scan_stages"]
@@ -1057,7 +1192,9 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "HOIST": 0 if knobs["subst"] != "rows" or BT != 32 else
                  2 if (knobs["block_warps"] if knobs["fuse_prep"] else knobs["solve_warps"]) == 8 else 1,
         "fuse": fuse, "split": split, "scan_stages": stages,
+        "solve_stages": knobs["solve_stages"], "u_bf16": knobs["u_store"] == "bf16",
         "layout": 0 if knobs["scan_layout"] == "kv" else 1,
+        "pair": bool(knobs["scan_pair"]),
     }
 
 
@@ -1103,7 +1240,8 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
     w = torch.empty((BH, TP, K), dtype=torch.bfloat16, device=dev)
     kd = torch.empty_like(w)
     qd = torch.empty_like(w)
-    u = torch.empty((BH, TP, V), dtype=torch.float32, device=dev)
+    # u_store="bf16" (version 8): u in bf16, half the bytes of its write here and its read in the scan
+    u = torch.empty((BH, TP, V), dtype=torch.bfloat16 if plan["u_bf16"] else torch.float32, device=dev)
     aqk = torch.empty((2, BH, TP, BT), dtype=torch.bfloat16, device=dev)  # Aqk as bf16 hi, lo
     akk = torch.empty((BH, TP, BT), dtype=torch.float32, device=dev)
     gl = torch.empty((BH, NT, K), dtype=torch.float32, device=dev)
@@ -1127,7 +1265,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             K=K, V=V, BT=BT, BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"], DK=plan["DK"],
             LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
             TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
-            CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"], num_stages=1,
+            CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"],
         )
         # block_maxnreg / solve_maxnreg: cap the registers per thread (ptxas spills the rest to
         # L1-backed local memory) so that more programs are resident: at 128, 4 block-row
@@ -1135,12 +1273,16 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
         block_regs = {"maxnreg": kn["block_maxnreg"]} if kn["block_maxnreg"] else {}
         solve_regs = {"maxnreg": kn["solve_maxnreg"]} if kn["solve_maxnreg"] else {}
         if kn["fuse_prep"]:
-            _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=0, num_warps=kn["block_warps"], **block_regs, **prep_meta)
+            _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=0, num_warps=kn["block_warps"], num_stages=plan["solve_stages"],
+                                       **block_regs, **prep_meta)
         else:
             rows_grid = NT if plan["CHUNK"] else NT * (BT // plan["BC"])
-            _kda_prep_kernel[(rows_grid, BH)](*prep_args, STAGE=1, num_warps=kn["block_warps"],
+            # the block rows stay at num_stages 1: their loads feed no product directly, and sm_90's
+            # SASS is identical at 2 and 3 (version 8, offline compile); solve_stages pipelines the solve
+            _kda_prep_kernel[(rows_grid, BH)](*prep_args, STAGE=1, num_warps=kn["block_warps"], num_stages=1,
                                                             **block_regs, **prep_meta)
-            _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=2, num_warps=kn["solve_warps"], **solve_regs, **prep_meta)
+            _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=2, num_warps=kn["solve_warps"], num_stages=plan["solve_stages"],
+                                       **solve_regs, **prep_meta)
         if debug is not None:
             debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=gl, BT=BT, NT=NT, TP=TP,
                          pre=plan["PRE"], au=au if plan["PRE"] else None)
@@ -1159,7 +1301,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             o.stride(0), o.stride(1), o.stride(2),
             K=K, V=V, BT=BT, BV=BV,
             LAYOUT=plan["layout"], FUSE_OUT=fuse, SPLIT_S=plan["split"],
-            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"],
+            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"], PAIR=plan["pair"],
             num_warps=kn["scan_warps"], num_stages=plan["scan_stages"],
         )
         if not fuse:
