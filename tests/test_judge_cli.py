@@ -66,6 +66,22 @@ def test_the_result_says_where_the_childs_time_went() -> None:
     assert seconds["timing:candidate"] + seconds["timing:baselines"] <= seconds["stage:benchmark"] + 1e-3
 
 
+def test_a_file_that_passed_the_sweep_can_be_judged_on_its_explicit_cases_alone() -> None:
+    """hypothesis=False leaves out only the random shapes: the explicit cases still run, and a
+    candidate that is wrong on them still fails."""
+    from pytest_kopt.judge import evaluate
+
+    swept = evaluate(TOY_REF, HOSTILE / "good_axpy.py", quick=True, upto="correctness")
+    assert swept["verdict"] == "pass" and swept["correctness"]["hypothesis_examples"] > 0
+    assert "hypothesis" in swept["seconds"]
+    unswept = evaluate(TOY_REF, HOSTILE / "good_axpy.py", quick=True, upto="correctness", hypothesis=False)
+    assert unswept["verdict"] == "pass" and unswept["correctness"]["hypothesis_examples"] == 0
+    assert unswept["correctness"]["hypothesis_skipped"] and "hypothesis" not in unswept["seconds"]
+    assert unswept["correctness"]["explicit_cases"] == swept["correctness"]["explicit_cases"]
+    wrong = evaluate(TOY_REF, HOSTILE / "returns_nan.py", quick=True, upto="correctness", hypothesis=False)
+    assert wrong["verdict"] == "fail" and wrong["stage"] == "correctness"
+
+
 def test_several_timed_cases_give_geometric_means_and_keep_each_case() -> None:
     from pytest_kopt.judge import evaluate
 

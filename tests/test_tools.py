@@ -88,6 +88,46 @@ def test_evaluations_are_cached_but_still_charged(tmp_path):
     assert judge.calls[-1] == (cid, "profile")
 
 
+class SweepRecorder(FakeJudge):
+    """A FakeJudge that also records whether each evaluation asked for the random-shape sweep."""
+
+    def __init__(self):
+        super().__init__()
+        self.sweeps: list[tuple[str, bool]] = []
+
+    def __call__(self, problem_name, candidate_path, *, upto="profile", timeout_s=900.0, **kwargs):
+        self.sweeps.append((upto, kwargs.get("hypothesis", True)))
+        return super().__call__(problem_name, candidate_path, upto=upto, timeout_s=timeout_s)
+
+
+def test_only_a_file_that_passed_correctness_skips_the_random_shapes(tmp_path):
+    tools, judge = make(tmp_path, judge=SweepRecorder())
+    good = tools.call("write_candidate", source=GOOD, strategy="fast")["candidate_id"]
+    bad = tools.call("write_candidate", source=BAD, strategy="fast")["candidate_id"]
+    tools.call("benchmark", candidate_id=good)  # first evaluation of this file: swept
+    tools.call("profile", candidate_id=good)  # passed before: explicit cases only
+    tools.call("run_tests", candidate_id=bad)  # fails correctness
+    tools.call("profile", candidate_id=bad)  # answered by the cached failure, no judge call
+    other = tools.call("write_candidate", source=parse_family(FAST, "fast").render({"CHUNK": 64, "num_warps": 4, "fuse": False}))["candidate_id"]
+    tools.call("run_tests", candidate_id=other)
+    tools.call("benchmark", candidate_id=other)
+    assert judge.sweeps == [("benchmark", True), ("profile", False), ("correctness", True), ("correctness", True), ("benchmark", False)]
+
+
+def test_a_judge_without_the_keyword_is_never_passed_it(tmp_path):
+    seen = []
+
+    def plain_judge(problem_name, candidate_path, *, upto, timeout_s):
+        seen.append(upto)
+        return FakeJudge()(problem_name, candidate_path, upto=upto, timeout_s=timeout_s)
+
+    tools, _ = make(tmp_path, judge=plain_judge)
+    good = tools.call("write_candidate", source=GOOD, strategy="fast")["candidate_id"]
+    assert tools.call("run_tests", candidate_id=good)["verdict"] == "pass"
+    assert tools.call("benchmark", candidate_id=good)["verdict"] == "pass"
+    assert seen == ["correctness", "benchmark"]
+
+
 def test_a_failure_answers_every_later_stage(tmp_path):
     tools, judge = make(tmp_path)
     cid = tools.call("write_candidate", source=BAD)["candidate_id"]

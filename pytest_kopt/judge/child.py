@@ -114,7 +114,8 @@ def combine_cases(label: str, per_case: list[tuple[dict, dict]]) -> tuple[dict, 
 class Judge:
     """One evaluation. ``run()`` returns the result dict (see docs/architecture.md)."""
 
-    def __init__(self, problem: Any, candidate: Path, *, upto: str, quick: bool, seed: int | None, progress: Path | None) -> None:
+    def __init__(self, problem: Any, candidate: Path, *, upto: str, quick: bool, seed: int | None, progress: Path | None,
+                 hypothesis: bool = True) -> None:
         import torch
 
         from . import checks
@@ -124,6 +125,7 @@ class Judge:
         self.candidate = candidate
         self.upto = upto
         self.quick = quick
+        self.hypothesis = hypothesis  # False: the file passed the random-shape sweep in an earlier evaluation
         self.progress = progress
         self.rng = random.Random(seed) if seed is not None else secrets.SystemRandom()
         self.cuda = torch.cuda.is_available()
@@ -359,7 +361,10 @@ class Judge:
         if reasons:
             raise StageFailed("correctness", reasons)
         self.result["correctness"] = {"explicit_cases": [self.label(c) for c in cases]}
-        self.hypothesis_cases()
+        if self.hypothesis:
+            self.hypothesis_cases()
+        else:
+            self.result["correctness"].update(hypothesis_examples=0, hypothesis_skipped="this file passed the sweep in an earlier evaluation")
 
     def hypothesis_cases(self) -> None:
         """Random shapes from the problem's strategy; on failure, hypothesis shrinks to the
@@ -658,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upto", default="profile", choices=STAGES[1:])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--no-hypothesis", action="store_true", help="explicit cases only: the file passed the random shapes before")
     args = parser.parse_args(argv)
 
     from .. import interpret
@@ -671,7 +677,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import profile, timing  # noqa: F401
 
-    result = Judge(problem, args.candidate.resolve(), upto=args.upto, quick=args.quick, seed=args.seed, progress=args.progress).run()
+    result = Judge(problem, args.candidate.resolve(), upto=args.upto, quick=args.quick, seed=args.seed, progress=args.progress,
+                   hypothesis=not args.no_hypothesis).run()
     result = json.loads(json.dumps(_finite(result), default=str))  # the form the parent will parse and check
     document = {"result": result, "hmac": sign(result, key)}
     args.out.write_text(json.dumps(document, default=str))
