@@ -15,6 +15,8 @@ summary adds each one's speedup over the group's first baseline, from this run a
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -55,6 +57,34 @@ def pytest_benchmark_update_commit_info(config, commit_info):  # noqa: ANN001
     for path in sorted((KERNELS_DIR / "best").glob("*.py")):
         if path.name != "__init__.py":
             commit_info[f"sha256:kernels/best/{path.name}"] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """Rewrite --benchmark-json after every test, not only at the session's end: a device command
+    stopped at its time limit lost a whole six-shape JSON once (session 5, call 4), though twenty
+    of its tests had finished. The file is replaced atomically, so a kill mid-write leaves the last one."""
+    yield
+    save_json_so_far(item.config)
+
+
+def save_json_so_far(config: pytest.Config) -> None:
+    """The JSON pytest-benchmark writes at the session's end, from the benchmarks finished so far."""
+    import os
+
+    bench_session = getattr(config, "_benchmarksession", None)
+    if bench_session is None or not bench_session.json or not bench_session.benchmarks:
+        return
+    hook = config.hook
+    commit_info = hook.pytest_benchmark_generate_commit_info(config=config)
+    hook.pytest_benchmark_update_commit_info(config=config, commit_info=commit_info)
+    output = hook.pytest_benchmark_generate_json(config=config, benchmarks=bench_session.benchmarks, include_data=True,
+                                                 machine_info=bench_session.get_machine_info(), commit_info=commit_info)
+    hook.pytest_benchmark_update_json(config=config, benchmarks=bench_session.benchmarks, output_json=output)
+    path = str(bench_session.json)
+    with open(path + ".partial", "w", encoding="utf-8") as handle:
+        json.dump(output, handle, indent=1, default=str)
+    os.replace(path + ".partial", path)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -37,7 +37,8 @@ while [ $# -ge 2 ]; do
         --kopt-run-dir="results/runs/$run" $resume ;;
     bench:*)
       expr=${job#bench:}
-      # SIGINT at the limit: pytest-benchmark still writes the JSON of the tests that finished
+      # SIGINT at the limit; benchmarks/conftest.py also rewrites the JSON after every test, so even a
+      # session killed outright keeps the tests that finished (call 4 of session 5 lost its JSON)
       PYTHONPATH=$KOPT_FLA_PATH:$PYTHONPATH timeout -s INT -k 30 "$secs" python3 -m pytest $PLUGIN -p no:cacheprovider \
         benchmarks/test_headline.py -k "$expr" --benchmark-json="$OUT/bench-${expr//[^A-Za-z0-9_-]/_}.json" -q ;;
     *) echo "unknown job $job" ;;
