@@ -58,12 +58,7 @@ VARIANTS = [
     ("decode", "n16w8-split-pdl1", {**N16W8, "PDL": 1}),
     ("prefill", "split", {}),  # the family default (QK_SPLIT, ROWSUM defer, HT16): control, session 4 12.42 ms
     ("prefill", "defer-HT64", {"ROWSUM": "defer", "HEADS_PER_TILE": 64}),  # the promoted kernel: control, 12.34-12.38 ms
-    # session 5 (kernels/notes/mla.md "Version 7"): the next tile's latent scores in flight under the softmax
-    # (QK_AHEAD; fits only at BLOCK_N 32), its BLOCK_N 32 control without QK_AHEAD, and q through a descriptor
-    ("prefill", "ahead-bn32-HT64", {"HEADS_PER_TILE": 64, "QK_AHEAD": True, "BLOCK_N": 32}),
-    ("prefill", "ahead-bn32-reduce-HT64", {"HEADS_PER_TILE": 64, "QK_AHEAD": True, "BLOCK_N": 32, "ROWSUM": "reduce"}),
-    ("prefill", "bn32-HT64", {"HEADS_PER_TILE": 64, "BLOCK_N": 32}),
-    ("prefill", "qtma-HT64", {"HEADS_PER_TILE": 64, "Q_LOAD": "tma"}),
+    # session 5's rows (QK_AHEAD, Q_LOAD tma, BLOCK_N 32): measured, lost, knobs removed (kernels/notes/mla.md "Version 7 measured")
 ]
 # decode variants timed on the B1 Sq1 case only (the rest: every headline case); keeps the run short
 B1_ONLY = {"auto-pdl2", "n16w8-split", "n16w8-split-pdl1"}
@@ -74,7 +69,7 @@ def cases_of(family: str, label: str) -> list[dict]:
 
 
 # under ncu (--ncu): (family, variant label, case index) profiled once each, after a warm-up call
-NCU_TARGETS = [("prefill", "defer-HT64", 0), ("prefill", "ahead-bn32-HT64", 0), ("decode", "auto-pdl1", 0), ("decode", "n16w8-split", 0)]
+NCU_TARGETS = [("prefill", "defer-HT64", 0), ("decode", "auto-pdl1", 0), ("decode", "n16w8-split", 0)]
 
 
 def render(family: str, label: str, overrides: dict, out_dir: Path) -> Path:

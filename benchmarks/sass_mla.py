@@ -12,10 +12,10 @@ chain with the assumptions printed beside it. Results and reading: kernels/notes
 
     .venv/bin/python benchmarks/sass_mla.py --prefill [--dump DIR]
 
-compiles the prefill TMA kernel's variants (PREFILL_VARIANTS: the promoted kernel, QK_AHEAD, Q_LOAD)
-as launched at the prefill headline and prints registers, stack, shared memory, the loop's
-instruction counts, the wgmmas still in flight when the softmax's first exp2 issues, the wgmma waits
-and the loop's order (kernels/notes/mla.md, "Version 7 (session 5)").
+compiles the prefill TMA kernel's variants (PREFILL_VARIANTS: the promoted kernel and a few knob
+changes from it) as launched at the prefill headline and prints registers, stack, shared memory, the
+loop's instruction counts, the wgmmas still in flight when the softmax's first exp2 issues, the wgmma
+waits and the loop's order (kernels/notes/mla.md, "Version 7 (session 5)").
 """
 
 from __future__ import annotations
@@ -267,13 +267,9 @@ P_SQ = P_SKV = 8192  # the prefill headline: B1 Sq = Skv = 8192 H64
 # (label, knob overrides on mla_prefill.py's KNOBS): the promoted kernel is KNOBS + HEADS_PER_TILE 64
 PREFILL_VARIANTS = [
     ("promoted (HT64)", {"HEADS_PER_TILE": 64}),
-    ("promoted + Q_LOAD tma", {"HEADS_PER_TILE": 64, "Q_LOAD": "tma"}),
-    ("BN32 (no ahead)", {"HEADS_PER_TILE": 64, "BLOCK_N": 32}),
-    ("ahead BN64 (refused)", {"HEADS_PER_TILE": 64, "QK_AHEAD": True}),
-    ("ahead BN32", {"HEADS_PER_TILE": 64, "QK_AHEAD": True, "BLOCK_N": 32}),
-    ("ahead BN32 + Q tma", {"HEADS_PER_TILE": 64, "QK_AHEAD": True, "BLOCK_N": 32, "Q_LOAD": "tma"}),
-    ("ahead BN32 reduce", {"HEADS_PER_TILE": 64, "QK_AHEAD": True, "BLOCK_N": 32, "ROWSUM": "reduce"}),
-    ("ahead BN16 st3", {"HEADS_PER_TILE": 64, "QK_AHEAD": True, "BLOCK_N": 16, "num_stages": 3}),
+    ("family default (HT16)", {}),
+    ("HT64 ROWSUM reduce", {"HEADS_PER_TILE": 64, "ROWSUM": "reduce"}),
+    ("HT64 BN32", {"HEADS_PER_TILE": 64, "BLOCK_N": 32}),
 ]
 
 
@@ -285,16 +281,15 @@ def load_prefill():
 
 
 def analyze_prefill(mod, overrides, dump=None, tag="prefill"):
-    """``_mla_prefill_tma`` compiled as launched at the headline (bf16, contiguous, 132 SMs); the
-    constexprs follow kernel()'s plan (QK_AHEAD only with QK_SPLIT; Q_TMA for Q_LOAD "tma")."""
+    """``_mla_prefill_tma`` compiled as launched at the headline (bf16, contiguous, 132 SMs), with
+    the constexprs kernel() passes."""
     k = {**mod.KNOBS, **overrides}
     hpt = min(int(k["HEADS_PER_TILE"]), 64)
     values = dict(stride_qb=P_SQ * 64 * 576, stride_qs=64 * 576, stride_qh=576, stride_qd=1, stride_kb=P_SKV * 576, stride_kn=576,
                   stride_ob=P_SQ * 64 * 512, stride_os=64 * 512, stride_oh=512, stride_od=1, stride_lb=64 * P_SQ, stride_lh=P_SQ,
                   stride_ls=1, Sq=P_SQ, H=64, Skv=P_SKV, n_hgroups=-(-64 // hpt))
     cx = dict(BLOCK_M=k["BLOCK_M"], BLOCK_N=k["BLOCK_N"], HEADS_PER_TILE=hpt, UNMASKED_LOOP=k["UNMASKED_LOOP"], KEYS_AS_M=k["KEYS_AS_M"],
-              TAU=float(k["RESCALE_TAU"]), DN=512, DR=64, QK_SPLIT=k["QK_SPLIT"], DEFER_SUM=k["ROWSUM"] == "defer",
-              QK_AHEAD=bool(k["QK_SPLIT"] and k["QK_AHEAD"]), Q_TMA=k["Q_LOAD"] == "tma")
+              TAU=float(k["RESCALE_TAU"]), DN=512, DR=64, QK_SPLIT=k["QK_SPLIT"], DEFER_SUM=k["ROWSUM"] == "defer")
     compiled = build(mod._mla_prefill_tma, cx, values, k["num_warps"], k["num_stages"])
     sass = sass_of(compiled, dump, tag)
     pro, loop, epi = regions(sass)

@@ -34,13 +34,6 @@ shared memory, and P V is acc^T = V^T P^T (the value columns are the wgmma M, P^
 shared memory; accumulators [256, BLOCK_M]). V_SPLIT > 1 and the pointer kernel have no QK_SPLIT form.
 ROWSUM "defer" (QK_SPLIT): the row sums are kept per score element (l = l * alpha + p) and reduced
 once after the loop, instead of a cross-warpgroup reduction per tile.
-QK_AHEAD (QK_SPLIT): the key loop is rotated so that each iteration issues the next tile's two latent
-score dots before this tile's softmax and P V, and carries their results; Triton 3.6 then leaves them
-in flight (no wgmma wait) under the softmax. The value tile is loaded a second time (a loaded tile cannot
-live across iterations in Triton), so two load streams: only BLOCK_N 32 fits at BLOCK_M 64 (refused
-with a ValueError where the estimate exceeds shared memory).
-Q_LOAD "tma" (TMA kernel): q through a tensor descriptor (rows past Sq or H read as zeros); a q that a
-descriptor cannot address falls back to the pointer loads.
 
 Tiles are issued heaviest first (last queries first) to shorten the tail.
 Accumulator registers: BLOCK_M * 512 / V_SPLIT floats per program (64 x 512 = 32K: give it 8 warps).
@@ -53,7 +46,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 16, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2, "RESCALE_TAU": 0, "KV_LOAD": "tma", "QK_SPLIT": True, "ROWSUM": "defer", "QK_AHEAD": False, "Q_LOAD": "pointer"}
+KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 16, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2, "RESCALE_TAU": 0, "KV_LOAD": "tma", "QK_SPLIT": True, "ROWSUM": "defer"}
 # kopt:knobs-end
 SPACE = {
     "BLOCK_M": [32, 64, 128],  # (query, head) rows per program
@@ -68,12 +61,10 @@ SPACE = {
     "KV_LOAD": ["pointer", "tma"],  # KV tiles by per-thread pointers (cp.async) or tensor descriptors (TMA; V_SPLIT 1)
     "QK_SPLIT": [False, True],  # TMA kernel: score keys split over the warpgroups (no duplicated QK), P V as V^T P^T
     "ROWSUM": ["reduce", "defer"],  # QK_SPLIT: row sums reduced every tile (across warpgroups), or kept per element and reduced once at the end
-    "QK_AHEAD": [False, True],  # QK_SPLIT: the next tile's scores issued (async wgmma) before this tile's softmax; value tile loaded twice
-    "Q_LOAD": ["pointer", "tma"],  # TMA kernel: q by per-thread pointer loads or through a tensor descriptor (falls back to pointers)
 }
 # Measured by the search loop right after the defaults: HEADS_PER_TILE 64 (the promoted kernel, 12.34-12.38 ms,
-# session 4). Session 5's knobs were timed on the H200 first (dev_mla.py, kernels/notes/mla.md "Version 7"):
-# QK_AHEAD at BLOCK_N 32 17.4 ms and Q_LOAD tma 12.40 ms against 12.33 for the promoted kernel, so neither is here.
+# session 4). Session 5's QK_AHEAD (17.4 ms at BLOCK_N 32) and Q_LOAD tma (12.40 ms) lost to it on the H200 (12.33 ms)
+# and were removed from the family (kernels/notes/mla.md "Version 7 measured"; code in commit ce6db40).
 TRY_EARLY = [{"HEADS_PER_TILE": 64}]
 
 D_NOPE = 512  # latent width: the value width
@@ -305,100 +296,6 @@ def _attend_tile_split(
 
 
 @triton.jit
-def _latent_scores(qn0, qn1, kn_desc, start, DN: tl.constexpr, KEYS_AS_M: tl.constexpr):
-    """The two latent-half score dots of the tile at ``start``, unscaled and unsummed: QK_AHEAD
-    carries them into the next iteration as they are (a use in the loop would make Triton wait)."""
-    HALF: tl.constexpr = DN // 2
-    kn0 = kn_desc.load([start, 0])
-    kn1 = kn_desc.load([start, HALF])
-    if KEYS_AS_M:
-        return tl.dot(kn0, qn0), tl.dot(kn1, qn1)
-    else:
-        return tl.dot(qn0, tl.trans(kn0)), tl.dot(qn1, tl.trans(kn1))
-
-
-@triton.jit
-def _rope_scores(qr, kr_desc, start, DN: tl.constexpr, KEYS_AS_M: tl.constexpr):
-    kr = kr_desc.load([start, DN])
-    if KEYS_AS_M:
-        return tl.dot(kr, qr)
-    else:
-        return tl.dot(qr, tl.trans(kr))
-
-
-@triton.jit
-def _softmax_pv_ahead(
-    acc0, acc1, l_i, m_i, sr, s0, s1, kn_desc, start, limit, qk_scale, live,
-    BLOCK_N: tl.constexpr, DN: tl.constexpr, MASKED: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr,
-    DEFER_SUM: tl.constexpr,
-):
-    """Softmax and P V of the tile at ``start`` (QK_AHEAD) from its rope scores and its carried
-    latent scores, as in ``_attend_tile_split`` (P and alpha through the always-taken branch: the
-    rope dot is in this body). The value halves are loaded again (the previous iteration loaded
-    this tile for its scores; Triton cannot keep a loaded tile across iterations)."""
-    HALF: tl.constexpr = DN // 2
-    offs_n = start + tl.arange(0, BLOCK_N)
-    if KEYS_AS_M:
-        s = sr * qk_scale + s0 * qk_scale + s1 * qk_scale  # not (sr + ...): an add would fold the rope dot onto s0, moving it after the latent dots
-        if MASKED:
-            s = tl.where(offs_n[:, None] <= limit[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-    else:
-        s = sr * qk_scale + s0 * qk_scale + s1 * qk_scale  # not (sr + ...): an add would fold the rope dot onto s0, moving it after the latent dots
-        if MASKED:
-            s = tl.where(offs_n[None, :] <= limit[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-    grow = True
-    if TAU > 0:
-        grow = tl.max(m_new - m_i, 0) > TAU
-        m_new = tl.where(grow, m_new, m_i)
-    alpha = tl.exp2(m_i - m_new)
-    v0 = kn_desc.load([start, 0])
-    v1 = kn_desc.load([start, HALF])
-    if KEYS_AS_M:
-        p = tl.exp2(s - m_new[None, :])
-        if DEFER_SUM:
-            l_i = l_i * alpha[None, :] + p
-        else:
-            l_i = l_i * alpha + tl.sum(p, 0)
-    else:
-        p = tl.exp2(s - m_new[:, None])
-        if DEFER_SUM:
-            l_i = l_i * alpha[:, None] + p
-        else:
-            l_i = l_i * alpha + tl.sum(p, 1)
-    pt = tl.zeros([BLOCK_N, acc0.shape[1]], dtype=v0.dtype)
-    if live > 0:  # always taken (see _attend_tile_split)
-        if KEYS_AS_M:
-            pt = p.to(v0.dtype)
-        else:
-            pt = tl.trans(p.to(v0.dtype))
-        if grow:
-            acc0 = acc0 * alpha[None, :]
-            acc1 = acc1 * alpha[None, :]
-    acc0 = tl.dot(tl.trans(v0), pt, acc0)
-    acc1 = tl.dot(tl.trans(v1), pt, acc1)
-    return acc0, acc1, l_i, m_new
-
-
-@triton.jit
-def _attend_tile_ahead(
-    acc0, acc1, l_i, m_i, s0, s1, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale, live,
-    BLOCK_N: tl.constexpr, DN: tl.constexpr, MASKED: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr,
-    DEFER_SUM: tl.constexpr,
-):
-    """One QK_AHEAD iteration. Triton 3.6 makes a wgmma asynchronous (no wait right after it) only
-    if its result just goes round the loop and its carried value is first read after a wait(0) in
-    the body. Order: this tile's rope dot (waited), the next tile's latent dots (in flight), this
-    tile's softmax and P V (the P V wait also retires the latent dots)."""
-    sr = _rope_scores(qr, kr_desc, start, DN, KEYS_AS_M)  # first: its wait(0) precedes every use of s0, s1
-    n0, n1 = _latent_scores(qn0, qn1, kn_desc, start + BLOCK_N, DN, KEYS_AS_M)
-    acc0, acc1, l_i, m_i = _softmax_pv_ahead(acc0, acc1, l_i, m_i, sr, s0, s1, kn_desc, start, limit, qk_scale, live,
-                                             BLOCK_N, DN, MASKED, KEYS_AS_M, TAU, DEFER_SUM)
-    return acc0, acc1, l_i, m_i, n0, n1
-
-
-@triton.jit
 def _mla_prefill_tma(
     q, kv, o, lse,
     stride_qb, stride_qs, stride_qh, stride_qd,
@@ -408,7 +305,7 @@ def _mla_prefill_tma(
     Sq, H, Skv, n_hgroups, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS_PER_TILE: tl.constexpr,
     UNMASKED_LOOP: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr,
-    QK_SPLIT: tl.constexpr, DEFER_SUM: tl.constexpr = False, QK_AHEAD: tl.constexpr = False, Q_TMA: tl.constexpr = False,
+    QK_SPLIT: tl.constexpr, DEFER_SUM: tl.constexpr = False,
 ):
     """``_mla_prefill_fwd`` (V_SPLIT 1) with KV tiles through tensor descriptors (TMA on sm_90)."""
     HALF: tl.constexpr = DN // 2
@@ -426,19 +323,7 @@ def _mla_prefill_tma(
     offs_h = tl.arange(0, HALF)
     offs_dr = tl.arange(0, DR)
     q_row = q + b * stride_qb + s_idx.to(tl.int64) * stride_qs + h_idx.to(tl.int64) * stride_qh
-    if Q_TMA:  # q as [Sq, H, 576] boxes of QB queries x HEADS_PER_TILE heads (rows past Sq or H read as zeros)
-        qn_desc = tl.make_tensor_descriptor(q + b * stride_qb, shape=[Sq, H, DN + DR], strides=[stride_qs, stride_qh, 1],
-                                            block_shape=[QB, HEADS_PER_TILE, HALF])
-        qr_desc = tl.make_tensor_descriptor(q + b * stride_qb, shape=[Sq, H, DN + DR], strides=[stride_qs, stride_qh, 1],
-                                            block_shape=[QB, HEADS_PER_TILE, DR])
-        qn0 = tl.reshape(qn_desc.load([qb * QB, hg * HEADS_PER_TILE, 0]), [BLOCK_M, HALF])
-        qn1 = tl.reshape(qn_desc.load([qb * QB, hg * HEADS_PER_TILE, HALF]), [BLOCK_M, HALF])
-        qr = tl.reshape(qr_desc.load([qb * QB, hg * HEADS_PER_TILE, DN]), [BLOCK_M, DR])
-        if KEYS_AS_M:
-            qn0 = tl.trans(qn0)
-            qn1 = tl.trans(qn1)
-            qr = tl.trans(qr)
-    elif KEYS_AS_M:
+    if KEYS_AS_M:
         qn0 = tl.load(q_row[None, :] + offs_h[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
         qn1 = tl.load(q_row[None, :] + (HALF + offs_h)[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
         qr = tl.load(q_row[None, :] + (DN + offs_dr)[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
@@ -471,35 +356,12 @@ def _mla_prefill_tma(
                 l_i = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             else:
                 l_i = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        if QK_AHEAD:  # latent scores one tile ahead: prologue (tile 0), loops, the last tile after them
-            last = ((end - 1) // BLOCK_N) * BLOCK_N
-            if UNMASKED_LOOP:
-                a_end = tl.minimum(full_end, last)
-            else:
-                a_end = 0
-            if KEYS_AS_M:
-                s0 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            else:
-                s0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            s1 = s0
-            if live > 0:  # always taken: else the prologue dots reach the loop's dots (chained-dot rule)
-                s0, s1 = _latent_scores(qn0, qn1, kn_desc, 0, DN, KEYS_AS_M)
-            for start in range(0, a_end, BLOCK_N):
-                acc0, acc1, l_i, m_i, s0, s1 = _attend_tile_ahead(acc0, acc1, l_i, m_i, s0, s1, qn0, qn1, qr, kn_desc, kr_desc,
-                                                                  start, limit, qk_scale, live, BLOCK_N, DN, False, KEYS_AS_M, TAU, DEFER_SUM)
-            for start in range(a_end, last, BLOCK_N):
-                acc0, acc1, l_i, m_i, s0, s1 = _attend_tile_ahead(acc0, acc1, l_i, m_i, s0, s1, qn0, qn1, qr, kn_desc, kr_desc,
-                                                                  start, limit, qk_scale, live, BLOCK_N, DN, True, KEYS_AS_M, TAU, DEFER_SUM)
-            sr = _rope_scores(qr, kr_desc, last, DN, KEYS_AS_M)
-            acc0, acc1, l_i, m_i = _softmax_pv_ahead(acc0, acc1, l_i, m_i, sr, s0, s1, kn_desc, last, limit, qk_scale, live,
-                                                     BLOCK_N, DN, True, KEYS_AS_M, TAU, DEFER_SUM)
-        else:
-            for start in range(0, full_end, BLOCK_N):
-                acc0, acc1, l_i, m_i = _attend_tile_split(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
-                                                          live, BLOCK_N, DN, False, KEYS_AS_M, TAU, DEFER_SUM)
-            for start in range(full_end, end, BLOCK_N):
-                acc0, acc1, l_i, m_i = _attend_tile_split(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
-                                                          live, BLOCK_N, DN, True, KEYS_AS_M, TAU, DEFER_SUM)
+        for start in range(0, full_end, BLOCK_N):
+            acc0, acc1, l_i, m_i = _attend_tile_split(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
+                                                      live, BLOCK_N, DN, False, KEYS_AS_M, TAU, DEFER_SUM)
+        for start in range(full_end, end, BLOCK_N):
+            acc0, acc1, l_i, m_i = _attend_tile_split(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
+                                                      live, BLOCK_N, DN, True, KEYS_AS_M, TAU, DEFER_SUM)
         if DEFER_SUM:
             if KEYS_AS_M:
                 l_i = tl.sum(l_i, 0)
@@ -539,9 +401,9 @@ def _descriptor_scratch(size, alignment, stream):
     return buf
 
 
-def _tma_ok(t):
-    """Tensor descriptors need a 16-byte aligned base, 16-byte aligned strides, unit last stride (kv, or q)."""
-    return t.stride(-1) == 1 and all(st % 8 == 0 for st in t.stride()[:-1]) and t.data_ptr() % 16 == 0
+def _tma_ok(kv):
+    """Tensor descriptors need a 16-byte aligned base, 16-byte aligned row strides, unit column stride."""
+    return kv.stride(2) == 1 and kv.stride(1) % 8 == 0 and kv.stride(0) % 8 == 0 and kv.data_ptr() % 16 == 0
 
 
 def _check(q, kv, scale):
@@ -580,8 +442,6 @@ def kernel(q, kv, scale):
         raise ValueError(f"KV_LOAD must be 'pointer' or 'tma', got {K['KV_LOAD']!r}")
     if K["ROWSUM"] not in ("reduce", "defer"):
         raise ValueError(f"ROWSUM must be 'reduce' or 'defer', got {K['ROWSUM']!r}")
-    if K["Q_LOAD"] not in ("pointer", "tma"):
-        raise ValueError(f"Q_LOAD must be 'pointer' or 'tma', got {K['Q_LOAD']!r}")
 
     tau = float(K["RESCALE_TAU"])
     if not 0 <= tau <= 16:
@@ -599,15 +459,6 @@ def kernel(q, kv, scale):
             raise ValueError(
                 f"QK_SPLIT with KEYS_AS_M, BLOCK_M={block_m}, BLOCK_N={block_n}, num_stages={num_stages} keeps {num_stages} "
                 f"KV tiles in shared memory: ~{smem // 1024} KB, over the {SMEM_LIMIT // 1024} KB of sm_90"
-            )
-    qk_ahead = qk_split and bool(K["QK_AHEAD"])
-    if qk_ahead and K["KV_LOAD"] == "tma" and v_split == 1:
-        # each iteration loads the next tile (scores) and this tile's values again: two load streams of num_stages buffers
-        smem = num_stages * block_n * (2 * D_NOPE + D_ROPE) * 2 + block_m * (D_NOPE + D_ROPE) * 2 + block_n * block_m * 2
-        if smem > SMEM_LIMIT:
-            raise ValueError(
-                f"QK_AHEAD with BLOCK_M={block_m}, BLOCK_N={block_n}, num_stages={num_stages} keeps {num_stages} key tiles and "
-                f"{num_stages} value tiles in shared memory: ~{smem // 1024} KB, over the {SMEM_LIMIT // 1024} KB of sm_90"
             )
     bv = D_NOPE // v_split
     n_hgroups = triton.cdiv(H, hpt)
@@ -629,7 +480,7 @@ def kernel(q, kv, scale):
                 Sq, H, Skv, n_hgroups, float(scale) * LOG2E,
                 BLOCK_M=block_m, BLOCK_N=block_n, HEADS_PER_TILE=hpt, UNMASKED_LOOP=bool(K["UNMASKED_LOOP"]),
                 KEYS_AS_M=bool(K["KEYS_AS_M"]), TAU=tau, DN=D_NOPE, DR=D_ROPE, QK_SPLIT=qk_split,
-                DEFER_SUM=K["ROWSUM"] == "defer", QK_AHEAD=qk_ahead, Q_TMA=K["Q_LOAD"] == "tma" and _tma_ok(q),
+                DEFER_SUM=K["ROWSUM"] == "defer",
                 num_warps=num_warps, num_stages=num_stages,
             )
             return o, lse
