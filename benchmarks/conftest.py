@@ -16,6 +16,7 @@ summary adds each one's speedup over the group's first baseline, from this run a
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -70,8 +71,6 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
 
 def save_json_so_far(config: pytest.Config) -> None:
     """The JSON pytest-benchmark writes at the session's end, from the benchmarks finished so far."""
-    import os
-
     bench_session = getattr(config, "_benchmarksession", None)
     if bench_session is None or not bench_session.json or not bench_session.benchmarks:
         return
