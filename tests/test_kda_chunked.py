@@ -356,8 +356,18 @@ c = build(fam._kda_scan_kernel, scan, dict(K=K, V=V, BT=plan["BT"], BV=plan["BV"
           FUSE_OUT=plan["fuse"], SPLIT_S=plan["split"], USE_H0=True, STORE_HT=True, PRE=plan["PRE"],
           PAIR=plan["pair"]), kn["scan_warps"], plan["scan_stages"])
 assert "mma" in c.asm["ptx"], "the scan's products should run on the tensor cores"
-if plan["pair"]:  # version 9: the 64-row product with the state (and (C w_a)^T) on wgmma, no local memory
+if plan["pair"]:  # version 9b: the state products on wgmma, no local memory, and no 64-row tile anywhere:
+    # every product of the pair step has one of the one-chunk step's shapes (version 9's 64-row kd^T d read
+    # shared memory past its allocation on the H200); read from the TTGIR's dot operand types
+    import re
     assert "wgmma.mma_async" in c.asm["ptx"] and "ld.local" not in c.asm["ptx"]
+    BT, BV = plan["BT"], plan["BV"]
+    dots = [ln.split(" : ")[-1] for ln in c.asm["ttgir"].splitlines() if " tt.dot " in ln or "warp_group_dot " in ln]
+    shapes = [tuple(tuple(map(int, m)) for m in re.findall(r"<(\d+)x(\d+)x[a-z]", d)) for d in dots]
+    state = [sh for sh in shapes if sh[-1] == (K, BV)]  # [K, BV] results: the state products
+    assert len(state) == 4 and all(sh == ((K, BT), (BT, BV), (K, BV)) for sh in state), state
+    assert not any(2 * BT in dims for sh in shapes for dims in sh), shapes
+    assert "tt.join" not in c.asm["ttir"] and "tt.reshape" not in c.asm["ttir"]
 if not plan["fuse"]:
     out = {"qd_ptr": B16, "aqk_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P, "o_ptr": B16, "au_ptr": AU}
     build(fam._kda_out_kernel, out, dict(K=K, V=V, BT=plan["BT"], BV=plan["OUT_BV"], SPLIT_S=plan["split"], PRE=plan["PRE"]),

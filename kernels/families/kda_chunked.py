@@ -142,8 +142,13 @@ state by +0.0-0.25e-3.  Offline sm_90 warns: 762 instructions and 13 barriers pe
 recomputed by every V-block program and its 32-row products tile poorly.  On the H200 (session 5,
 call 2) it crashed with an illegal memory access at B1 T2048 H8 K=V=64 and H16 K=V=128; every address
 it forms is inside its buffers under the interpreter's bounds check (tests/test_kda_chunked.py), so the
-fault is below the Triton source (not found): ``_plan`` refuses ``scan_pair=True`` and SPACE no longer
-holds it; the code stays, exercised by the interpreter tests with ``_SCAN_PAIR_REFUSED`` lifted.
+fault is below the Triton source: compute-sanitizer (calls 3-4) put it at a shared-memory read past the
+allocation in the 64-row kd^T d product.  Version 9b (session 5, not run on a GPU) rewrote the pair step
+from the one-chunk step's product shapes only (w S over 32 rows, kd^T d over 32 rows, two independent
+products per level; no 64-row tile, no join / reshape): 222 registers, 73 KB, 740 instructions and 20
+barriers per warp per pair step offline.  ``_plan`` still refuses ``scan_pair=True`` and SPACE does not
+hold it until a GPU run (benchmarks/probe_kda_pair.py) shows 9b does not fault; the interpreter tests
+lift ``_SCAN_PAIR_REFUSED``.
 """
 
 import math
@@ -215,7 +220,8 @@ SPACE = {
     "solve_stages": [1, 2, 3],
     "u_store": ["fp32", "bf16"],  # version 8: storage of the WY factor u: bf16 halves its write and two reads
     # version 9: the state pass steps over pairs of BT-32 chunks (half the serial chain; BT 32, unfused read-out).
-    # True is refused by _plan: an illegal memory access on the H200 in Triton's lowering (see _SCAN_PAIR_REFUSED)
+    # True is refused by _plan: version 9's step faulted on the H200 in Triton's lowering; 9b awaits a GPU run
+    # (see _SCAN_PAIR_REFUSED)
     "scan_pair": [False],
 }
 # Measured by the search loop right after the defaults. Session 4 (results/runs/kda-h200-2, judge timer,
@@ -235,8 +241,13 @@ TRY_EARLY = [{"u_store": "bf16"}]
 # fault is below the source.  compute-sanitizer on the H200 (calls 3-4) places it there: "Invalid __shared__
 # read of size 256 bytes" past the kernel's shared allocation, in the pair step's state product kd^T d (the
 # 64-row tl.dot), 183 such reads per launch; loading kd already transposed instead of tl.trans moved nothing.
-# A Triton 3.6 sm_90 lowering fault, not worked around.  _plan refuses it while this is True; the interpreter tests set it False to keep the code checked.
+# A Triton 3.6 sm_90 lowering fault.  Version 9b replaced that step with one built from the one-chunk step's
+# product shapes only (32-row reductions; tests/test_kda_chunked.py asserts it from the sm_90 TTGIR), not yet
+# run on a GPU.  _plan refuses it while this is True; the interpreter tests and benchmarks/probe_kda_pair.py
+# set it False.
 _SCAN_PAIR_REFUSED = True
+# which pair step the code holds (recorded by benchmarks/probe_kda_pair.py): "9b" = 32-row products only
+_SCAN_PAIR_FORM = "9b"
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
@@ -831,38 +842,41 @@ def _kda_prep_kernel(
 def _scan_pair_step(S, n, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, dbuf_ptr, NT, rk, cv, rt,
                     K: tl.constexpr, BV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                     SPLIT_S: tl.constexpr, PRE: tl.constexpr):
-    """Chunks a = n and b = n + 1 in one step of the chain (version 9, layout "kv").  With
+    """Chunks a = n and b = n + 1 in one step of the chain (version 9b, layout "kv").  With
     C = w_b kd_a^T [BT, BT]:
 
         d_a   = u_a - w_a S
-        d_b   = u_b - w_b S_a = (u_b - C u_a) - (w_b diag(gl_a) - C w_a) S
+        d_b   = u_b - w_b S_a = (u_b - C u_a) - (w_b diag(gl_a) - C w_a) S = u_b' - w_b' S
         S_a   = diag(gl_a) S + kd_a^T d_a          (stored to hbuf for the read-out)
         S_end = diag(gl_b) S_a + kd_b^T d_b
 
-    so both deltas are ONE 64-row product with S: w' = [w_a; w_b'], u' = [u_a; u_b'] (w_b' =
-    w_b diag(gl_a) - C w_a, u_b' = u_b - C u_a do not depend on S), and the two state products
-    share d (kd^T times d with the other half's rows zeroed).  C is exact (bf16 operands, float32
-    sums) and is split into bf16 hi + lo for its products (u_a too when float32); w_b' is rounded
-    to bf16 as w itself is stored.  A missing chunk b (odd NT) loads zeros with gl_b = 1: C, w_b',
-    u_b' and d_b are then exactly 0 and S_end = S_a; the rows past T inside a chunk are zeros from
-    the preparation (k, v, beta masked to 0 there), so they add nothing either.
+    w_b' and u_b' do not depend on S, so the chain is two levels of products, each level two
+    independent ones of exactly the one-chunk step's shapes: w_a S and w_b' S ([BT, K] x [K, BV]),
+    then kd_a^T d_a and kd_b^T d_b ([K, BT] x [BT, BV]).  No 64-row tile is formed: version 9's
+    64-row kd^T d product read shared memory past its allocation on the H200 (Triton 3.6, sm_90).
+    C is exact (bf16 operands, float32 sums) and is split into bf16 hi + lo for its products (u_a
+    too when float32); w_b' is rounded to bf16 as w itself is stored.  A missing chunk b (odd NT)
+    loads zeros with gl_b = 1: C, w_b', u_b', d_b and kd_b^T d_b are then exactly 0 and S_end = S_a;
+    the rows past T inside a chunk are zeros from the preparation (k, v, beta masked to 0 there).
 
-    Written for Triton's choices on sm_90: the merge's results reach the next product only through
-    a transpose, since Triton tiles a chain of mma.sync products [num_warps, 1] (four times
-    redundant at 32 rows and 8 warps); (C w_a)^T is a 128-row wgmma; the 64-row product with S
-    is a wgmma as at BT 64."""
+    On sm_90 (kernels/notes/kda.md "Version 9b"): (C w_a)^T = w_a^T C^T is a 128-row wgmma and C u_a
+    is formed transposed, as in version 9.  The 32-row mma.sync products (C, w_a S, w_b' S) are
+    def-use connected (w_a S and w_b' S share S and meet in S_end), so Triton tiles them [num_warps, 1]:
+    4x redundant at 8 warps (70 HMMA per warp per pair)."""
     ra = n * BT + rt
     rb = ra + BT
-    b_ok = rb < NT * BT  # chunk b exists
+    b_ok = (rb < NT * BT)[:, None]  # chunk b exists
     kb_ok = (rk * 0 + n + 1) < NT
     p_a = ra[:, None] * K + rk[None, :]
+    p_b = rb[:, None] * K + rk[None, :]
     w_a = tl.load(w_ptr + p_a)
-    w_b = tl.load(w_ptr + rb[:, None] * K + rk[None, :], mask=b_ok[:, None], other=0.0)
+    w_b = tl.load(w_ptr + p_b, mask=b_ok, other=0.0)
     kd_a = tl.load(kd_ptr + p_a)
+    kd_b = tl.load(kd_ptr + p_b, mask=b_ok, other=0.0)
     gl_a = tl.load(gl_ptr + n * K + rk)
     gl_b = tl.load(gl_ptr + (n + 1) * K + rk, mask=kb_ok, other=1.0)
     u_a = tl.load(u_ptr + ra[:, None] * V + cv[None, :])
-    u_b = tl.load(u_ptr + rb[:, None] * V + cv[None, :], mask=b_ok[:, None], other=0.0).to(tl.float32)
+    u_b = tl.load(u_ptr + rb[:, None] * V + cv[None, :], mask=b_ok, other=0.0).to(tl.float32)
     # the merge, independent of S
     c = tl.dot(w_b, tl.trans(kd_a))  # [BT(b), BT(a)]
     c_hi, c_lo = _split(c)
@@ -871,7 +885,7 @@ def _scan_pair_step(S, n, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, dbuf_ptr, NT, 
     wat = tl.trans(w_a)
     cw_t = tl.dot(wat, ch_t)  # (C w_a)^T, [K, BT(b)]
     cw_t = tl.dot(wat, cl_t, cw_t)
-    wb2_t = (tl.trans(w_b).to(tl.float32) * gl_a[:, None] - cw_t).to(tl.bfloat16)  # w_b'^T
+    wb2 = tl.trans((tl.trans(w_b).to(tl.float32) * gl_a[:, None] - cw_t).to(tl.bfloat16))  # w_b', [BT, K]
     if u_ptr.dtype.element_ty == tl.bfloat16:  # u_store "bf16": u_a is exactly bf16, no low half
         ua_t = tl.trans(u_a)
         cu_t = tl.dot(ua_t, ch_t)  # (C u_a)^T, [BV, BT(b)]
@@ -881,32 +895,33 @@ def _scan_pair_step(S, n, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, dbuf_ptr, NT, 
         cu_t = tl.dot(ua_hi, ch_t)
         cu_t = tl.dot(ua_lo, ch_t, cu_t)
         cu_t = tl.dot(ua_hi, cl_t, cu_t)
-    ub2 = u_b - tl.trans(cu_t)
-    # w' and u' as 64-row tiles: [w_a; w_b'], [u_a; u_b']
-    w2 = tl.trans(tl.reshape(tl.permute(tl.join(wat, wb2_t), (0, 2, 1)), (K, 2 * BT)))
-    u2 = tl.reshape(tl.permute(tl.join(u_a.to(tl.float32), ub2), (2, 0, 1)), (2 * BT, BV))
-    r2 = tl.arange(0, 2 * BT)
-    row2 = n * BT + r2
-    kd2 = tl.load(kd_ptr + row2[:, None] * K + rk[None, :], mask=(row2 < NT * BT)[:, None], other=0.0)
-    # the chain
+    ub2 = u_b - tl.trans(cu_t)  # u_b'
+    # the chain: level 1, both deltas from the pair-start state
     if SPLIT_S:
         s_hi, s_lo = _split(S)
-        ws = tl.dot(w2, s_hi)
-        ws = tl.dot(w2, s_lo, ws)
+        ws_a = tl.dot(w_a, s_hi)
+        ws_a = tl.dot(w_a, s_lo, ws_a)
+        ws_b = tl.dot(wb2, s_hi)
+        ws_b = tl.dot(wb2, s_lo, ws_b)
     else:
-        ws = tl.dot(w2, S.to(tl.bfloat16))
-    d = u2 - ws  # [2 BT, BV]: d_a, d_b
+        s_hi = S.to(tl.bfloat16)
+        ws_a = tl.dot(w_a, s_hi)
+        ws_b = tl.dot(wb2, s_hi)
+    d_a = u_a.to(tl.float32) - ws_a
+    d_b = ub2 - ws_b
     tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
     if not PRE:
-        tl.store(dbuf_ptr + row2[:, None] * V + cv[None, :], d, mask=(row2 < NT * BT)[:, None])
-    first = (r2 < BT)[:, None]
-    da_hi, da_lo = _split(tl.where(first, d, 0.0))
-    db_hi, db_lo = _split(tl.where(first, 0.0, d))
-    kt2 = tl.trans(kd2)
-    xa = tl.dot(kt2, da_hi)
-    xa = tl.dot(kt2, da_lo, xa)
-    xb = tl.dot(kt2, db_hi)
-    xb = tl.dot(kt2, db_lo, xb)
+        tl.store(dbuf_ptr + ra[:, None] * V + cv[None, :], d_a)
+        tl.store(dbuf_ptr + rb[:, None] * V + cv[None, :], d_b, mask=b_ok)
+    # level 2: both state products, kd_b^T d_b independent of S_a
+    da_hi, da_lo = _split(d_a)
+    db_hi, db_lo = _split(d_b)
+    kta = tl.trans(kd_a)
+    ktb = tl.trans(kd_b)
+    xa = tl.dot(kta, da_hi)
+    xa = tl.dot(kta, da_lo, xa)
+    xb = tl.dot(ktb, db_hi)
+    xb = tl.dot(ktb, db_lo, xb)
     S_a = S * gl_a[:, None] + xa
     tl.store(hbuf_ptr + (n + 1) * K * V + rk[:, None] * V + cv[None, :], S_a.to(hbuf_ptr.dtype.element_ty),
              mask=kb_ok[:, None])
@@ -932,8 +947,9 @@ def _kda_scan_kernel(
     read-out is o = qd' S + au (qd' = qd - Aqk w and au = Aqk u from the preparation): no Aqk
     tiles, no products with delta but the state update's.
 
-    PAIR (version 9, ``scan_pair``; LAYOUT 0 without FUSE_OUT): the loop steps over pairs of
-    chunks, so the serial chain S -> delta -> S has half as many steps (``_scan_pair_step``)."""
+    PAIR (version 9 / 9b, ``scan_pair``; LAYOUT 0 without FUSE_OUT): the loop steps over pairs of
+    chunks, so the serial chain S -> delta -> S has half as many steps (``_scan_pair_step``: two
+    levels of products per pair instead of four)."""
     i_v = tl.program_id(0).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -1163,8 +1179,9 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     # for BT 32 (its point: the preparation stays at BT 32; at BT 64 a pair is a 128-row step)
     if knobs.get("scan_pair") and _SCAN_PAIR_REFUSED:
         raise ValueError("scan_pair=True is refused: illegal memory access on the H200, a shared-memory read past "
-                         "the allocation in Triton 3.6's lowering of the pair step (compute-sanitizer; every address "
-                         "the source forms is in bounds; results/h200-2026-11-29e, kernels/notes/kda.md 'Version 9')")
+                         "the allocation in Triton 3.6's lowering of version 9's 64-row pair step (compute-sanitizer; "
+                         "every address the source forms is in bounds; results/h200-2026-11-29e); the 32-row rewrite "
+                         "(9b) has not run on a GPU yet (kernels/notes/kda.md 'Version 9', 'Version 9b')")
     if knobs.get("scan_pair") and (knobs.get("fuse_output") or knobs.get("BT") != 32
                                    or knobs.get("scan_layout") != "kv"):
         raise ValueError("scan_pair=True is served at BT=32 with fuse_output=False and scan_layout='kv' only (the "
