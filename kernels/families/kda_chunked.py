@@ -149,6 +149,14 @@ products per level; no 64-row tile, no join / reshape): 222 registers, 73 KB, 74
 barriers per warp per pair step offline.  ``_plan`` still refuses ``scan_pair=True`` and SPACE does not
 hold it until a GPU run (benchmarks/probe_kda_pair.py) shows 9b does not fault; the interpreter tests
 lift ``_SCAN_PAIR_REFUSED``.
+
+Version 9c (prepared, not run on a GPU; kernels/notes/kda.md "Version 9c"): ``pair_merge="kernel"``
+(with ``scan_pair`` only; the default "scan" is 9b unchanged) forms the pair merge (C, w_b', u_b') once
+per (pair, head) in its own launch before the scan (``_kda_pair_merge_kernel``, written over chunk b's
+w and u, which nothing after the scan reads), so the scan's pair step is only the chain's two product
+levels: offline sm_90 351 instructions and 6 barriers per warp per pair step (9b 740 / 20, two default
+steps 340 / 8), 168 registers; the merge launch moves ~169 MB of DRAM at the headline (118 with bf16 u).
+It exists so that a GPU run can time the paired scan's chain alone.
 """
 
 import math
@@ -187,6 +195,7 @@ KNOBS = {
     "solve_stages": 1,
     "u_store": "fp32",
     "scan_pair": False,
+    "pair_merge": "scan",
 }
 # kopt:knobs-end
 SPACE = {
@@ -223,6 +232,10 @@ SPACE = {
     # True is refused by _plan: version 9's step faulted on the H200 in Triton's lowering; 9b awaits a GPU run
     # (see _SCAN_PAIR_REFUSED)
     "scan_pair": [False],
+    # version 9c: where the paired scan's merge (C = w_b kd_a^T, w_b', u_b') is formed: "scan" (9b, in the
+    # scan loop by every V-block program) or "kernel" (once per pair and head by its own launch before the
+    # scan, w_b' / u_b' written over w_b / u_b).  Only with scan_pair, so only "scan" while that is refused
+    "pair_merge": ["scan"],
 }
 # Measured by the search loop right after the defaults. Session 4 (results/runs/kda-h200-2, judge timer,
 # geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then pair split
@@ -248,6 +261,12 @@ TRY_EARLY = [{"u_store": "bf16"}]
 _SCAN_PAIR_REFUSED = True
 # which pair step the code holds (recorded by benchmarks/probe_kda_pair.py): "9b" = 32-row products only
 _SCAN_PAIR_FORM = "9b"
+
+# Version 9c's merge launch (pair_merge "kernel"): warps and value tile.  Offline sm_90 at K = V = 128
+# (fp32 u): 8 warps x 64 columns 78 registers, 24 KB, 568 instructions / 23 barriers per warp (3 programs
+# per SM); 4 warps 128 registers, 904 / 41; 2 warps 174 registers; 32-column tiles 186-234 registers
+_PAIR_MERGE_WARPS = 8
+_PAIR_MERGE_BV = 64
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
@@ -841,7 +860,7 @@ def _kda_prep_kernel(
 @triton.jit
 def _scan_pair_step(S, n, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, dbuf_ptr, NT, rk, cv, rt,
                     K: tl.constexpr, BV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                    SPLIT_S: tl.constexpr, PRE: tl.constexpr):
+                    SPLIT_S: tl.constexpr, PRE: tl.constexpr, MERGED: tl.constexpr = False):
     """Chunks a = n and b = n + 1 in one step of the chain (version 9b, layout "kv").  With
     C = w_b kd_a^T [BT, BT]:
 
@@ -862,7 +881,11 @@ def _scan_pair_step(S, n, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, dbuf_ptr, NT, 
     On sm_90 (kernels/notes/kda.md "Version 9b"): (C w_a)^T = w_a^T C^T is a 128-row wgmma and C u_a
     is formed transposed, as in version 9.  The 32-row mma.sync products (C, w_a S, w_b' S) are
     def-use connected (w_a S and w_b' S share S and meet in S_end), so Triton tiles them [num_warps, 1]:
-    4x redundant at 8 warps (70 HMMA per warp per pair)."""
+    4x redundant at 8 warps (70 HMMA per warp per pair).
+
+    MERGED (version 9c, ``pair_merge="kernel"``): ``_kda_pair_merge_kernel`` has already written w_b'
+    and u_b' over chunk b's w and u (once per pair and head), so the step loads them and runs only the
+    two levels of the chain: no C, no transposes, nothing but the state products' operands."""
     ra = n * BT + rt
     rb = ra + BT
     b_ok = (rb < NT * BT)[:, None]  # chunk b exists
@@ -877,25 +900,29 @@ def _scan_pair_step(S, n, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, dbuf_ptr, NT, 
     gl_b = tl.load(gl_ptr + (n + 1) * K + rk, mask=kb_ok, other=1.0)
     u_a = tl.load(u_ptr + ra[:, None] * V + cv[None, :])
     u_b = tl.load(u_ptr + rb[:, None] * V + cv[None, :], mask=b_ok, other=0.0).to(tl.float32)
-    # the merge, independent of S
-    c = tl.dot(w_b, tl.trans(kd_a))  # [BT(b), BT(a)]
-    c_hi, c_lo = _split(c)
-    ch_t = tl.trans(c_hi)
-    cl_t = tl.trans(c_lo)
-    wat = tl.trans(w_a)
-    cw_t = tl.dot(wat, ch_t)  # (C w_a)^T, [K, BT(b)]
-    cw_t = tl.dot(wat, cl_t, cw_t)
-    wb2 = tl.trans((tl.trans(w_b).to(tl.float32) * gl_a[:, None] - cw_t).to(tl.bfloat16))  # w_b', [BT, K]
-    if u_ptr.dtype.element_ty == tl.bfloat16:  # u_store "bf16": u_a is exactly bf16, no low half
-        ua_t = tl.trans(u_a)
-        cu_t = tl.dot(ua_t, ch_t)  # (C u_a)^T, [BV, BT(b)]
-        cu_t = tl.dot(ua_t, cl_t, cu_t)
+    if MERGED:  # w_b' and u_b' as the merge launch stored them
+        wb2 = w_b
+        ub2 = u_b
     else:
-        ua_hi, ua_lo = _split(tl.trans(u_a))
-        cu_t = tl.dot(ua_hi, ch_t)
-        cu_t = tl.dot(ua_lo, ch_t, cu_t)
-        cu_t = tl.dot(ua_hi, cl_t, cu_t)
-    ub2 = u_b - tl.trans(cu_t)  # u_b'
+        # the merge, independent of S (version 9b: in the loop, by every V-block program)
+        c = tl.dot(w_b, tl.trans(kd_a))  # [BT(b), BT(a)]
+        c_hi, c_lo = _split(c)
+        ch_t = tl.trans(c_hi)
+        cl_t = tl.trans(c_lo)
+        wat = tl.trans(w_a)
+        cw_t = tl.dot(wat, ch_t)  # (C w_a)^T, [K, BT(b)]
+        cw_t = tl.dot(wat, cl_t, cw_t)
+        wb2 = tl.trans((tl.trans(w_b).to(tl.float32) * gl_a[:, None] - cw_t).to(tl.bfloat16))  # w_b', [BT, K]
+        if u_ptr.dtype.element_ty == tl.bfloat16:  # u_store "bf16": u_a is exactly bf16, no low half
+            ua_t = tl.trans(u_a)
+            cu_t = tl.dot(ua_t, ch_t)  # (C u_a)^T, [BV, BT(b)]
+            cu_t = tl.dot(ua_t, cl_t, cu_t)
+        else:
+            ua_hi, ua_lo = _split(tl.trans(u_a))
+            cu_t = tl.dot(ua_hi, ch_t)
+            cu_t = tl.dot(ua_lo, ch_t, cu_t)
+            cu_t = tl.dot(ua_hi, cl_t, cu_t)
+        ub2 = u_b - tl.trans(cu_t)  # u_b'
     # the chain: level 1, both deltas from the pair-start state
     if SPLIT_S:
         s_hi, s_lo = _split(S)
@@ -929,6 +956,57 @@ def _scan_pair_step(S, n, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, dbuf_ptr, NT, 
 
 
 @triton.jit
+def _kda_pair_merge_kernel(w_ptr, u_ptr, kd_ptr, gl_ptr, TP, NT,
+                           K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BVM: tl.constexpr):
+    """Version 9c (``pair_merge="kernel"``): the paired scan's merge, once per (pair, batch*head), before
+    the scan.  For the pair a = 2p, b = 2p + 1 (both real chunks: the launch covers NT // 2 pairs; an odd
+    last chunk is the scan's padded pair, which needs no merge):
+
+        C = w_b kd_a^T [BT, BT],   w_b' = w_b diag(gl_a) - C w_a,   u_b' = u_b - C u_a
+
+    written over chunk b's w and u (nothing after the scan reads w or u: the read-out takes qd' and au
+    (read-out "pre") or qd and the scan's true deltas (dbuf, read-out "aqk"), all formed before this).
+    Precision as in the scan's 9b merge: C from bf16 operands with float32 sums, split bf16 hi + lo for
+    its products, u_a split too when float32; w_b' rounded to bf16 (as w is stored), u_b' to u's dtype
+    (exact for float32 u; one more rounding with u_store "bf16")."""
+    i_p = tl.program_id(0).to(tl.int64)
+    i_bh = tl.program_id(1).to(tl.int64)
+    rt = tl.arange(0, BT)
+    rk = tl.arange(0, K)
+    ra = 2 * i_p * BT + rt
+    rb = ra + BT
+    w_ptr += i_bh * TP * K
+    kd_ptr += i_bh * TP * K
+    u_ptr += i_bh * TP * V
+    gl_ptr += i_bh * NT * K
+    p_a = ra[:, None] * K + rk[None, :]
+    p_b = rb[:, None] * K + rk[None, :]
+    w_a = tl.load(w_ptr + p_a)
+    w_b = tl.load(w_ptr + p_b)
+    kd_a = tl.load(kd_ptr + p_a)
+    gl_a = tl.load(gl_ptr + 2 * i_p * K + rk)
+    c = tl.dot(w_b, tl.trans(kd_a))  # [BT(b), BT(a)]
+    c_hi, c_lo = _split(c)
+    cw = tl.dot(c_hi, w_a)
+    cw = tl.dot(c_lo, w_a, cw)
+    tl.store(w_ptr + p_b, (w_b.to(tl.float32) * gl_a[None, :] - cw).to(tl.bfloat16))  # w_b'
+    for vs in tl.static_range(0, V, BVM):
+        cv = vs + tl.arange(0, BVM)
+        u_a = tl.load(u_ptr + ra[:, None] * V + cv[None, :])
+        p_ub = u_ptr + rb[:, None] * V + cv[None, :]
+        u_b = tl.load(p_ub).to(tl.float32)
+        if u_ptr.dtype.element_ty == tl.bfloat16:  # u_store "bf16": u_a is exactly bf16, no low half
+            cu = tl.dot(c_hi, u_a)
+            cu = tl.dot(c_lo, u_a, cu)
+        else:
+            ua_hi, ua_lo = _split(u_a)
+            cu = tl.dot(c_hi, ua_hi)
+            cu = tl.dot(c_hi, ua_lo, cu)
+            cu = tl.dot(c_lo, ua_hi, cu)
+        tl.store(p_ub, (u_b - cu).to(u_ptr.dtype.element_ty))  # u_b'
+
+
+@triton.jit
 def _kda_scan_kernel(
     w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, gl_ptr, au_ptr,
     h0_ptr, ht_ptr, o_ptr, hbuf_ptr, dbuf_ptr,
@@ -937,6 +1015,7 @@ def _kda_scan_kernel(
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     LAYOUT: tl.constexpr, FUSE_OUT: tl.constexpr, SPLIT_S: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRE: tl.constexpr, PAIR: tl.constexpr = False,
+    PAIR_MERGED: tl.constexpr = False,
 ):
     """One program per (V-block, batch*head) walks the chunks in order.  LAYOUT 0 keeps the
     state as S [K, BV]; LAYOUT 1 as S^T [BV, K], so that the state and delta are the
@@ -949,7 +1028,9 @@ def _kda_scan_kernel(
 
     PAIR (version 9 / 9b, ``scan_pair``; LAYOUT 0 without FUSE_OUT): the loop steps over pairs of
     chunks, so the serial chain S -> delta -> S has half as many steps (``_scan_pair_step``: two
-    levels of products per pair instead of four)."""
+    levels of products per pair instead of four).  PAIR_MERGED (version 9c, ``pair_merge="kernel"``):
+    chunk b's w and u already hold w_b' and u_b' (``_kda_pair_merge_kernel``), so the pair step is the
+    two levels of the chain only."""
     i_v = tl.program_id(0).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -985,7 +1066,7 @@ def _kda_scan_kernel(
     if PAIR:
         for n in range(0, NT, 2):
             S = _scan_pair_step(S, n, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, dbuf_ptr, NT, rk, cv, rt,
-                                K, BV, V, BT, SPLIT_S, PRE)
+                                K, BV, V, BT, SPLIT_S, PRE, PAIR_MERGED)
     else:
         for n in range(NT):
             # Everything the read-out needs is loaded first and the read-out computed last (from
@@ -1134,7 +1215,7 @@ def _pow2(x: int) -> bool:
 def _plan(K: int, V: int, knobs: dict) -> dict:
     """Check a knob combination against a shape; return the launch plan or raise ValueError."""
     # knob dicts written before version 7 / 8 lack "pair", "solve_stages" and "u_store"
-    knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "scan_pair": False, **knobs}
+    knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "scan_pair": False, "pair_merge": "scan", **knobs}
     # combinations the CPU interpreter passes but the H200 computed wrongly: refused by name
     if knobs.get("subst") == "direct":
         raise ValueError("subst='direct' computes wrong outputs on the H200 (results/runs/kda-h200: "
@@ -1187,9 +1268,14 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         raise ValueError("scan_pair=True is served at BT=32 with fuse_output=False and scan_layout='kv' only (the "
                          "paired state pass stores both chunk states for the separate read-out; BT 64 would pair "
                          "into 128-row steps; its Triton layout work was done for the default kv layout only)")
+    if knobs.get("pair_merge") == "kernel" and not knobs.get("scan_pair"):
+        raise ValueError("pair_merge='kernel' is meaningful only with scan_pair=True (it moves the paired scan's "
+                         "merge into its own launch; the one-chunk scan has no merge)")
     for name, choices in SPACE.items():
         if name == "scan_pair":  # True is out of SPACE (refused above) but still served with the refusal lifted
             choices = [False, True]
+        if name == "pair_merge":  # "kernel" goes with scan_pair (out of SPACE with it)
+            choices = ["scan", "kernel"]
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
     BT, BC, BK, BV = knobs["BT"], knobs["BC"], knobs["BK"], knobs["BV"]
@@ -1243,6 +1329,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "solve_stages": knobs["solve_stages"], "u_bf16": knobs["u_store"] == "bf16",
         "layout": 0 if knobs["scan_layout"] == "kv" else 1,
         "pair": bool(knobs["scan_pair"]),
+        "pair_merged": bool(knobs["scan_pair"]) and knobs["pair_merge"] == "kernel",
     }
 
 
@@ -1341,6 +1428,13 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             # the state entering every chunk: bf16 when its products are bf16 anyway
             hbuf = torch.empty((BH, NT, K, V), dtype=torch.float32 if plan["split"] else torch.bfloat16, device=dev)
             dbuf = o if plan["PRE"] else torch.empty((BH, TP, V), dtype=torch.float32, device=dev)
+        if plan["pair_merged"]:
+            if debug is not None:  # the preparation's w and u as they were; the merged ones go to w_pair / u_pair
+                debug.update(w=w.clone(), u=u.clone(), w_pair=w, u_pair=u)
+            if NT >= 2:  # version 9c: w_b', u_b' over chunk b's w, u, once per pair and head
+                _kda_pair_merge_kernel[(NT // 2, BH)](w, u, kd, gl, TP, NT, K=K, V=V, BT=BT,
+                                                      BVM=min(V, _PAIR_MERGE_BV), num_warps=_PAIR_MERGE_WARPS,
+                                                      num_stages=1)
         BV = plan["BV"]
         _kda_scan_kernel[(triton.cdiv(V, BV), BH)](
             w, u, kd, qd, aqk, gl, au,
@@ -1350,7 +1444,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             K=K, V=V, BT=BT, BV=BV,
             LAYOUT=plan["layout"], FUSE_OUT=fuse, SPLIT_S=plan["split"],
             USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"], PAIR=plan["pair"],
-            num_warps=kn["scan_warps"], num_stages=plan["scan_stages"],
+            PAIR_MERGED=plan["pair_merged"], num_warps=kn["scan_warps"], num_stages=plan["scan_stages"],
         )
         if not fuse:
             OBV = plan["OUT_BV"]
