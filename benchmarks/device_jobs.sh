@@ -12,7 +12,8 @@
 #                           for 85 s on a fresh machine; the judge caches that choice on disk, but a
 #                           short loop still pays for it once)
 #   probe-kda-pair          benchmarks/probe_kda_pair.py (version 9's paired scan, refused by the family until it runs
-#                           on a GPU without faulting), then compute-sanitizer on its first setting if one crashed
+#                           on a GPU without faulting), then compute-sanitizer on its first setting if one crashed;
+#                           nine settings take longer than one command: pick some with PROBE_SETTINGS=a,b,...
 #   bench:EXPR              benchmarks/test_headline.py -k EXPR, JSON to $OUT/bench-<EXPR>.json (stopped with
 #                           SIGINT at the limit, so the tests that finished are still saved; `-k kda`
 #                           needs ~400 s on a fresh machine: fla autotunes, references are slow at the big shapes)
