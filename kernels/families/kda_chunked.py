@@ -244,7 +244,9 @@ SPACE = {
 # 770-771 vs 761 us at the headline, 2809 vs 2773 at B2 T16384, no faster anywhere, so it is not here; u in bf16 -2 us at the headline and -0.1..-0.5 % at
 # the other shapes (noise-sized, +0.25e-3 error in o): left for the loop to judge on its own shapes. Version 9's
 # paired scan is refused (see _SCAN_PAIR_REFUSED).
-TRY_EARLY = [{"u_store": "bf16"}]
+# Session 6 (results/h200-2026-11-30, probe_kda_pair.py's "same knobs without the pair" column): a 4-warp scan
+# measured 765.4 vs 775.2 us at the headline with everything else at the defaults.
+TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4}, {"scan_warps": 4}, {"u_store": "bf16"}]
 
 # Version 9's paired state pass (scan_pair=True) crashed on the H200 with an illegal memory access
 # (results/h200-2026-11-29e, call 2: B1 T2048 H8 K=V=64 fp32 u, and H16 K=V=128 with solve_stages 2 and
