@@ -145,6 +145,14 @@ VARIANTS = {
     "scan_st2": {"scan_stages": 2},
     "start": {"recentre": "start"},
     "chunk_start": {"block_prog": "chunk", "recentre": "start"},
+    # session 6: the loop's best (bbf1cbe1) and this session's two block-row knobs on top of it
+    "best6": {"u_store": "bf16", "scan_warps": 4, "out_bv": 64},
+    "best6_tight": {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight"},
+    "best6_trans": {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "diag_cols": "trans"},
+    "best6_tight_trans": {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans"},
+    "best6_tt_w2": {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+                    "block_warps": 2, "block_maxnreg": 168},
+    "best6_scan_w2": {"u_store": "bf16", "scan_warps": 2, "out_bv": 64},
 }
 # rows also timed at the search loop's other two shapes (B2 T16384 H16, B8 T1024 H8 D64), after
 # the default and the fastest headline row: the per-token throughput rows (every stage scales with
@@ -153,11 +161,12 @@ VARIANTS = {
 # (162 regs x 256 threads) only one, so at B2 T16384 the 8-warp fused scan would run in two waves)
 # (pair at B2 T16384 H16: 256 scan programs at 1 per SM -- two waves, where the default's 2 per SM run one)
 SHAPE_ROWS = ["pair", "pair_v8", "v8", "v8_stages2", "v8_u_bf16", "v4_defaults"]
+SHAPE_ROWS += ["best6", "best6_tight_trans", "best6_tt_w2"]
 # KDA_DEV_ROWS=name,name,...: only these rows (the default is always kept first)
 if os.environ.get("KDA_DEV_ROWS"):
     _keep = [n.strip() for n in os.environ["KDA_DEV_ROWS"].split(",") if n.strip()]
     VARIANTS = {"default": {}, **{n: VARIANTS[n] for n in _keep if n in VARIANTS}}
-if DRY:
+if DRY and not os.environ.get("KDA_DEV_ROWS"):
     VARIANTS = {k: VARIANTS[k] for k in ("default", "pair_v8", "v8", "v6_defaults", "v5", "fused_out_au_w4",
                                          "BT64_rows_w8_out128")}
 

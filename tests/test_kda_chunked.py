@@ -346,7 +346,8 @@ for stage in ([0] if kn["fuse_prep"] else [1, 2]):
     c = build(fam._kda_prep_kernel, prep, dict(K=K, V=V, BT=plan["BT"], BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"],
           DK=plan["DK"], LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
           TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
-          CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"], STAGE=stage),
+          CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"], STAGE=stage,
+          OFFW=plan["OFFW"], DIAG_TRANS=plan["DIAG_TRANS"]),
           kn["solve_warps"] if stage == 2 else kn["block_warps"], 1 if stage == 1 else plan["solve_stages"])
     if stage != 1 and plan["solve_stages"] > 1:  # version 8: the solve's key / value tiles prefetched
         assert "cp.async" in c.asm["ptx"], "solve_stages > 1 should pipeline the solve's loads"
