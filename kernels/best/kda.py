@@ -166,7 +166,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {'BT': 32, 'BC': 16, 'BK': 32, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 4, 'solve_warps': 4, 'block_maxnreg': 128, 'solve_maxnreg': 128, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'scan_pair': False, 'pair_merge': 'scan'}
+KNOBS = {'BT': 32, 'BC': 16, 'BK': 32, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 4, 'solve_warps': 4, 'block_maxnreg': 128, 'solve_maxnreg': 128, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'scan_pair': False, 'pair_merge': 'scan', 'off_tile': 'tight', 'diag_cols': 'trans'}
 # kopt:knobs-end
 SPACE = {
     "BT": [32, 64],
@@ -206,6 +206,13 @@ SPACE = {
     # scan loop by every V-block program) or "kernel" (once per pair and head by its own launch before the
     # scan, w_b' / u_b' written over w_b / u_b).  Only with scan_pair, so only "scan" while that is refused
     "pair_merge": ["scan"],
+    # session 6: the width of a block row's off-diagonal tile (columns j < r of its chunk): "chunk" = BT
+    # columns, "tight" = BT - BC (the most a block row can see; half the exps, loads and product at BT 32)
+    "off_tile": ["chunk", "tight"],
+    # session 6: the guarded diagonal's column factor k_j exp(ref - E_j): "load" = g and k loaded again
+    # transposed and summed again; "trans" = tl.trans of the row side's tile (sm_90: -1.2 K of 16.3 K
+    # warp-instructions per block-row program, benchmarks/sass_kda.py)
+    "diag_cols": ["load", "trans"],
 }
 # Measured by the search loop right after the defaults. Session 4 (results/runs/kda-h200-2, judge timer,
 # geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then pair split
@@ -216,7 +223,15 @@ SPACE = {
 # paired scan is refused (see _SCAN_PAIR_REFUSED).
 # Session 6 (results/h200-2026-11-30, probe_kda_pair.py's "same knobs without the pair" column): a 4-warp scan
 # measured 765.4 vs 775.2 us at the headline with everything else at the defaults.
-TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4}, {"scan_warps": 4}, {"u_store": "bf16"}]
+# The loop then promoted bbf1cbe1 (4-warp scan, bf16 u, out_bv 64): 717.1 us against 753.6. Next: this
+# session's two block-row knobs on top of it (offline sm_90: 16.3 K -> 14.5 K warp-instructions per 4-warp
+# block-row program, 10.7 K at 2 warps / 168 registers), and the 2-warp scan.
+TRY_EARLY = [
+    {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans"},
+    {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans", "block_warps": 2,
+     "block_maxnreg": 168},
+    {"u_store": "bf16", "scan_warps": 2, "out_bv": 64},
+]
 
 # Version 9's paired state pass (scan_pair=True) crashed on the H200 with an illegal memory access
 # (results/h200-2026-11-29e, call 2: B1 T2048 H8 K=V=64 fp32 u, and H16 K=V=128 with solve_stages 2 and
@@ -398,20 +413,27 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
                s_qt, s_kt, s_gt, s_bt,
                K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr,
                RECENTRE: tl.constexpr, LIMIT: tl.constexpr, TF32: tl.constexpr, SUBST: tl.constexpr,
-               LOG_BC: tl.constexpr, SB: tl.constexpr = 0, LOG_NS: tl.constexpr = 0, DKS: tl.constexpr = 1):
+               LOG_BC: tl.constexpr, SB: tl.constexpr = 0, LOG_NS: tl.constexpr = 0, DKS: tl.constexpr = 1,
+               OFFW: tl.constexpr = 0, DIAG_TRANS: tl.constexpr = False):
     """Rows bi*BC .. bi*BC+BC-1 of one chunk's Aqk (scaled; hi and lo bf16 halves) and Akk
     (beta-scaled, strictly lower, float32), all BT columns, written to aqk_ptr / akk_ptr
     (pointers at the chunk's first row; the lo half of Aqk sits lo_off elements after).
     SUBST 2 (``subst="rows"``): the diagonal BC x BC block of Akk is replaced in the scratch by
-    the inverse of (I + that block), computed here, so that the solve has no substitution left."""
+    the inverse of (I + that block), computed here, so that the solve has no substitution left.
+    OFFW: the off-diagonal tile's width (BT; ``off_tile="tight"``: BT - BC, every column a block
+    row can see, so at BT 32 no half-masked tile).  DIAG_TRANS (``diag_cols="trans"``): the guarded
+    diagonal's column factor is the row factor's registers transposed instead of a second, transposed
+    load of g and k and a second running sum."""
+    W: tl.constexpr = OFFW
     r = bi * BC
     ct = tl.arange(0, BT)
+    cw = tl.arange(0, W)
     rc = tl.arange(0, BC)
     cc = tl.arange(0, BC)
     rb_ok = t0 + r + rc < T
     beta_r = tl.load(beta_ptr + (r + rc) * s_bt, mask=rb_ok, other=0.0).to(tl.float32)
-    off_q = tl.zeros([BC, BT], dtype=tl.float32)  # column i holds chunk column j = r - 1 - i
-    off_k = tl.zeros([BC, BT], dtype=tl.float32)
+    off_q = tl.zeros([BC, W], dtype=tl.float32)  # column i holds chunk column j = r - 1 - i
+    off_k = tl.zeros([BC, W], dtype=tl.float32)
     dia_q = tl.zeros([BC, BC], dtype=tl.float32)
     dia_k = tl.zeros([BC, BC], dtype=tl.float32)
     for ks in range(0, K, BK):
@@ -424,16 +446,16 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
         # left out of the sum, so a -1000 there never has to cancel against itself
         e_b = tl.cumsum(tl.where(rc[:, None] > 0, g_b, 0.0), axis=0)
         if bi > 0:
-            # columns j < r, held transposed ([BK, BT]) and in reverse order, i = r - 1 - j:
+            # columns j < r, held transposed ([BK, W]) and in reverse order, i = r - 1 - j:
             # exp(G_r - G_j) = exp(g_r + sum_{j < t < r} g_t), the sum a forward running sum
             # of g[r - 1], g[r - 2], ... (no reverse scan, no large prefix to subtract)
-            m_shift = (ct >= 1) & (ct < r) & (t0 + r - ct < T)
-            gs = tl.load(g_ptr + (r - ct)[None, :] * s_gt + ck[:, None], mask=m_shift[None, :], other=0.0).to(tl.float32)
-            m_col = (ct < r) & (t0 + r - 1 - ct < T)
-            k_t = tl.load(k_ptr + (r - 1 - ct)[None, :] * s_kt + ck[:, None], mask=m_col[None, :], other=0.0).to(tl.float32)
+            m_shift = (cw >= 1) & (cw < r) & (t0 + r - cw < T)
+            gs = tl.load(g_ptr + (r - cw)[None, :] * s_gt + ck[:, None], mask=m_shift[None, :], other=0.0).to(tl.float32)
+            m_col = (cw < r) & (t0 + r - 1 - cw < T)
+            k_t = tl.load(k_ptr + (r - 1 - cw)[None, :] * s_kt + ck[:, None], mask=m_col[None, :], other=0.0).to(tl.float32)
             g_r = tl.load(g_ptr + r * s_gt + ck, mask=(t0 + r) < T, other=0.0).to(tl.float32)
             x_col = g_r[:, None] + tl.cumsum(gs, axis=1)
-            kb = k_t * tl.exp(tl.where((ct < r)[None, :], x_col, float("-inf")))
+            kb = k_t * tl.exp(tl.where((cw < r)[None, :], x_col, float("-inf")))
             e_row = tl.exp(e_b)
             off_q = _dotp(q_b * e_row, kb, off_q, TF32)
             off_k = _dotp(k_b * e_row, kb, off_k, TF32)
@@ -450,11 +472,13 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
             else:
                 ref = e_last
             up = tl.exp(e_b - ref[None, :])
-            # the column side again, transposed ([BK, BC]) straight from memory
-            g_bt = tl.load(g_ptr + (r + cc)[None, :] * s_gt + ck[:, None], mask=rb_ok[None, :], other=0.0).to(tl.float32)
-            k_bt = tl.load(k_ptr + (r + cc)[None, :] * s_kt + ck[:, None], mask=rb_ok[None, :], other=0.0).to(tl.float32)
-            e_bt = tl.cumsum(tl.where(cc[None, :] > 0, g_bt, 0.0), axis=1)
-            down = k_bt * tl.exp(ref[:, None] - e_bt)
+            if DIAG_TRANS:  # the column side from the row side's registers, transposed
+                down = tl.trans(k_b * tl.exp(ref[None, :] - e_b))
+            else:  # the column side again, transposed ([BK, BC]) straight from memory
+                g_bt = tl.load(g_ptr + (r + cc)[None, :] * s_gt + ck[:, None], mask=rb_ok[None, :], other=0.0).to(tl.float32)
+                k_bt = tl.load(k_ptr + (r + cc)[None, :] * s_kt + ck[:, None], mask=rb_ok[None, :], other=0.0).to(tl.float32)
+                e_bt = tl.cumsum(tl.where(cc[None, :] > 0, g_bt, 0.0), axis=1)
+                down = k_bt * tl.exp(ref[:, None] - e_bt)
             dq = _dotp(q_b * up, down, tl.zeros([BC, BC], dtype=tl.float32), TF32)
             dk = _dotp(k_b * up, down, tl.zeros([BC, BC], dtype=tl.float32), TF32)
             # the upper triangle may hold inf / nan: select, never multiply
@@ -471,13 +495,13 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
     # off-diagonal part (reversed columns j = r - 1 - i < r), zeros right of the block, and
     # the diagonal block: three disjoint stores
     p_row = (r + rc)[:, None] * BT
-    before = (ct < r)[None, :]
+    before = (cw < r)[None, :]
     aq = off_q * scale
     aq_hi = aq.to(tl.bfloat16)
     aq_lo = (aq - aq_hi.to(tl.float32)).to(tl.bfloat16)
-    tl.store(aqk_ptr + p_row + (r - 1 - ct)[None, :], aq_hi, mask=before)
-    tl.store(aqk_ptr + lo_off + p_row + (r - 1 - ct)[None, :], aq_lo, mask=before)
-    tl.store(akk_ptr + p_row + (r - 1 - ct)[None, :], off_k * beta_r[:, None], mask=before)
+    tl.store(aqk_ptr + p_row + (r - 1 - cw)[None, :], aq_hi, mask=before)
+    tl.store(aqk_ptr + lo_off + p_row + (r - 1 - cw)[None, :], aq_lo, mask=before)
+    tl.store(akk_ptr + p_row + (r - 1 - cw)[None, :], off_k * beta_r[:, None], mask=before)
     after = (ct >= r + BC)[None, :]
     zero = tl.zeros([BC, BT], dtype=tl.float32)
     tl.store(aqk_ptr + p_row + ct[None, :], zero.to(tl.bfloat16), mask=after)
@@ -774,6 +798,7 @@ def _kda_prep_kernel(
     LOG_NC: tl.constexpr, RECENTRE: tl.constexpr, LIMIT: tl.constexpr, MERGE: tl.constexpr,
     TF32: tl.constexpr, PRE: tl.constexpr, SUBST: tl.constexpr, STAGE: tl.constexpr, LOG_BC: tl.constexpr,
     HOIST: tl.constexpr, CHUNK: tl.constexpr, SB: tl.constexpr = 0, LOG_NS: tl.constexpr = 0, DKS: tl.constexpr = 1,
+    OFFW: tl.constexpr = 0, DIAG_TRANS: tl.constexpr = False,
 ):
     """STAGE 0: everything for one chunk (block rows, then the solve); 1: one block row of
     one chunk (grid NT * NC), or with CHUNK all block rows of one chunk (grid NT); 2: the solve
@@ -812,14 +837,16 @@ def _kda_prep_kernel(
     if STAGE == 0 and not CHUNK:
         for b in range(NC):
             _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, b, lo_off,
-                       s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC, SB, LOG_NS, DKS)
+                       s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC, SB, LOG_NS, DKS,
+                       OFFW, DIAG_TRANS)
         tl.debug_barrier()  # the block rows were written by other threads of this program
     if STAGE == 1 and CHUNK:
         _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, lo_off,
                      s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC)
     if STAGE == 1 and not CHUNK:
         _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi, lo_off,
-                   s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC, SB, LOG_NS, DKS)
+                   s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC, SB, LOG_NS, DKS,
+                       OFFW, DIAG_TRANS)
     if STAGE != 1:
         _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr, akk_ptr, gl_ptr,
                   aqk_ptr, au_ptr, lo_off,
@@ -1187,7 +1214,8 @@ def _pow2(x: int) -> bool:
 def _plan(K: int, V: int, knobs: dict) -> dict:
     """Check a knob combination against a shape; return the launch plan or raise ValueError."""
     # knob dicts written before version 7 / 8 lack "pair", "solve_stages" and "u_store"
-    knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "scan_pair": False, "pair_merge": "scan", **knobs}
+    knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "scan_pair": False, "pair_merge": "scan",
+             "off_tile": "chunk", "diag_cols": "load", **knobs}
     # combinations the CPU interpreter passes but the H200 computed wrongly: refused by name
     if knobs.get("subst") == "direct":
         raise ValueError("subst='direct' computes wrong outputs on the H200 (results/runs/kda-h200: "
@@ -1253,6 +1281,9 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     BT, BC, BK, BV = knobs["BT"], knobs["BC"], knobs["BK"], knobs["BV"]
     if BC > BT:
         raise ValueError(f"sub-chunk BC={BC} must not exceed the chunk BT={BT}")
+    if knobs["off_tile"] == "tight" and (knobs["block_prog"] != "row" or not _pow2(BT - BC)):
+        raise ValueError(f"off_tile='tight' is served with block_prog='row' and BT - BC a power of two (a tl.arange "
+                         f"width) only; BT={BT}, BC={BC} gives {BT - BC}")
     if not (_pow2(K) and _pow2(V) and 16 <= K <= 256 and 16 <= V <= 256):
         raise ValueError(f"K={K} and V={V} must be powers of two in [16, 256] (tl.dot tiles)")
     bk = min(BK, K)
@@ -1283,6 +1314,8 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "SB": BC if knobs["pair"] == "full" else min(_SPLIT_SB, BC),
         "LOG_NS": 0 if knobs["pair"] == "full" else int(math.log2(BC // min(_SPLIT_SB, BC))),
         "DKS": max(1, min(bk, _SPLIT_ELEMS // (BC * min(_SPLIT_SB, BC)))),
+        "OFFW": BT - BC if knobs["off_tile"] == "tight" else BT,
+        "DIAG_TRANS": knobs["diag_cols"] == "trans",
         "OUT_BV": min(V, knobs["out_bv"] or BV),
         "LOG_NC": int(math.log2(BT // BC)),
         "RECENTRE": _RECENTRE_CODE[knobs["recentre"]], "LIMIT": limit,
@@ -1372,7 +1405,8 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             K=K, V=V, BT=BT, BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"], DK=plan["DK"],
             LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
             TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
-            CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"],
+            CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"], OFFW=plan["OFFW"],
+            DIAG_TRANS=plan["DIAG_TRANS"],
         )
         # block_maxnreg / solve_maxnreg: cap the registers per thread (ptxas spills the rest to
         # L1-backed local memory) so that more programs are resident: at 128, 4 block-row
