@@ -95,9 +95,6 @@ if DRY:
 # 183 registers (2 programs/SM); with block_maxnreg 128: 16.3 K, 4/SM, 32 B spilled.
 VARIANTS = {
     "default": {},
-    # version 9 (session 5, prepared): the state pass over pairs of chunks (TRY_EARLY 1), and with version 8
-    "pair": {"scan_pair": True},
-    "pair_v8": {"scan_pair": True, "solve_stages": 2, "u_store": "bf16"},
     # version 8 (session 4, prepared): the solve's loads pipelined, u stored in bf16 (TRY_EARLY 4-6)
     "v8_stages2": {"solve_stages": 2},
     "v8_u_bf16": {"u_store": "bf16"},
@@ -159,16 +156,14 @@ VARIANTS = {
 # tokens x heads there; the fused read-out trades a slower scan for 268 MB less traffic per
 # headline's worth of tokens -- with 4 scan warps (172 regs) two scan programs fit per SM, with 8
 # (162 regs x 256 threads) only one, so at B2 T16384 the 8-warp fused scan would run in two waves)
-# (pair at B2 T16384 H16: 256 scan programs at 1 per SM -- two waves, where the default's 2 per SM run one)
-SHAPE_ROWS = ["pair", "pair_v8", "v8", "v8_stages2", "v8_u_bf16", "v4_defaults"]
+SHAPE_ROWS = ["v8", "v8_stages2", "v8_u_bf16", "v4_defaults"]
 SHAPE_ROWS += ["best6", "best6_tight_trans", "best6_tt_w2"]
 # KDA_DEV_ROWS=name,name,...: only these rows (the default is always kept first)
 if os.environ.get("KDA_DEV_ROWS"):
     _keep = [n.strip() for n in os.environ["KDA_DEV_ROWS"].split(",") if n.strip()]
     VARIANTS = {"default": {}, **{n: VARIANTS[n] for n in _keep if n in VARIANTS}}
 if DRY and not os.environ.get("KDA_DEV_ROWS"):
-    VARIANTS = {k: VARIANTS[k] for k in ("default", "pair_v8", "v8", "v6_defaults", "v5", "fused_out_au_w4",
-                                         "BT64_rows_w8_out128")}
+    VARIANTS = {k: VARIANTS[k] for k in ("default", "v8", "v6_defaults", "v5", "fused_out_au_w4", "BT64_rows_w8_out128")}
 
 
 # --ncu / --stages: the default knobs at these shapes (the headline first; B2 T16384 is the loop's

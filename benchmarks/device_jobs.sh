@@ -11,9 +11,6 @@
 #                           (flash-linear-attention is NOT importable here: its first call autotunes
 #                           for 85 s on a fresh machine; the judge caches that choice on disk, but a
 #                           short loop still pays for it once)
-#   probe-kda-pair          benchmarks/probe_kda_pair.py (version 9's paired scan, refused by the family until it runs
-#                           on a GPU without faulting), then compute-sanitizer on its first setting if one crashed;
-#                           nine settings take longer than one command: pick some with PROBE_SETTINGS=a,b,...
 #   bench:EXPR              benchmarks/test_headline.py -k EXPR, JSON to $OUT/bench-<EXPR>.json (stopped with
 #                           SIGINT at the limit, so the tests that finished are still saved; `-k kda`
 #                           needs ~400 s on a fresh machine: fla autotunes, references are slow at the big shapes)
@@ -29,13 +26,6 @@ while [ $# -ge 2 ]; do
       timeout -k 30 "$secs" python3 benchmarks/check_timer_gpu.py ;;
     kda-dev)
       PYTHONPATH=$KOPT_FLA_PATH:$PYTHONPATH KDA_DEV_BUDGET_S=$((secs - 20)) timeout -k 30 "$secs" python3 benchmarks/dev_kda_chunked.py ;;
-    probe-kda-pair)
-      timeout -k 30 "$secs" python3 benchmarks/probe_kda_pair.py | tee /tmp/probe.log
-      san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-      if grep -q FAILED /tmp/probe.log && [ -n "$san" ]; then
-        PROBE_CRASH_ONLY=1 timeout -k 10 120 "$san" --print-limit 4 python3 benchmarks/probe_kda_pair.py --one pair 2>&1 \
-          | grep -v "Host Frame" | head -40
-      fi ;;
     mla-dev)
       timeout -k 30 "$secs" python3 benchmarks/dev_mla.py ;;
     loop:*)

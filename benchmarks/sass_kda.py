@@ -164,14 +164,8 @@ def build_all(fam, knobs: dict, shape: dict) -> dict:
     BV = plan["BV"]
     out["scan"] = (compile_kernel(fam._kda_scan_kernel, scan,
                                   dict(K=K, V=V, BT=BT, BV=BV, LAYOUT=plan["layout"], FUSE_OUT=False, SPLIT_S=split,
-                                       USE_H0=False, STORE_HT=True, PRE=plan["PRE"], PAIR=plan.get("pair", False),
-                                       PAIR_MERGED=plan.get("pair_merged", False)),
+                                       USE_H0=False, STORE_HT=True, PRE=plan["PRE"]),
                                   kn["scan_warps"], plan["scan_stages"]), -(-V // BV) * BH, kn["scan_warps"])
-    if plan.get("pair_merged"):  # version 9c: the paired scan's merge, its own launch (one program per pair, head)
-        out["merge"] = (compile_kernel(fam._kda_pair_merge_kernel,
-                                       {"w_ptr": B16, "u_ptr": U, "kd_ptr": B16, "gl_ptr": P, "TP": TP, "NT": NT},
-                                       dict(K=K, V=V, BT=BT, BVM=min(V, fam._PAIR_MERGE_BV)), fam._PAIR_MERGE_WARPS, 1),
-                        (NT // 2) * BH, fam._PAIR_MERGE_WARPS)
     OBV = plan["OUT_BV"]
     o_args = {"qd_ptr": B16, "aqk_ptr": B16, "hbuf_ptr": P if split else B16, "dbuf_ptr": P, "o_ptr": B16,
               "au_ptr": AU, **common}
@@ -413,9 +407,6 @@ def dram_bytes(stage: str, shape: dict, plan: dict, kn: dict) -> float:
         return n * (BT * K * 8 + BT * V * 2 + BT * 2 + BT * BT * 8 + BT * K * 6 + BT * V * (u + au) + K * 4)
     if stage == "scan":  # w, kd, u, gl; per-chunk state (bf16) written, final state
         return n * (BT * K * 4 + BT * V * u + K * 4 + K * V * 2) + B * H * K * V * 4
-    if stage == "merge":  # version 9c, per full pair: w_a, w_b, kd_a bf16, u_a, u_b, gl_a; w_b', u_b' written
-        pairs = B * H * ((-(-T // BT)) // 2)
-        return pairs * (BT * K * 2 * 3 + BT * V * u * 2 + K * 4 + BT * K * 2 + BT * V * u)
     if stage == "out":  # qd, state, au; o
         return n * (BT * K * 2 + K * V * 2 + BT * V * au + BT * V * 2)
     return 0.0
@@ -454,9 +445,6 @@ STAGES = ("rows", "solve", "scan", "out")
 def analyse(knobs: dict, shape: dict, workdir: Path, measured: dict | None = None) -> dict:
     from kernels.families import kda_chunked as fam
 
-    # version 9's paired scan is refused by _plan until a GPU run clears it; its offline analysis
-    # is what this script is for, so the refusal is lifted here (this process only)
-    fam._SCAN_PAIR_REFUSED = False
     built = build_all(fam, knobs, shape)
     plan, kn = built["plan"], built["knobs"]
     src = Path(fam.__file__).read_text().splitlines()
@@ -473,14 +461,11 @@ def analyse(knobs: dict, shape: dict, workdir: Path, measured: dict | None = Non
                   source_line(src, "_block_row", r"if span <= LIMIT:"): 1.0 - p_pair}),
         "solve": ({source_line(src, "_solve_wy", r"for ks in range\(0, K, BK\)"): -(-K // plan["BKP"]),
                    source_line(src, "_solve_wy", r"for vs in range\(0, V, BVP\)"): -(-V // plan["BVP"])}, {}),
-        # version 9's scan_pair: the loop over pairs of chunks (NT / 2 trips, rounded up)
-        "scan": ({source_line(src, "_kda_scan_kernel", r"for n in range\(0, NT, 2\)"): -(-built["NT"] // 2)}
-                 if plan.get("pair") else {source_line(src, "_kda_scan_kernel", r"for n in range\(NT\)"): built["NT"]}, {}),
+        "scan": ({source_line(src, "_kda_scan_kernel", r"for n in range\(NT\)"): built["NT"]}, {}),
         "out": ({}, {}),
-        "merge": ({}, {}),
     }
     res = {"knobs": {k: kn[k] for k in sorted(kn)}, "shape": shape, "pairwise_fraction": p_pair, "stages": {}}
-    for st in [st for st in ("rows", "solve", "merge", "scan", "out") if st in built["kernels"]]:
+    for st in STAGES:
         comp, programs, warps = built["kernels"][st]
         insts, labels = disassemble(comp.asm["cubin"], workdir, st)
         loop_trips, branch_prob = rules[st]

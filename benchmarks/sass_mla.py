@@ -270,6 +270,7 @@ PREFILL_VARIANTS = [
     ("family default (HT16)", {}),
     ("HT64 ROWSUM reduce", {"HEADS_PER_TILE": 64, "ROWSUM": "reduce"}),
     ("HT64 BN32", {"HEADS_PER_TILE": 64, "BLOCK_N": 32}),
+    ("HT64 TAU8", {"HEADS_PER_TILE": 64, "RESCALE_TAU": 8}),
 ]
 
 

@@ -324,7 +324,6 @@ from triton.compiler import ASTSource
 spec = importlib.util.spec_from_file_location("kda_chunked", sys.argv[1])
 fam = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fam)
-fam._SCAN_PAIR_REFUSED = False  # version 9's paired scan is refused (H200 crash) but still compiled here
 K = V = 128
 kn = {**fam.KNOBS, **json.loads(sys.argv[2])}
 plan = fam._plan(K, V, kn)
@@ -354,28 +353,9 @@ for stage in ([0] if kn["fuse_prep"] else [1, 2]):
 scan = {"w_ptr": B16, "u_ptr": U, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "au_ptr": AU, "h0_ptr": P,
         "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P}
 c = build(fam._kda_scan_kernel, scan, dict(K=K, V=V, BT=plan["BT"], BV=plan["BV"], LAYOUT=plan["layout"],
-          FUSE_OUT=plan["fuse"], SPLIT_S=plan["split"], USE_H0=True, STORE_HT=True, PRE=plan["PRE"],
-          PAIR=plan["pair"], PAIR_MERGED=plan["pair_merged"]), kn["scan_warps"], plan["scan_stages"])
+          FUSE_OUT=plan["fuse"], SPLIT_S=plan["split"], USE_H0=True, STORE_HT=True, PRE=plan["PRE"]),
+          kn["scan_warps"], plan["scan_stages"])
 assert "mma" in c.asm["ptx"], "the scan's products should run on the tensor cores"
-if plan["pair"]:  # version 9b: the state products on wgmma, no local memory, and no 64-row tile anywhere:
-    # every product of the pair step has one of the one-chunk step's shapes (version 9's 64-row kd^T d read
-    # shared memory past its allocation on the H200); read from the TTGIR's dot operand types
-    import re
-    assert "wgmma.mma_async" in c.asm["ptx"] and "ld.local" not in c.asm["ptx"]
-    BT, BV = plan["BT"], plan["BV"]
-    dots = [ln.split(" : ")[-1] for ln in c.asm["ttgir"].splitlines() if " tt.dot " in ln or "warp_group_dot " in ln]
-    shapes = [tuple(tuple(map(int, m)) for m in re.findall(r"<(\d+)x(\d+)x[a-z]", d)) for d in dots]
-    state = [sh for sh in shapes if sh[-1] == (K, BV)]  # [K, BV] results: the state products
-    assert len(state) == 4 and all(sh == ((K, BT), (BT, BV), (K, BV)) for sh in state), state
-    assert not any(2 * BT in dims for sh in shapes for dims in sh), shapes
-    assert "tt.join" not in c.asm["ttir"] and "tt.reshape" not in c.asm["ttir"]
-    if plan["pair_merged"]:  # version 9c: the merge left the loop; the only other products are w_a S and w_b' S
-        rest = [sh for sh in shapes if sh[-1] != (K, BV)]
-        assert len(rest) == 2 and all(sh == ((BT, K), (K, BV), (BT, BV)) for sh in rest), rest
-        assert not any(sh[-1] in ((BT, BT), (K, BT), (BV, BT)) for sh in shapes), shapes  # no C, (C w_a)^T, (C u_a)^T
-        m = build(fam._kda_pair_merge_kernel, {"w_ptr": B16, "u_ptr": U, "kd_ptr": B16, "gl_ptr": P},
-                  dict(K=K, V=V, BT=BT, BVM=min(V, fam._PAIR_MERGE_BV)), fam._PAIR_MERGE_WARPS, 1)
-        assert "ld.local" not in m.asm["ptx"] and "mma" in m.asm["ptx"]
 if not plan["fuse"]:
     out = {"qd_ptr": B16, "aqk_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P, "o_ptr": B16, "au_ptr": AU}
     build(fam._kda_out_kernel, out, dict(K=K, V=V, BT=plan["BT"], BV=plan["OUT_BV"], SPLIT_S=plan["split"], PRE=plan["PRE"]),
@@ -386,11 +366,9 @@ print("compiled for sm_90")
 
 @pytest.mark.parametrize("override", [{}, {"subst": "rows", "scan_warps": 2}, {"block_prog": "chunk", "out_bv": 128},
                                       {"fuse_prep": True, "au": "bf16", "out_bv": 128, "fuse_output": True, "scan_warps": 4},
-                                      {"pair": "split"}, {"solve_stages": 3, "u_store": "bf16"},
-                                      {"scan_pair": True, "solve_stages": 2, "u_store": "bf16"},
-                                      {"scan_pair": True, "pair_merge": "kernel"}],
+                                      {"pair": "split"}, {"solve_stages": 3, "u_store": "bf16"}],
                          ids=["default", "v4_rows_scan_w2", "v5_chunk_out128", "v6_fused_prep_au_bf16", "v7_split",
-                              "v8_stages3_u_bf16", "v9_pair_v8", "v9c_pair_kmerge"])
+                              "v8_stages3_u_bf16"])
 def test_default_knobs_compile_for_hopper(override):
     """The default knobs (and version 4's block-row inverses, early solve loads and 2-warp scan)
     compile for sm_90 (no GPU needed) within the shared-memory limit."""
@@ -643,102 +621,15 @@ def test_v8_refused_where_the_solve_spills(family):
     family.kda_chunked(*args, {**family.KNOBS, "solve_stages": 2, "BT": 64, "solve_warps": 8, "solve_maxnreg": 0})
 
 
-# ------------------------------------------------------------------------------------------
-# Version 9: the state pass over pairs of chunks (scan_pair)
-# ------------------------------------------------------------------------------------------
-PAIR = {"scan_pair": True}
-
-
-@pytest.fixture
-def pair_served(family, monkeypatch):
-    """The family module with version 9's refusal lifted, so the paired code stays checked on the CPU."""
-    monkeypatch.setattr(family, "_SCAN_PAIR_REFUSED", False)
-    return family
-
-
-def merged_pairs_reference(w, u, kd, gl, BT):
-    """Version 9c's merge in torch (float64 from the stored operands): chunk b = 2p + 1 of every full
-    pair gets w_b' = w_b diag(gl_a) - C w_a and u_b' = u_b - C u_a, C = w_b kd_a^T; the rest unchanged."""
-    w2, u2 = w.double().clone(), u.double().clone()
-    for b in range(1, gl.shape[1], 2):
-        a = b - 1
-        sa, sb = slice(a * BT, b * BT), slice(b * BT, (b + 1) * BT)
-        c = w[:, sb].double() @ kd[:, sa].double().transpose(1, 2)
-        w2[:, sb] = w[:, sb].double() * gl[:, a].double()[:, None, :] - c @ w[:, sa].double()
-        u2[:, sb] = u[:, sb].double() - c @ u[:, sa].double()
-    return w2, u2
-
-
-@pytest.mark.parametrize("merge", ["scan", "kernel"])
-@pytest.mark.parametrize("kind", HOSTILE)
-def test_scan_pair_hostile_gates(pair_served, kind, merge):
-    """The paired state pass on every hostile gate kind, three chunks (the last pair has no chunk b)
-    with a short last one, K != V, an initial state: the preparation's intermediates are untouched,
-    o and the final state stay within a tight bound of the one-chunk pass and under 4e-3 of the
-    float64 reference.  Both forms of the merge: in the scan loop (9b) and its own launch (9c), whose
-    w_b', u_b' (written over chunk b's w, u) match the merge in float64 to bf16 / float32 rounding."""
-    family = pair_served
-    case = {"B": 1, "T": 70, "H": 1, "K": 32, "V": 16, "initial_state": True, "output_final_state": True}
-    x = hostile_inputs(kind, case, seed=94)
-    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], True)
-    one, two = {}, {}
-    o1, s1 = family.kda_chunked(*args, family.KNOBS, one)
-    o2, s2 = family.kda_chunked(*args, {**family.KNOBS, **PAIR, "pair_merge": merge}, two)
-    for name in ("w", "u", "kd", "qd", "au", "gl"):
-        assert torch.equal(one[name], two[name]), name
-    if merge == "kernel":
-        w_ref, u_ref = merged_pairs_reference(one["w"], one["u"], one["kd"], one["gl"], one["BT"])
-        assert torch.equal(two["w_pair"][:, :32], one["w"][:, :32]) and torch.equal(two["w_pair"][:, 64:], one["w"][:, 64:])
-        assert torch.equal(two["u_pair"][:, :32], one["u"][:, :32]) and torch.equal(two["u_pair"][:, 64:], one["u"][:, 64:])
-        assert (two["w_pair"].double() - w_ref).abs().max() <= 2 ** -7 * max(1e-3, w_ref.abs().max())
-        assert (two["u_pair"].double() - u_ref).abs().max() <= 1e-5 * max(1e-3, u_ref.abs().max())
-    # the first pair's read-out is bit-identical (S and S_a are formed as in the one-chunk pass)
-    assert torch.equal(o2[:, :64], o1[:, :64])
-    assert (o2.float() - o1.float()).abs().max() <= 2 ** -7 * max(1e-3, o1.float().abs().max())
-    assert (s2 - s1).abs().max() <= 2 ** -7 * max(1e-3, s1.abs().max())
-    errors = PROBLEM.compare((o2, s2), PROBLEM.reference(**x))
-    assert all(e.ok and e.rel_rms < 4e-3 for e in errors), [(e.name, e.rel_rms) for e in errors]
-
-
-@pytest.mark.parametrize("case,over", [
-    ({"B": 1, "T": 1, "H": 1, "K": 16, "V": 32, "initial_state": True, "output_final_state": True}, {}),
-    ({"B": 2, "T": 33, "H": 1, "K": 64, "V": 16, "initial_state": False, "output_final_state": True},
-     {"u_store": "bf16", "readout": "aqk"}),
-    ({"B": 1, "T": 96, "H": 2, "K": 16, "V": 64, "initial_state": True, "output_final_state": False},
-     {"u_store": "bf16", "solve_stages": 2}),
-], ids=["T1", "B2_T33_aqk_u_bf16", "T96_u_bf16"])
-@pytest.mark.parametrize("merge", ["scan", "kernel"])
-def test_scan_pair_edge_shapes(tmp_path, case, over, merge):
-    """T = 1 (one chunk: the pair's b half is all padding; version 9c launches no merge), B = 2 with two
-    chunks and version 2's read-out (the pass stores both halves' true deltas; 9c's read-out never sees
-    the merged w, u), three full chunks with bf16 u (9c rounds u_b' to bf16), K != V both ways."""
-    module = render({**FAMILY.knobs, **PAIR, **over, "pair_merge": merge}, tmp_path)
-    module._SCAN_PAIR_REFUSED = False
-    errors = check(module.kernel, inputs(case, seed=95), case)
-    assert all(e.rel_rms < 4e-3 for e in errors), [(e.name, e.rel_rms) for e in errors]
-
-
-def test_scan_pair_refusals(pair_served):
-    family = pair_served
+def test_removed_knobs_refused(family):
+    """Versions 9-9c (scan_pair, pair_merge) were removed after session 6's H200 run: neither name is a
+    knob any more, and a knob dict that still sets one is refused instead of silently timing the default."""
+    assert not {"scan_pair", "pair_merge"} & (set(FAMILY.knobs) | set(FAMILY.space))
     y = inputs({"B": 1, "T": 4, "H": 1, "K": 16, "V": 16, "initial_state": False, "output_final_state": False}, seed=0)
     args = (y["q"], y["k"], y["v"], y["g"], y["beta"], None, None, False)
-    for over in ({"fuse_output": True}, {"BT": 64, "solve_warps": 8}, {"scan_layout": "vk"}):
-        with pytest.raises(ValueError, match="scan_pair"):
-            family.kda_chunked(*args, {**family.KNOBS, **PAIR, **over})
-    with pytest.raises(ValueError, match="pair_merge='kernel' is meaningful only with scan_pair=True"):
-        family.kda_chunked(*args, {**family.KNOBS, "pair_merge": "kernel"})
-    with pytest.raises(ValueError, match="pair_merge"):
-        family.kda_chunked(*args, {**family.KNOBS, **PAIR, "pair_merge": "solve"})
-
-
-def test_scan_pair_refused_after_the_h200_crash(family):
-    """Version 9 crashed on the H200 (illegal memory access) with every address in bounds on the CPU
-    (below): ``_plan`` refuses it by name, and the search space no longer holds it."""
-    assert FAMILY.space["scan_pair"] == [False] and FAMILY.space["pair_merge"] == ["scan"]
-    assert all(not over.get("scan_pair") for over in family.TRY_EARLY)
-    y = inputs({"B": 1, "T": 4, "H": 1, "K": 16, "V": 16, "initial_state": False, "output_final_state": False}, seed=0)
-    with pytest.raises(ValueError, match="illegal memory access on the H200, a shared-memory read past"):
-        family.kda_chunked(y["q"], y["k"], y["v"], y["g"], y["beta"], None, None, False, {**family.KNOBS, **PAIR})
+    for over in ({"scan_pair": True}, {"scan_pair": False, "pair_merge": "scan"}, {"pair_merge": "kernel"}):
+        with pytest.raises(ValueError, match="unknown knob"):
+            family.kda_chunked(*args, {**family.KNOBS, **over})
 
 
 # ------------------------------------------------------------------------------------------
@@ -831,19 +722,13 @@ def test_address_check_catches_out_of_bounds_lanes():
             _probe_kernel[(1,)](x[:11], y[:11], 11, BLOCK=16, MASKED=True, STORE_PAST=True)
 
 
-@pytest.mark.parametrize("over", [{}, PAIR, {**PAIR, "solve_stages": 2, "u_store": "bf16"},
-                                  {**PAIR, "pair_merge": "kernel"}, {**PAIR, "pair_merge": "kernel", "u_store": "bf16"}],
-                         ids=["default", "pair", "pair_v8", "pair_kmerge", "pair_kmerge_u_bf16"])
 @pytest.mark.parametrize("T", [64, 70])
-def test_every_address_in_bounds(pair_served, over, T):
-    """Every launch (preparation, scan, read-out) addresses only its own tensors, for the configurations
-    that crashed on the H200 (version 9's paired scan, fp32 and bf16 u) and the default as a control, at
-    an even and an odd chunk count, B = H = 2, final state without an initial one (the crashed runs'
-    flags).  It passes: the H200's illegal access in the paired scan is not in the kernel's addresses."""
+def test_every_address_in_bounds(family, T):
+    """Every launch of the default pipeline (preparation, scan, read-out) addresses only its own tensors,
+    at an even and an odd chunk count, B = H = 2, final state without an initial one."""
     case = {"B": 2, "T": T, "H": 2, "K": 32, "V": 32, "initial_state": False, "output_final_state": True}
     x = inputs(case, seed=96)
     with addresses_checked():
-        got = pair_served.kda_chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, True,
-                                      {**pair_served.KNOBS, **over})
+        got = family.kda_chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, True, family.KNOBS)
     errors = PROBLEM.compare(got, PROBLEM.reference(**x))
     assert all(e.ok for e in errors), [e.reason for e in errors if not e.ok]
