@@ -144,3 +144,25 @@ def test_try_early_settings_are_measured_right_after_the_defaults(tmp_path):
     early = [candidate_id(family.render({**family.knobs, **t})) for t in family.try_early]
     written = [e["candidate_id"] for e in events if e["kind"] == "candidate"]
     assert len(early) == 2 and written[2:4] == early  # baseline, fast's defaults, then its TRY_EARLY in order
+
+
+def test_candidates_of_an_edited_family_file_still_teach_the_sampler(tmp_path):
+    """After a family file is edited between sessions no logged candidate id matches a render of it.
+    The rebuilt sampler still learns every finished candidate's outcome (fast, slow and refused
+    regions), but none counts as tried or as the best: the same knobs may be timed again."""
+    problem = FakeProblem(tmp_path / "problem", broken=True)
+    _, events, _ = run(tmp_path, 30, problem=problem)
+    finished = {e["candidate_id"] for e in events if e["kind"] == "verdict"}
+    for name in ("fast.py", "slow.py", "broken.py"):  # an edit that changes every rendered id
+        path = tmp_path / "problem" / name
+        path.write_text(path.read_text() + "\n# edited after the first session\n")
+    agent = SearchAgent(problem=problem, seed=0, profile=True)  # (a new FakeProblem would rewrite the files)
+    agent.restore(events)
+    assert any("earlier version of their family file" in n for n in agent.notes)
+    learned = [t for t in agent.study.trials if t.state.name == "COMPLETE"]
+    logged = {e["candidate_id"]: e for e in events if e["kind"] == "candidate" and e["strategy"] != "baseline"}
+    told = [cid for cid in logged if cid in finished]
+    assert len(learned) >= len(told) - 1 > 0  # every finished non-baseline candidate (the baseline file is not a family)
+    assert not set(logged) & set(agent.tried) and agent.best is None
+    values = sorted(t.value for t in learned)
+    assert values[0] < 1e29 and values[-1] >= 1e29  # both timed and refused outcomes were learned

@@ -26,6 +26,8 @@ the log's completed tool calls through the same decision procedure, which rebuil
 exactly (the continued run proposes what the uninterrupted one would have). If the log does not
 match (another agent, seed or code version wrote it), the sampler is instead rebuilt from the
 log's candidates and verdicts with ``add_trial``, and unfinished candidates are finished first.
+Candidates rendered from an earlier version of a family file (edited between sessions) still
+teach the sampler their outcome, but are not marked tried: their knobs may be measured again.
 """
 
 from __future__ import annotations
@@ -280,6 +282,7 @@ class SearchAgent(Agent):
         for tool, args, result in completed_calls(events):
             if tool in ("write_candidate", "run_tests", "benchmark", "profile") and args.get("candidate_id"):
                 results.setdefault(args["candidate_id"], {})[tool] = json.loads(dumps(result))
+        stale = 0
         for cid, event in written.items():
             family = self.families.get(event.get("strategy") or "")
             knobs = event.get("knobs")
@@ -287,10 +290,12 @@ class SearchAgent(Agent):
                 continue
             try:
                 attempt = self._attempt(family, {**family.knobs, **knobs}, None, self._params(family, {**family.knobs, **knobs}))
-            except FamilyError:
+            except FamilyError:  # a knob the edited family file no longer has
+                stale += self._learn_stale(family, knobs, results.get(cid, {}))
                 continue
-            if attempt.cid != cid:
-                continue  # the family file changed since
+            if attempt.cid != cid:  # the family file changed since
+                stale += self._learn_stale(family, knobs, results.get(cid, {}))
+                continue
             attempt.results = results.get(cid, {})
             if "write_candidate" not in attempt.results:
                 attempt.results["write_candidate"] = {"candidate_id": cid}
@@ -299,6 +304,29 @@ class SearchAgent(Agent):
             else:
                 self.tried[cid] = PENALTY  # never proposed again; finished from the queue
                 self.queue.append(attempt)
+        if stale:
+            self.notes.append(f"search: {stale} candidates rendered from an earlier version of their family file taught "
+                              "the sampler their outcome; the same knobs may be measured again under the edited file")
+
+    def _learn_stale(self, family: Family, knobs: dict, results: dict[str, dict]) -> int:
+        """Tell the sampler how a candidate of an earlier version of this family did (1 if told).
+
+        Its id no longer matches a render of the edited file, so it is not marked tried and its time
+        does not count as the best (the code it timed is gone); but which knob regions were fast,
+        slow or refused survives most edits, and without it every edit of a family file would send
+        the sampler back to random start-up trials."""
+        params = self._params(family, {**family.knobs, **{k: v for k, v in knobs.items() if k in family.space}})
+        if params is None:  # a value the edited SPACE no longer holds
+            return 0
+        bench, tests = results.get("benchmark") or {}, results.get("run_tests") or {}
+        if bench.get("verdict") == "pass" and bench.get("candidate_us") is not None:
+            value = float(bench["candidate_us"])
+        elif "fail" in (bench.get("verdict"), tests.get("verdict")):
+            value = PENALTY
+        else:  # never finished: nothing to learn
+            return 0
+        self.study.add_trial(optuna.trial.create_trial(params=params, distributions=self._distributions(family), value=value))
+        return 1
 
 
 def completed_calls(events: list[dict]) -> list[tuple[str, dict, dict]]:
