@@ -135,6 +135,13 @@ state (the state sums u's rounding).
 Versions 9-9c (a state pass over pairs of chunks, ``scan_pair`` / ``pair_merge``) ran on the H200 in
 session 6 and were removed: 9b computed wrong outputs there, 9c's scan alone was no faster than the
 one-chunk scan (kernels/notes/kda.md, "Versions 9-9c measured on the H200").
+
+Version 10 (prepared, not run on a GPU; kernels/notes/kda.md "Version 10"): ``scan_form="transition"``
+writes the step as S_next = gl S - P S + kd^T u with P = kd^T w [K, K] formed for every chunk by a fourth
+launch before the scan (``_kda_transition_kernel``, bf16 operands as stored, P stored in bf16, read by all
+V-blocks of a head), so only the product P S (S in bf16, as the default's w S) depends on the state; kd^T u
+is issued first, off the chain, and the decay stays an exact float32 multiply.  Served with readout "pre",
+scan_layout "kv" and the separate read-out.  "delta" (the default) is version 8's scan, unchanged.
 """
 
 import math
@@ -174,6 +181,7 @@ KNOBS = {
     "u_store": "fp32",
     "off_tile": "chunk",
     "diag_cols": "load",
+    "scan_form": "delta",
 }
 # kopt:knobs-end
 SPACE = {
@@ -213,6 +221,9 @@ SPACE = {
     # transposed and summed again; "trans" = tl.trans of the row side's tile (sm_90: -1.2 K of 16.3 K
     # warp-instructions per block-row program, benchmarks/sass_kda.py)
     "diag_cols": ["load", "trans"],
+    # version 10: the state pass's step as "delta" (u - w S, then kd^T delta: two dependent products) or
+    # "transition" (gl S - P S + kd^T u with P = kd^T w formed chunk-parallel: one product on the chain)
+    "scan_form": ["delta", "transition"],
 }
 # Measured by the search loop right after the defaults. Session 4 (results/runs/kda-h200-2, judge timer,
 # geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then pair split
@@ -834,14 +845,69 @@ def _kda_prep_kernel(
 # Stage 2: the sequential scan over chunks
 # ------------------------------------------------------------------------------------------
 @triton.jit
+def _scan_transition(S, p_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, NT, rk, cv, rt,
+                     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, SPLIT_S: tl.constexpr):
+    """Version 10's state pass (``scan_form="transition"``): S_next = gl S - P S + kd^T u with
+    P = kd^T w from ``_kda_transition_kernel``.  kd^T u does not depend on S, so the chain per
+    step is the one product P S (S in bf16, as the default's w S) plus elementwise work; the
+    decay stays an exact float32 multiply.  Pointers at this (batch*head)'s first chunk."""
+    for n in range(NT):
+        row = n * BT + rt
+        p_n = tl.load(p_ptr + n * K * K + rk[:, None] * K + rk[None, :])  # [K, K], bf16
+        kd_n = tl.load(kd_ptr + row[:, None] * K + rk[None, :])
+        gl_n = tl.load(gl_ptr + n * K + rk)
+        u_n = tl.load(u_ptr + row[:, None] * V + cv[None, :])
+        kt = tl.trans(kd_n)
+        # off the chain: b = kd^T u, bf16 operands as stored (float32 u as bf16 hi + lo), issued before
+        # S goes to shared memory; written as S gl - (P S - b) below, not S gl + b - P S, which Triton folds
+        # into dot(kt, u, S gl) and issues after P S (offline sm_90: 958 -> 946 warp-instructions and 5 -> 4
+        # barriers per warp per step)
+        if u_ptr.dtype.element_ty == tl.bfloat16:
+            b = tl.dot(kt, u_n)
+        else:
+            u_hi, u_lo = _split(u_n)
+            b = tl.dot(kt, u_hi)
+            b = tl.dot(kt, u_lo, b)
+        tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
+        if SPLIT_S:
+            s_hi, s_lo = _split(S)
+            ps = tl.dot(p_n, s_hi)
+            ps = tl.dot(p_n, s_lo, ps)
+        else:
+            ps = tl.dot(p_n, S.to(tl.bfloat16))
+        S = S * gl_n[:, None] - (ps - b)
+    return S
+
+
+@triton.jit
+def _kda_transition_kernel(w_ptr, kd_ptr, p_ptr, TP, NT,
+                           K: tl.constexpr, BT: tl.constexpr, PR: tl.constexpr, PC: tl.constexpr):
+    """Version 10: P_n = kd_n^T w_n [K, K] of every chunk at once (bf16 operands as stored, float32
+    accumulate, stored bf16), one program per (chunk, PR x PC tile of P, batch*head)."""
+    i_t = tl.program_id(0).to(tl.int64)
+    i_tile = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    r0 = (i_tile // (K // PC)) * PR
+    c0 = (i_tile % (K // PC)) * PC
+    rt = tl.arange(0, BT)
+    rr = r0 + tl.arange(0, PR)
+    cc = c0 + tl.arange(0, PC)
+    row = i_bh * TP + i_t * BT + rt
+    kd = tl.load(kd_ptr + row[:, None] * K + rr[None, :])  # [BT, PR], coalesced; transposed in registers
+    w = tl.load(w_ptr + row[:, None] * K + cc[None, :])  # [BT, PC]
+    p = tl.dot(tl.trans(kd), w)
+    tl.store(p_ptr + ((i_bh * NT + i_t) * K + rr)[:, None] * K + cc[None, :], p.to(p_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _kda_scan_kernel(
     w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, gl_ptr, au_ptr,
-    h0_ptr, ht_ptr, o_ptr, hbuf_ptr, dbuf_ptr,
+    h0_ptr, ht_ptr, o_ptr, hbuf_ptr, dbuf_ptr, p_ptr,
     T, TP, NT, H, lo_off,
     s_ob, s_ot, s_oh,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     LAYOUT: tl.constexpr, FUSE_OUT: tl.constexpr, SPLIT_S: tl.constexpr,
-    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRE: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRE: tl.constexpr, TRANS: tl.constexpr = False,
 ):
     """One program per (V-block, batch*head) walks the chunks in order.  LAYOUT 0 keeps the
     state as S [K, BV]; LAYOUT 1 as S^T [BV, K], so that the state and delta are the
@@ -850,7 +916,8 @@ def _kda_scan_kernel(
     read-out's Aqk delta three (Aqk arrives as hi and lo halves); products with the state use
     the split too when SPLIT_S, else the state rounded to bf16.  No tf32 anywhere.  With PRE the
     read-out is o = qd' S + au (qd' = qd - Aqk w and au = Aqk u from the preparation): no Aqk
-    tiles, no products with delta but the state update's."""
+    tiles, no products with delta but the state update's.  TRANS (``scan_form="transition"``,
+    version 10; LAYOUT 0, PRE, unfused only): ``_scan_transition`` instead, one product per step."""
     i_v = tl.program_id(0).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -883,94 +950,98 @@ def _kda_scan_kernel(
     dbuf_ptr += i_bh * TP * V
     hbuf_ptr += i_bh * NT * K * V
 
-    for n in range(NT):
-        # Everything the read-out needs is loaded first and the read-out computed last (from
-        # the state entering the chunk), so that its loads -- au is not pipelined by Triton --
-        # overlap the S -> delta -> S chain instead of stalling it.
-        row = n * BT + rt
-        p_k = row[:, None] * K + rk[None, :]
-        w_n = tl.load(w_ptr + p_k)
-        kd_n = tl.load(kd_ptr + p_k)
-        gl_n = tl.load(gl_ptr + n * K + rk)
-        if LAYOUT == 0:
-            u_n = tl.load(u_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
-            if FUSE_OUT:
-                qd_n = tl.load(qd_ptr + p_k)
-                if PRE:
-                    o_n = tl.load(au_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
-                else:
-                    o_n = tl.zeros([BT, BV], dtype=tl.float32)
-                    p_a = aqk_ptr + row[:, None] * BT + ct[None, :]
-                    a_hi = tl.load(p_a)
-                    a_lo = tl.load(p_a + lo_off)
-            if SPLIT_S:
-                s_hi, s_lo = _split(S)
-                ws = tl.dot(w_n, s_hi)
-                ws = tl.dot(w_n, s_lo, ws)
-            else:
-                s_hi = S.to(tl.bfloat16)
-                ws = tl.dot(w_n, s_hi)
-            d = u_n - ws  # [BT, BV]
-            d_hi, d_lo = _split(d)
-            if not FUSE_OUT:
-                tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
-                if not PRE:
-                    tl.store(dbuf_ptr + row[:, None] * V + cv[None, :], d)
-            kt = tl.trans(kd_n)
-            upd = tl.dot(kt, d_hi)
-            upd = tl.dot(kt, d_lo, upd)
-            S_next = S * gl_n[:, None] + upd
-            if FUSE_OUT:
-                o_n = tl.dot(qd_n, s_hi, o_n)
+    if TRANS:
+        S = _scan_transition(S, p_ptr + i_bh * NT * K * K, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, NT, rk, cv, rt,
+                             K, V, BT, SPLIT_S)
+    else:
+        for n in range(NT):
+            # Everything the read-out needs is loaded first and the read-out computed last (from
+            # the state entering the chunk), so that its loads -- au is not pipelined by Triton --
+            # overlap the S -> delta -> S chain instead of stalling it.
+            row = n * BT + rt
+            p_k = row[:, None] * K + rk[None, :]
+            w_n = tl.load(w_ptr + p_k)
+            kd_n = tl.load(kd_ptr + p_k)
+            gl_n = tl.load(gl_ptr + n * K + rk)
+            if LAYOUT == 0:
+                u_n = tl.load(u_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
+                if FUSE_OUT:
+                    qd_n = tl.load(qd_ptr + p_k)
+                    if PRE:
+                        o_n = tl.load(au_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
+                    else:
+                        o_n = tl.zeros([BT, BV], dtype=tl.float32)
+                        p_a = aqk_ptr + row[:, None] * BT + ct[None, :]
+                        a_hi = tl.load(p_a)
+                        a_lo = tl.load(p_a + lo_off)
                 if SPLIT_S:
-                    o_n = tl.dot(qd_n, s_lo, o_n)
-                if not PRE:
-                    o_n = tl.dot(a_hi, d_hi, o_n)
-                    o_n = tl.dot(a_hi, d_lo, o_n)
-                    o_n = tl.dot(a_lo, d_hi, o_n)
-                tl.store(o_ptr + row[:, None] * s_ot + cv[None, :], o_n.to(o_ptr.dtype.element_ty),
-                         mask=(row < T)[:, None])
-            S = S_next
-        else:
-            u_t = tl.load(u_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
-            if FUSE_OUT:
-                qd_n = tl.load(qd_ptr + p_k)
-                if PRE:
-                    o_t = tl.load(au_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
+                    s_hi, s_lo = _split(S)
+                    ws = tl.dot(w_n, s_hi)
+                    ws = tl.dot(w_n, s_lo, ws)
                 else:
-                    o_t = tl.zeros([BV, BT], dtype=tl.float32)
-                    p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
-                    a_hi = tl.load(p_a)
-                    a_lo = tl.load(p_a + lo_off)
-            wt = tl.trans(w_n)
-            if SPLIT_S:
-                s_hi, s_lo = _split(S)
-                ws = tl.dot(s_hi, wt)
-                ws = tl.dot(s_lo, wt, ws)
+                    s_hi = S.to(tl.bfloat16)
+                    ws = tl.dot(w_n, s_hi)
+                d = u_n - ws  # [BT, BV]
+                d_hi, d_lo = _split(d)
+                if not FUSE_OUT:
+                    tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
+                    if not PRE:
+                        tl.store(dbuf_ptr + row[:, None] * V + cv[None, :], d)
+                kt = tl.trans(kd_n)
+                upd = tl.dot(kt, d_hi)
+                upd = tl.dot(kt, d_lo, upd)
+                S_next = S * gl_n[:, None] + upd
+                if FUSE_OUT:
+                    o_n = tl.dot(qd_n, s_hi, o_n)
+                    if SPLIT_S:
+                        o_n = tl.dot(qd_n, s_lo, o_n)
+                    if not PRE:
+                        o_n = tl.dot(a_hi, d_hi, o_n)
+                        o_n = tl.dot(a_hi, d_lo, o_n)
+                        o_n = tl.dot(a_lo, d_hi, o_n)
+                    tl.store(o_ptr + row[:, None] * s_ot + cv[None, :], o_n.to(o_ptr.dtype.element_ty),
+                             mask=(row < T)[:, None])
+                S = S_next
             else:
-                s_hi = S.to(tl.bfloat16)
-                ws = tl.dot(s_hi, wt)
-            d = u_t - ws  # [BV, BT]
-            d_hi, d_lo = _split(d)
-            if not FUSE_OUT:
-                tl.store(hbuf_ptr + n * K * V + rk[None, :] * V + cv[:, None], S.to(hbuf_ptr.dtype.element_ty))
-                if not PRE:
-                    tl.store(dbuf_ptr + row[None, :] * V + cv[:, None], d)
-            upd = tl.dot(d_hi, kd_n)
-            upd = tl.dot(d_lo, kd_n, upd)
-            S_next = S * gl_n[None, :] + upd
-            if FUSE_OUT:
-                qt = tl.trans(qd_n)
-                o_t = tl.dot(s_hi, qt, o_t)
+                u_t = tl.load(u_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
+                if FUSE_OUT:
+                    qd_n = tl.load(qd_ptr + p_k)
+                    if PRE:
+                        o_t = tl.load(au_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
+                    else:
+                        o_t = tl.zeros([BV, BT], dtype=tl.float32)
+                        p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
+                        a_hi = tl.load(p_a)
+                        a_lo = tl.load(p_a + lo_off)
+                wt = tl.trans(w_n)
                 if SPLIT_S:
-                    o_t = tl.dot(s_lo, qt, o_t)
-                if not PRE:
-                    o_t = tl.dot(d_hi, a_hi, o_t)
-                    o_t = tl.dot(d_lo, a_hi, o_t)
-                    o_t = tl.dot(d_hi, a_lo, o_t)
-                tl.store(o_ptr + row[None, :] * s_ot + cv[:, None], o_t.to(o_ptr.dtype.element_ty),
-                         mask=(row < T)[None, :])
-            S = S_next
+                    s_hi, s_lo = _split(S)
+                    ws = tl.dot(s_hi, wt)
+                    ws = tl.dot(s_lo, wt, ws)
+                else:
+                    s_hi = S.to(tl.bfloat16)
+                    ws = tl.dot(s_hi, wt)
+                d = u_t - ws  # [BV, BT]
+                d_hi, d_lo = _split(d)
+                if not FUSE_OUT:
+                    tl.store(hbuf_ptr + n * K * V + rk[None, :] * V + cv[:, None], S.to(hbuf_ptr.dtype.element_ty))
+                    if not PRE:
+                        tl.store(dbuf_ptr + row[None, :] * V + cv[:, None], d)
+                upd = tl.dot(d_hi, kd_n)
+                upd = tl.dot(d_lo, kd_n, upd)
+                S_next = S * gl_n[None, :] + upd
+                if FUSE_OUT:
+                    qt = tl.trans(qd_n)
+                    o_t = tl.dot(s_hi, qt, o_t)
+                    if SPLIT_S:
+                        o_t = tl.dot(s_lo, qt, o_t)
+                    if not PRE:
+                        o_t = tl.dot(d_hi, a_hi, o_t)
+                        o_t = tl.dot(d_lo, a_hi, o_t)
+                        o_t = tl.dot(d_hi, a_lo, o_t)
+                    tl.store(o_ptr + row[None, :] * s_ot + cv[:, None], o_t.to(o_ptr.dtype.element_ty),
+                             mask=(row < T)[None, :])
+                S = S_next
 
     if STORE_HT:
         tl.store(ht_ptr + state_off, S)
@@ -1031,7 +1102,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     """Check a knob combination against a shape; return the launch plan or raise ValueError."""
     # knob dicts written before version 7 / 8 lack "pair", "solve_stages" and "u_store"
     knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "off_tile": "chunk", "diag_cols": "load",
-             **knobs}
+             "scan_form": "delta", **knobs}
     # a name this file lacks would be ignored silently: version 9's scan_pair=True would time the default
     unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
@@ -1076,6 +1147,13 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         raise ValueError(f"solve_stages={knobs.get('solve_stages')} is not served at BT=64 with solve_maxnreg=128 "
                          "(the solve spills 336-376 B per thread there on sm_90 at every stage count; pipelining "
                          "adds 16-32 KB of shared memory on top)")
+    # version 10's one-product state pass is written for the state as S [K, BV] with the separate
+    # read-out o = qd' h + au: the fused read-out and readout "aqk" need the per-step delta it never forms
+    if knobs.get("scan_form") == "transition" and (knobs.get("readout") != "pre" or knobs.get("scan_layout") != "kv"
+                                                   or knobs.get("fuse_output")):
+        raise ValueError("scan_form='transition' is served with readout='pre', scan_layout='kv' and fuse_output=False "
+                         "only (it never forms delta = u - w S, which the fused and 'aqk' read-outs need; the 'vk' "
+                         "layout is not written)")
     for name, choices in SPACE.items():
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
@@ -1096,6 +1174,9 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     pre = knobs["readout"] == "pre"
     per_stage = (BT * K * 2 * (3 if fuse else 2) + BT * bv * (2 if knobs["u_store"] == "bf16" else 4) + K * 4
                  + (0 if not fuse else BT * bv * 4 if pre else BT * BT * 4))
+    trans = knobs["scan_form"] == "transition"
+    if trans:  # P [K, K] bf16 and kd instead of w and kd
+        per_stage += K * K * 2 - BT * K * 2
     # layout kv stages the state and delta (right-hand operands) through shared memory each step
     scratch = K * bv * 4 + BT * bv * 8 if knobs["scan_layout"] == "kv" else 0
     stages = knobs["scan_stages"]
@@ -1132,6 +1213,8 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "fuse": fuse, "split": split, "scan_stages": stages,
         "solve_stages": knobs["solve_stages"], "u_bf16": knobs["u_store"] == "bf16",
         "layout": 0 if knobs["scan_layout"] == "kv" else 1,
+        # version 10: P's tile per program of _kda_transition_kernel (an [PR, PC] float32 accumulator)
+        "TRANS": trans, "PR": min(64, K), "PC": min(128, K),
     }
 
 
@@ -1142,7 +1225,8 @@ def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=
 
 def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knobs, debug=None):
     """``kernel`` with the knobs given explicitly (a dict shaped like KNOBS).  A dict passed as
-    ``debug`` receives the intermediates (w, u, kd, qd, aqk, akk, gl) for inspection."""
+    ``debug`` receives the intermediates (w, u, kd, qd, aqk, akk, gl; p with scan_form="transition")
+    for inspection."""
     kn = dict(knobs)
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -1221,9 +1305,16 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
                                                             **block_regs, **prep_meta)
             _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=2, num_warps=kn["solve_warps"], num_stages=plan["solve_stages"],
                                        **solve_regs, **prep_meta)
+        p_mat = w  # unused unless scan_form="transition"
+        if plan["TRANS"]:
+            # version 10: P_n = kd_n^T w_n of every chunk, before the scan (read by all V-blocks of a head)
+            p_mat = torch.empty((BH, NT, K, K), dtype=torch.bfloat16, device=dev)
+            PR, PC = plan["PR"], plan["PC"]
+            _kda_transition_kernel[(NT, (K // PR) * (K // PC), BH)](w, kd, p_mat, TP, NT, K=K, BT=BT, PR=PR, PC=PC,
+                                                                   num_warps=4, num_stages=1)
         if debug is not None:
             debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=gl, BT=BT, NT=NT, TP=TP,
-                         pre=plan["PRE"], au=au if plan["PRE"] else None)
+                         pre=plan["PRE"], au=au if plan["PRE"] else None, p=p_mat if plan["TRANS"] else None)
         fuse = plan["fuse"]
         if fuse:
             hbuf, dbuf = o, o  # unused
@@ -1234,12 +1325,12 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
         BV = plan["BV"]
         _kda_scan_kernel[(triton.cdiv(V, BV), BH)](
             w, u, kd, qd, aqk, gl, au,
-            h0 if h0 is not None else w, final if final is not None else w, o, hbuf, dbuf,
+            h0 if h0 is not None else w, final if final is not None else w, o, hbuf, dbuf, p_mat,
             T, TP, NT, H, BH * TP * BT,
             o.stride(0), o.stride(1), o.stride(2),
             K=K, V=V, BT=BT, BV=BV,
             LAYOUT=plan["layout"], FUSE_OUT=fuse, SPLIT_S=plan["split"],
-            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"],
+            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"], TRANS=plan["TRANS"],
             num_warps=kn["scan_warps"], num_stages=plan["scan_stages"],
         )
         if not fuse:
