@@ -231,16 +231,15 @@ SPACE = {
 # 168 761.8 were slower. Session 5 (dev rows, results/h200-2026-11-29e): the pipelined solve (solve_stages 2/3)
 # 770-771 vs 761 us at the headline, 2809 vs 2773 at B2 T16384, no faster anywhere, so it is not here; u in bf16 -2 us at the headline and -0.1..-0.5 % at
 # the other shapes (noise-sized, +0.25e-3 error in o): left for the loop to judge on its own shapes.
-# Session 6 (results/h200-2026-11-30, the paired-scan probe's "same knobs without the pair" column): a 4-warp scan
-# measured 765.4 vs 775.2 us at the headline with everything else at the defaults.
-# The loop then promoted bbf1cbe1 (4-warp scan, bf16 u, out_bv 64): 717.1 us against 753.6. Next: this
-# session's two block-row knobs on top of it (offline sm_90: 16.3 K -> 14.5 K warp-instructions per 4-warp
-# block-row program, 10.7 K at 2 warps / 168 registers), and the 2-warp scan.
+# Session 6 (results/h200-2026-11-30): the 4-warp scan (765.4 vs 775.2 us at the headline in the paired-scan probe)
+# led the loop to bbf1cbe1 (4-warp scan, bf16 u, out_bv 64; 717.1 us against 753.6); the block-row knobs
+# off_tile "tight" + diag_cols "trans" on top of it gave 568beb4b (694.9 us, promoted); the same at 2 block
+# warps / 168 registers tied (695.4); the 2-warp scan was far slower in the dev rows (scan 372.6 vs 216.4 us).
+# Next, unmeasured: version 10's one-product state pass on the promoted knobs (offline it is not clearly faster;
+# kernels/notes/kda.md "Version 10").
 TRY_EARLY = [
-    {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans"},
-    {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans", "block_warps": 2,
-     "block_maxnreg": 168},
-    {"u_store": "bf16", "scan_warps": 2, "out_bv": 64},
+    {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+     "scan_form": "transition"},
 ]
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
