@@ -12,6 +12,12 @@ An optional ``TRY_EARLY = [{"BV": 64}, ...]`` lists knob overrides (inside SPACE
 wants measured right after the defaults: new ideas not yet seen on a GPU, so the search loop is
 what measures them, and the defaults stay the best measured configuration.
 
+An optional ``REQUIRES = [({"num_warps": 8}, {"BV": [32, 64]}), ...]`` states the combinations the
+family refuses whatever the shape: when every knob of the first dict holds (a value, or one of a
+list), each knob of the second must take one of the listed values. The family's own launch code
+stays the authority (it raises for these too); the list lets the search agent skip a refused
+combination without spending two tool calls to learn what the author already knew.
+
 Families are read, never imported: ``KNOBS`` and ``SPACE`` come out with ``ast.literal_eval``,
 and a candidate is the family's text with the block replaced. Rendering the default knobs
 gives back the file unchanged, so the baseline candidate keeps its id.
@@ -45,6 +51,17 @@ class Family:
     knobs: dict[str, Any]  # the defaults, in file order
     space: dict[str, list]  # choices per knob (a knob missing here stays at its default)
     try_early: tuple[dict, ...] = ()  # knob overrides to measure right after the defaults
+    requires: tuple[tuple[dict, dict], ...] = ()  # (when, then): combinations the family refuses
+
+    def refusal(self, knobs: dict[str, Any]) -> str | None:
+        """Why REQUIRES refuses these knobs (missing ones at their defaults), or None."""
+        merged = {**self.knobs, **knobs}
+        for when, then in self.requires:
+            if all(merged.get(k) in (v if isinstance(v, list) else [v]) for k, v in when.items()):
+                bad = {k: merged.get(k) for k, allowed in then.items() if merged.get(k) not in allowed}
+                if bad:
+                    return f"{self.name}: {when} requires {then}, got {bad}"
+        return None
 
     def size(self) -> int:
         """How many distinct candidates the space holds."""
@@ -115,8 +132,27 @@ def parse_family(source: str, name: str = "family", path: Path | None = None) ->
         for knob, value in overrides.items():
             if value not in space.get(knob, [knobs.get(knob, ...)]):
                 raise FamilyError(f"{where}: TRY_EARLY sets {knob}={value!r}, which SPACE does not hold")
+    requires = _requires(_literal(tree, "REQUIRES", where, default=[]), knobs, where)
     return Family(name, Path(path) if path else Path(f"{name}.py"), source, dict(knobs), {k: list(v) for k, v in space.items()},
-                  tuple(dict(t) for t in try_early))
+                  tuple(dict(t) for t in try_early), requires)
+
+
+def _requires(rules: Any, knobs: dict, where: str) -> tuple[tuple[dict, dict], ...]:
+    """REQUIRES as (when, then) pairs naming only existing knobs, each ``then`` value a list."""
+    if not isinstance(rules, (list, tuple)):
+        raise FamilyError(f"{where}: REQUIRES must be a list of (when, then) pairs of dicts")
+    out = []
+    for rule in rules:
+        if not (isinstance(rule, (list, tuple)) and len(rule) == 2 and all(isinstance(d, dict) for d in rule)):
+            raise FamilyError(f"{where}: REQUIRES entry {rule!r} is not a (when, then) pair of dicts")
+        when, then = rule
+        for knob in [*when, *then]:
+            if knob not in knobs:
+                raise FamilyError(f"{where}: REQUIRES names {knob!r}, which KNOBS lacks")
+        if not all(isinstance(v, list) for v in then.values()):
+            raise FamilyError(f"{where}: REQUIRES entry {rule!r}: the allowed values must be lists")
+        out.append((dict(when), dict(then)))
+    return tuple(out)
 
 
 def load_family(name_or_path: str | Path, directory: Path | None = None) -> Family:

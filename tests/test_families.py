@@ -40,6 +40,15 @@ def test_try_early_lists_overrides_inside_the_space():
     assert fam.try_early == ({"BV": 64}, {"fuse": True, "num_warps": 8})
 
 
+def test_requires_names_the_combinations_a_family_refuses():
+    fam = parse_family(FAMILY + 'REQUIRES = [({"fuse": True, "num_warps": [1, 2]}, {"BV": [16, 32]})]\n', "toy")
+    assert fam.refusal({}) is None and fam.refusal({"fuse": True}) is None  # num_warps 4: the rule is off
+    assert fam.refusal({"fuse": True, "num_warps": 2}) is None  # BV 32 is allowed
+    reason = fam.refusal({"fuse": True, "num_warps": 1, "BV": 64})
+    assert reason and "'BV': 64" in reason
+    assert parse_family(FAMILY, "toy").requires == ()
+
+
 def test_default_knobs_render_the_file_unchanged():
     fam = parse_family(FAMILY, "toy")
     assert render(fam, {}) == FAMILY
@@ -83,6 +92,9 @@ def test_unknown_knob_is_refused_with_the_known_ones():
         (FAMILY + 'TRY_EARLY = [{"BV": 128}]\n', "TRY_EARLY sets BV=128"),
         (FAMILY + 'TRY_EARLY = [{"BK": 16}]\n', "TRY_EARLY sets BK=16"),
         (FAMILY + 'TRY_EARLY = {"BV": 16}\n', "list of knob dicts"),
+        (FAMILY + 'REQUIRES = [({"BK": 1}, {"BV": [16]})]\n', "REQUIRES names 'BK'"),
+        (FAMILY + 'REQUIRES = [({"fuse": True}, {"BV": 16})]\n', "must be lists"),
+        (FAMILY + 'REQUIRES = [{"fuse": True}]\n', "pair of dicts"),
     ],
 )
 def test_malformed_families_say_what_is_wrong(text, message):
@@ -106,6 +118,8 @@ def test_repository_families_follow_the_contract(name):
     for knob, choices in fam.space.items():
         assert fam.knobs[knob] in choices, f"{name}: default {knob}={fam.knobs[knob]!r} is not one of {choices}"
     assert fam.render({}) == fam.source
+    for knobs in [{}, *fam.try_early]:  # what the search measures first is never refused by the family itself
+        assert fam.refusal(knobs) is None, (name, knobs, fam.refusal(knobs))
     first_other = next((k for k in fam.combinations() if k != fam.knobs), None)
     if first_other is None:
         return  # a single-point space: nothing else to render

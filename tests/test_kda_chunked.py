@@ -738,3 +738,27 @@ def test_every_address_in_bounds(family, T):
         got = family.kda_chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, True, family.KNOBS)
     errors = PROBLEM.compare(got, PROBLEM.reference(**x))
     assert all(e.ok for e in errors), [e.reason for e in errors if not e.ok]
+
+
+def test_requires_matches_what_plan_refuses(family):
+    """REQUIRES (what the search agent skips without a tool call) and ``_plan`` (the authority) agree on
+    random combinations of SPACE at K = V = 128, and on each rule's own corner."""
+    rng = random.Random(6)
+    refused = 0
+    for _ in range(20000):
+        knobs = {**FAMILY.knobs, **{k: rng.choice(v) for k, v in FAMILY.space.items()}}
+        declared = FAMILY.refusal(knobs)
+        try:
+            family._plan(128, 128, knobs)
+            planned = None
+        except ValueError as exc:
+            planned = str(exc)
+        assert (declared is None) == (planned is None), (knobs, declared, planned)
+        refused += declared is not None
+    assert 0 < refused < 20000
+    for when, then in FAMILY.requires:  # each rule's trigger with a disallowed companion
+        knobs = {**FAMILY.knobs, **{k: (v[0] if isinstance(v, list) else v) for k, v in when.items()}}
+        name, allowed = next(iter(then.items()))
+        knobs[name] = next(c for c in FAMILY.space[name] if c not in allowed)
+        with pytest.raises(ValueError):
+            family._plan(128, 128, knobs)

@@ -166,3 +166,17 @@ def test_candidates_of_an_edited_family_file_still_teach_the_sampler(tmp_path):
     assert not set(logged) & set(agent.tried) and agent.best is None
     values = sorted(t.value for t in learned)
     assert values[0] < 1e29 and values[-1] >= 1e29  # both timed and refused outcomes were learned
+
+
+def test_combinations_the_family_refuses_cost_no_tool_call(tmp_path):
+    """A family's REQUIRES: the agent tells the sampler the penalty itself and never writes such a
+    candidate, so the budget goes to combinations the family can serve."""
+    problem = FakeProblem(tmp_path / "problem")
+    (tmp_path / "tiny.py").write_text(TINY + 'REQUIRES = [({"num_warps": 8}, {"BLOCK": [16]})]\n')
+    problem.baseline_candidate_path = tmp_path / "tiny.py"
+    problem.families = (str(tmp_path / "tiny.py"),)
+    outcome, events, agent = run(tmp_path, 200, problem=problem)
+    written = [e["knobs"] for e in events if e["kind"] == "candidate"]
+    assert {"BLOCK": 32, "num_warps": 8} not in written
+    assert len(written) == 3  # the four combinations less the refused one
+    assert outcome.status == "finished" and "nothing left" in outcome.reason

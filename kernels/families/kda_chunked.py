@@ -225,6 +225,19 @@ SPACE = {
     # "transition" (gl S - P S + kd^T u with P = kd^T w formed chunk-parallel: one product on the chain)
     "scan_form": ["delta", "transition"],
 }
+# What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
+# (when, then) pair mirrors one of _plan's checks below, which stay the authority;
+# tests/test_kda_chunked.py checks that the two agree on random combinations of SPACE.
+REQUIRES = [
+    ({"solve_warps": 4}, {"subst": ["rows"], "BT": [32]}),
+    ({"scan_warps": [1, 2]}, {"BT": [32]}),
+    ({"scan_warps": 1}, {"scan_layout": ["vk"]}),
+    ({"block_prog": "chunk"}, {"BT": [32], "BK": [16, 32], "block_warps": [4, 8]}),
+    ({"fuse_prep": True}, {"BT": [32], "subst": ["rows"], "block_prog": ["row"], "block_warps": [4]}),
+    ({"solve_stages": [2, 3], "BT": 64}, {"solve_maxnreg": [0]}),
+    ({"off_tile": "tight"}, {"block_prog": ["row"], "BT": [32]}),
+    ({"scan_form": "transition"}, {"readout": ["pre"], "scan_layout": ["kv"], "fuse_output": [False]}),
+]
 # Measured by the search loop right after the defaults. Session 4 (results/runs/kda-h200-2, judge timer,
 # geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then pair split
 # + block_maxnreg 128 756.7 us (now the defaults); fuse_prep 799.9 / 806.6 (cap 168) and 2-warp block rows at

@@ -6,7 +6,8 @@ is the baseline candidate, then every other family at its default knobs (its aut
 known configuration: on the H200 a random start-up trial is often several times slower), then
 each family's TRY_EARLY settings (its author's unmeasured ideas), then
 whatever the sampler proposes, except that a family DOMINATED times slower than the best is not
-run again while other candidates are left. Each attempt walks one pipeline, one tool call per ``act``::
+run again while other candidates are left, and a combination the family's REQUIRES refuses is told
+the penalty without a tool call. Each attempt walks one pipeline, one tool call per ``act``::
 
     write_candidate -> run_tests -> (pass) benchmark -> (pass, new best or within 5%) profile
 
@@ -47,6 +48,7 @@ from .base import Agent
 
 PENALTY = 1e30  # the sampler's value for a failed candidate: worse than any time
 MAX_REPEATS = 20  # proposals of already-tried candidates before walking the space in order
+MAX_REFUSED = 200  # proposals the family's REQUIRES refuses (no tool call each) before walking the space
 PROFILE_WITHIN = 0.05  # profile a passing candidate within this fraction of the best time
 # A family whose best time is this many times the overall best is not run again while others are
 # left (the sampler is told its best time instead): on the H200 one timing of a naive prefill
@@ -125,7 +127,7 @@ class SearchAgent(Agent):
         early = [(f, f.knobs) for f in defaults_first] + [(f, {**f.knobs, **t}) for f in defaults_first for t in f.try_early]
         for family, knobs in early:
             params = self._params(family, knobs)
-            if params is not None:
+            if params is not None and family.refusal(knobs) is None:
                 self.study.enqueue_trial(params)
 
     def _distributions(self, family: Family) -> dict:
@@ -158,21 +160,28 @@ class SearchAgent(Agent):
                 return Attempt(self.baseline_source, "baseline", None)
         if not self.families:
             return None
-        for _ in range(MAX_REPEATS):
+        repeats = refused = 0
+        while repeats < MAX_REPEATS and refused < MAX_REFUSED:
             trial = self.study.ask()
             family = self.families[trial.suggest_categorical("family", list(self.families))]
             knobs = {k: choices[trial.suggest_categorical(f"{family.name}.{k}", list(range(len(choices))))] for k, choices in family.space.items()}
+            if family.refusal(knobs):  # the family declares it refused: a penalty, no tool call
+                self.study.tell(trial, PENALTY)
+                refused += 1
+                continue
             attempt = self._attempt(family, {**family.knobs, **knobs}, trial, trial.params)
             if attempt.cid in self.tried:
                 self.study.tell(trial, self.tried[attempt.cid])
+                repeats += 1
             elif self._dominated(family.name):
                 self.study.tell(trial, self.family_best[family.name])
+                repeats += 1
             else:
                 return attempt
         # the sampler keeps repeating itself: walk the space, dominated families last
         for family in sorted(self.families.values(), key=lambda f: self._dominated(f.name)):
             for knobs in family.combinations():
-                if candidate_id(family.render(knobs)) not in self.tried:
+                if family.refusal(knobs) is None and candidate_id(family.render(knobs)) not in self.tried:
                     self.study.enqueue_trial(self._params(family, knobs))  # combinations lie in the space
                     trial = self.study.ask(self._distributions(family))
                     return self._attempt(family, knobs, trial, trial.params)
