@@ -159,19 +159,13 @@ def build_all(fam, knobs: dict, shape: dict) -> dict:
                                    kn["solve_maxnreg"] or None), NT * BH, kn["solve_warps"])
     split = plan["split"]
     common = {"T": T, "TP": TP, "NT": NT, "H": H, "lo_off": BH * TP * BT, "s_ob": vs[0], "s_ot": vs[1], "s_oh": vs[2]}
-    trans = plan.get("TRANS", False)
-    if trans:  # version 10: P = kd^T w of every chunk, its own launch between the solve and the scan
-        PR, PC = plan["PR"], plan["PC"]
-        out["trans"] = (compile_kernel(fam._kda_transition_kernel, {"w_ptr": B16, "kd_ptr": B16, "p_ptr": B16,
-                                                                    "TP": TP, "NT": NT},
-                                       dict(K=K, BT=BT, PR=PR, PC=PC), 4, 1), NT * (K // PR) * (K // PC) * BH, 4)
     scan = {"w_ptr": B16, "u_ptr": U, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "au_ptr": AU,
-            "h0_ptr": B16, "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if split else B16, "dbuf_ptr": P, "p_ptr": B16,
+            "h0_ptr": B16, "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if split else B16, "dbuf_ptr": P,
             **common}
     BV = plan["BV"]
     out["scan"] = (compile_kernel(fam._kda_scan_kernel, scan,
                                   dict(K=K, V=V, BT=BT, BV=BV, LAYOUT=plan["layout"], FUSE_OUT=False, SPLIT_S=split,
-                                       USE_H0=False, STORE_HT=True, PRE=plan["PRE"], TRANS=trans),
+                                       USE_H0=False, STORE_HT=True, PRE=plan["PRE"], LOOK=plan.get("LOOK", False)),
                                   kn["scan_warps"], plan["scan_stages"]), -(-V // BV) * BH, kn["scan_warps"])
     OBV = plan["OUT_BV"]
     o_args = {"qd_ptr": B16, "aqk_ptr": B16, "hbuf_ptr": P if split else B16, "dbuf_ptr": P, "o_ptr": B16,
@@ -412,10 +406,6 @@ def dram_bytes(stage: str, shape: dict, plan: dict, kn: dict) -> float:
         return n * (BT * K * 8 + BT * 2 + BT * BT * (4 + 4))
     if stage == "solve":  # q, k, v, g, beta, Akk, Aqk; w, kd, qd bf16, u (fp32 or bf16), au, gl
         return n * (BT * K * 8 + BT * V * 2 + BT * 2 + BT * BT * 8 + BT * K * 6 + BT * V * (u + au) + K * 4)
-    if stage == "trans":  # version 10: w, kd read; P [K, K] bf16 written
-        return n * (BT * K * 4 + K * K * 2)
-    if stage == "scan" and plan.get("TRANS"):  # P, kd, u, gl (no w); per-chunk state written, final state
-        return n * (K * K * 2 + BT * K * 2 + BT * V * u + K * 4 + K * V * 2) + B * H * K * V * 4
     if stage == "scan":  # w, kd, u, gl; per-chunk state (bf16) written, final state
         return n * (BT * K * 4 + BT * V * u + K * 4 + K * V * 2) + B * H * K * V * 4
     if stage == "out":  # qd, state, au; o
@@ -450,7 +440,7 @@ def bounds(prof: dict, programs: int, per_sm: int, warps: int) -> dict:
     return b
 
 
-STAGES = ("rows", "solve", "trans", "scan", "out")  # "trans" only with scan_form="transition" (version 10)
+STAGES = ("rows", "solve", "scan", "out")
 
 
 def analyse(knobs: dict, shape: dict, workdir: Path, measured: dict | None = None) -> dict:
@@ -472,9 +462,8 @@ def analyse(knobs: dict, shape: dict, workdir: Path, measured: dict | None = Non
                   source_line(src, "_block_row", r"if span <= LIMIT:"): 1.0 - p_pair}),
         "solve": ({source_line(src, "_solve_wy", r"for ks in range\(0, K, BK\)"): -(-K // plan["BKP"]),
                    source_line(src, "_solve_wy", r"for vs in range\(0, V, BVP\)"): -(-V // plan["BVP"])}, {}),
-        "scan": ({source_line(src, "_scan_transition" if plan.get("TRANS") else "_kda_scan_kernel",
+        "scan": ({source_line(src, "_scan_lookahead" if plan.get("LOOK") else "_kda_scan_kernel",
                               r"for n in range\(NT\)"): built["NT"]}, {}),
-        "trans": ({}, {}),
         "out": ({}, {}),
     }
     res = {"knobs": {k: kn[k] for k in sorted(kn)}, "shape": shape, "pairwise_fraction": p_pair, "stages": {}}

@@ -350,14 +350,11 @@ for stage in ([0] if kn["fuse_prep"] else [1, 2]):
           kn["solve_warps"] if stage == 2 else kn["block_warps"], 1 if stage == 1 else plan["solve_stages"])
     if stage != 1 and plan["solve_stages"] > 1:  # version 8: the solve's key / value tiles prefetched
         assert "cp.async" in c.asm["ptx"], "solve_stages > 1 should pipeline the solve's loads"
-if plan.get("TRANS"):  # version 10: P = kd^T w, its own launch
-    build(fam._kda_transition_kernel, {"w_ptr": B16, "kd_ptr": B16, "p_ptr": B16},
-          dict(K=K, BT=plan["BT"], PR=plan["PR"], PC=plan["PC"]), 4, 1)
 scan = {"w_ptr": B16, "u_ptr": U, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "au_ptr": AU, "h0_ptr": P,
-        "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P, "p_ptr": B16}
+        "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P}
 c = build(fam._kda_scan_kernel, scan, dict(K=K, V=V, BT=plan["BT"], BV=plan["BV"], LAYOUT=plan["layout"],
           FUSE_OUT=plan["fuse"], SPLIT_S=plan["split"], USE_H0=True, STORE_HT=True, PRE=plan["PRE"],
-          TRANS=plan.get("TRANS", False)), kn["scan_warps"], plan["scan_stages"])
+          LOOK=plan.get("LOOK", False)), kn["scan_warps"], plan["scan_stages"])
 assert "mma" in c.asm["ptx"], "the scan's products should run on the tensor cores"
 if len(sys.argv) > 3:  # the scan's PTX and cubin, for callers that inspect them (spills, tensor-core ops)
     open(sys.argv[3] + ".ptx", "w").write(c.asm["ptx"])

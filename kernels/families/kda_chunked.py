@@ -136,12 +136,20 @@ Versions 9-9c (a state pass over pairs of chunks, ``scan_pair`` / ``pair_merge``
 session 6 and were removed: 9b computed wrong outputs there, 9c's scan alone was no faster than the
 one-chunk scan (kernels/notes/kda.md, "Versions 9-9c measured on the H200").
 
-Version 10 (prepared, not run on a GPU; kernels/notes/kda.md "Version 10"): ``scan_form="transition"``
-writes the step as S_next = gl S - P S + kd^T u with P = kd^T w [K, K] formed for every chunk by a fourth
-launch before the scan (``_kda_transition_kernel``, bf16 operands as stored, P stored in bf16, read by all
-V-blocks of a head), so only the product P S (S in bf16, as the default's w S) depends on the state; kd^T u
-is issued first, off the chain, and the decay stays an exact float32 multiply.  Served with readout "pre",
-scan_layout "kv" and the separate read-out.  "delta" (the default) is version 8's scan, unchanged.
+Version 10 (``scan_form="transition"``: the step as S_next = gl S - P S + kd^T u with P = kd^T w from a
+fourth launch) ran on the H200 in session 7 and was removed: its scan alone took 245 us (208 us at 8 warps)
+against the default's 209, plus 54 us for the launch forming P (kernels/notes/kda.md, "Version 10").
+
+Version 11 (prepared, not run on a GPU; kernels/notes/kda.md "Version 11"): ``scan_form="lookahead"``
+computes each chunk's delta one step early.  With S_n the state entering chunk n and
+delta_n = u_n - w_n S_n, the step n -> n+1 is
+    S_{n+1}     = T + kd_n^T delta_n                              T = gl_n S_n
+    delta_{n+1} = u_{n+1} - w_{n+1} T - (w_{n+1} kd_n^T) delta_n
+Both read only S_n and delta_n, so the products of one step (kd_n^T delta_n, w_{n+1} T and the
+[BT, BT] product C = w_{n+1} kd_n^T, which reads no state at all) are independent of each other: the
+chain per step is one product and C delta_n instead of w S followed by kd^T delta.  T is rounded to
+bf16 for its product as the default rounds S; C is rounded to bf16, delta split hi / lo.  Served with
+readout "pre", scan_layout "kv" and the separate read-out.  "delta" (the default) is version 8's scan.
 """
 
 import math
@@ -221,9 +229,9 @@ SPACE = {
     # transposed and summed again; "trans" = tl.trans of the row side's tile (sm_90: -1.2 K of 16.3 K
     # warp-instructions per block-row program, benchmarks/sass_kda.py)
     "diag_cols": ["load", "trans"],
-    # version 10: the state pass's step as "delta" (u - w S, then kd^T delta: two dependent products) or
-    # "transition" (gl S - P S + kd^T u with P = kd^T w formed chunk-parallel: one product on the chain)
-    "scan_form": ["delta", "transition"],
+    # version 11: the state pass's step as "delta" (u - w S, then kd^T delta: two dependent products) or
+    # "lookahead" (the next chunk's delta from this chunk's state and delta: the step's products independent)
+    "scan_form": ["delta", "lookahead"],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
 # (when, then) pair mirrors one of _plan's checks below, which stay the authority;
@@ -236,7 +244,7 @@ REQUIRES = [
     ({"fuse_prep": True}, {"BT": [32], "subst": ["rows"], "block_prog": ["row"], "block_warps": [4]}),
     ({"solve_stages": [2, 3], "BT": 64}, {"solve_maxnreg": [0]}),
     ({"off_tile": "tight"}, {"block_prog": ["row"], "BT": [32]}),
-    ({"scan_form": "transition"}, {"readout": ["pre"], "scan_layout": ["kv"], "fuse_output": [False]}),
+    ({"scan_form": "lookahead"}, {"readout": ["pre"], "scan_layout": ["kv"], "fuse_output": [False]}),
 ]
 # Measured by the search loop right after the defaults. Session 4 (results/runs/kda-h200-2, judge timer,
 # geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then pair split
@@ -248,11 +256,14 @@ REQUIRES = [
 # led the loop to bbf1cbe1 (4-warp scan, bf16 u, out_bv 64; 717.1 us against 753.6); the block-row knobs
 # off_tile "tight" + diag_cols "trans" on top of it gave 568beb4b (694.9 us, promoted); the same at 2 block
 # warps / 168 registers tied (695.4); the 2-warp scan was far slower in the dev rows (scan 372.6 vs 216.4 us).
-# Next, unmeasured: version 10's one-product state pass on the promoted knobs (offline it is not clearly faster;
-# kernels/notes/kda.md "Version 10").
+# Session 7: version 10 (scan_form "transition") lost in the dev rows (scan 245 / 208 us at 4 / 8 warps plus a
+# 54 us launch, against 209) and was removed. Next, unmeasured: version 11's lookahead step on the promoted
+# knobs, at 4 and 8 scan warps.
 TRY_EARLY = [
     {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-     "scan_form": "transition"},
+     "scan_form": "lookahead"},
+    {"u_store": "bf16", "scan_warps": 8, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+     "scan_form": "lookahead"},
 ]
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
@@ -857,69 +868,50 @@ def _kda_prep_kernel(
 # Stage 2: the sequential scan over chunks
 # ------------------------------------------------------------------------------------------
 @triton.jit
-def _scan_transition(S, p_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, NT, rk, cv, rt,
-                     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, SPLIT_S: tl.constexpr):
-    """Version 10's state pass (``scan_form="transition"``): S_next = gl S - P S + kd^T u with
-    P = kd^T w from ``_kda_transition_kernel``.  kd^T u does not depend on S, so the chain per
-    step is the one product P S (S in bf16, as the default's w S) plus elementwise work; the
-    decay stays an exact float32 multiply.  Pointers at this (batch*head)'s first chunk."""
+def _scan_lookahead(S, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, NT, TP, rk, cv, rt,
+                    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
+    """Version 11's state pass (``scan_form="lookahead"``): carries S_n and delta_n = u_n - w_n S_n, and
+    forms delta_{n+1} from them, S_{n+1} = T + kd_n^T delta_n and
+    delta_{n+1} = u_{n+1} - w_{n+1} T - (w_{n+1} kd_n^T) delta_n with T = gl_n S_n, so that no product of
+    a step waits for another's result but C delta_n for C.  Every tile is loaded in the step that uses it
+    (chunk n's kd and gl, chunk n+1's w and u), so Triton pipelines them all.  Returns the final state."""
+    w_0 = tl.load(w_ptr + rt[:, None] * K + rk[None, :])
+    u_0 = tl.load(u_ptr + rt[:, None] * V + cv[None, :]).to(tl.float32)
+    d = u_0 - tl.dot(w_0, S.to(tl.bfloat16))
     for n in range(NT):
         row = n * BT + rt
-        p_n = tl.load(p_ptr + n * K * K + rk[:, None] * K + rk[None, :])  # [K, K], bf16
+        nxt = row + BT
+        ok = (nxt < TP)[:, None]
         kd_n = tl.load(kd_ptr + row[:, None] * K + rk[None, :])
         gl_n = tl.load(gl_ptr + n * K + rk)
-        u_n = tl.load(u_ptr + row[:, None] * V + cv[None, :])
-        kt = tl.trans(kd_n)
-        # off the chain: b = kd^T u, bf16 operands as stored (float32 u as bf16 hi + lo), issued before
-        # S goes to shared memory; written as S gl - (P S - b) below, not S gl + b - P S, which Triton folds
-        # into dot(kt, u, S gl) and issues after P S (offline sm_90: 958 -> 946 warp-instructions and 5 -> 4
-        # barriers per warp per step)
-        if u_ptr.dtype.element_ty == tl.bfloat16:
-            b = tl.dot(kt, u_n)
-        else:
-            u_hi, u_lo = _split(u_n)
-            b = tl.dot(kt, u_hi)
-            b = tl.dot(kt, u_lo, b)
+        w_x = tl.load(w_ptr + nxt[:, None] * K + rk[None, :], mask=ok, other=0.0)
+        u_x = tl.load(u_ptr + nxt[:, None] * V + cv[None, :], mask=ok, other=0.0).to(tl.float32)
         tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
-        if SPLIT_S:
-            s_hi, s_lo = _split(S)
-            ps = tl.dot(p_n, s_hi)
-            ps = tl.dot(p_n, s_lo, ps)
-        else:
-            ps = tl.dot(p_n, S.to(tl.bfloat16))
-        S = S * gl_n[:, None] - (ps - b)
+        kt = tl.trans(kd_n)
+        T = S * gl_n[:, None]
+        # products with no state in them, or only with S_n / delta_n: issued before the one wgmma waits
+        c = tl.dot(w_x, kt)  # [BT, BT], w_{n+1} kd_n^T
+        ws = tl.dot(w_x, T.to(tl.bfloat16))
+        d_hi, d_lo = _split(d)
+        S = tl.dot(kt, d_hi, T)
+        S = tl.dot(kt, d_lo, S)
+        c_b = c.to(tl.bfloat16)
+        cd = tl.dot(c_b, d_hi)
+        cd = tl.dot(c_b, d_lo, cd)
+        # (u - ws) - cd, not u - (ws + cd): an add onto a product's result would be folded into its accumulator
+        d = (u_x - ws) - cd
     return S
-
-
-@triton.jit
-def _kda_transition_kernel(w_ptr, kd_ptr, p_ptr, TP, NT,
-                           K: tl.constexpr, BT: tl.constexpr, PR: tl.constexpr, PC: tl.constexpr):
-    """Version 10: P_n = kd_n^T w_n [K, K] of every chunk at once (bf16 operands as stored, float32
-    accumulate, stored bf16), one program per (chunk, PR x PC tile of P, batch*head)."""
-    i_t = tl.program_id(0).to(tl.int64)
-    i_tile = tl.program_id(1)
-    i_bh = tl.program_id(2).to(tl.int64)
-    r0 = (i_tile // (K // PC)) * PR
-    c0 = (i_tile % (K // PC)) * PC
-    rt = tl.arange(0, BT)
-    rr = r0 + tl.arange(0, PR)
-    cc = c0 + tl.arange(0, PC)
-    row = i_bh * TP + i_t * BT + rt
-    kd = tl.load(kd_ptr + row[:, None] * K + rr[None, :])  # [BT, PR], coalesced; transposed in registers
-    w = tl.load(w_ptr + row[:, None] * K + cc[None, :])  # [BT, PC]
-    p = tl.dot(tl.trans(kd), w)
-    tl.store(p_ptr + ((i_bh * NT + i_t) * K + rr)[:, None] * K + cc[None, :], p.to(p_ptr.dtype.element_ty))
 
 
 @triton.jit
 def _kda_scan_kernel(
     w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, gl_ptr, au_ptr,
-    h0_ptr, ht_ptr, o_ptr, hbuf_ptr, dbuf_ptr, p_ptr,
+    h0_ptr, ht_ptr, o_ptr, hbuf_ptr, dbuf_ptr,
     T, TP, NT, H, lo_off,
     s_ob, s_ot, s_oh,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     LAYOUT: tl.constexpr, FUSE_OUT: tl.constexpr, SPLIT_S: tl.constexpr,
-    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRE: tl.constexpr, TRANS: tl.constexpr = False,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRE: tl.constexpr, LOOK: tl.constexpr = False,
 ):
     """One program per (V-block, batch*head) walks the chunks in order.  LAYOUT 0 keeps the
     state as S [K, BV]; LAYOUT 1 as S^T [BV, K], so that the state and delta are the
@@ -928,8 +920,8 @@ def _kda_scan_kernel(
     read-out's Aqk delta three (Aqk arrives as hi and lo halves); products with the state use
     the split too when SPLIT_S, else the state rounded to bf16.  No tf32 anywhere.  With PRE the
     read-out is o = qd' S + au (qd' = qd - Aqk w and au = Aqk u from the preparation): no Aqk
-    tiles, no products with delta but the state update's.  TRANS (``scan_form="transition"``,
-    version 10; LAYOUT 0, PRE, unfused only): ``_scan_transition`` instead, one product per step."""
+    tiles, no products with delta but the state update's.  LOOK (``scan_form="lookahead"``,
+    version 11; LAYOUT 0, PRE, unfused, state products in bf16 only): ``_scan_lookahead`` instead."""
     i_v = tl.program_id(0).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -962,9 +954,8 @@ def _kda_scan_kernel(
     dbuf_ptr += i_bh * TP * V
     hbuf_ptr += i_bh * NT * K * V
 
-    if TRANS:
-        S = _scan_transition(S, p_ptr + i_bh * NT * K * K, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, NT, rk, cv, rt,
-                             K, V, BT, SPLIT_S)
+    if LOOK:
+        S = _scan_lookahead(S, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, NT, TP, rk, cv, rt, K, V, BT, BV)
     else:
         for n in range(NT):
             # Everything the read-out needs is loaded first and the read-out computed last (from
@@ -1159,13 +1150,12 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         raise ValueError(f"solve_stages={knobs.get('solve_stages')} is not served at BT=64 with solve_maxnreg=128 "
                          "(the solve spills 336-376 B per thread there on sm_90 at every stage count; pipelining "
                          "adds 16-32 KB of shared memory on top)")
-    # version 10's one-product state pass is written for the state as S [K, BV] with the separate
-    # read-out o = qd' h + au: the fused read-out and readout "aqk" need the per-step delta it never forms
-    if knobs.get("scan_form") == "transition" and (knobs.get("readout") != "pre" or knobs.get("scan_layout") != "kv"
-                                                   or knobs.get("fuse_output")):
-        raise ValueError("scan_form='transition' is served with readout='pre', scan_layout='kv' and fuse_output=False "
-                         "only (it never forms delta = u - w S, which the fused and 'aqk' read-outs need; the 'vk' "
-                         "layout is not written)")
+    # version 11's lookahead step is written for the state as S [K, BV] with the separate read-out
+    # o = qd' h + au (the fused and "aqk" read-outs would need delta_n in the step that forms delta_{n+1})
+    if knobs.get("scan_form") == "lookahead" and (knobs.get("readout") != "pre" or knobs.get("scan_layout") != "kv"
+                                                  or knobs.get("fuse_output")):
+        raise ValueError("scan_form='lookahead' is served with readout='pre', scan_layout='kv' and fuse_output=False "
+                         "only (the fused and 'aqk' read-outs are not written for it, nor the 'vk' layout)")
     for name, choices in SPACE.items():
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
@@ -1186,9 +1176,6 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     pre = knobs["readout"] == "pre"
     per_stage = (BT * K * 2 * (3 if fuse else 2) + BT * bv * (2 if knobs["u_store"] == "bf16" else 4) + K * 4
                  + (0 if not fuse else BT * bv * 4 if pre else BT * BT * 4))
-    trans = knobs["scan_form"] == "transition"
-    if trans:  # P [K, K] bf16 and kd instead of w and kd
-        per_stage += K * K * 2 - BT * K * 2
     # layout kv stages the state and delta (right-hand operands) through shared memory each step
     scratch = K * bv * 4 + BT * bv * 8 if knobs["scan_layout"] == "kv" else 0
     stages = knobs["scan_stages"]
@@ -1225,8 +1212,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "fuse": fuse, "split": split, "scan_stages": stages,
         "solve_stages": knobs["solve_stages"], "u_bf16": knobs["u_store"] == "bf16",
         "layout": 0 if knobs["scan_layout"] == "kv" else 1,
-        # version 10: P's tile per program of _kda_transition_kernel (an [PR, PC] float32 accumulator)
-        "TRANS": trans, "PR": min(64, K), "PC": min(128, K),
+        "LOOK": knobs["scan_form"] == "lookahead",
     }
 
 
@@ -1237,8 +1223,7 @@ def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=
 
 def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knobs, debug=None):
     """``kernel`` with the knobs given explicitly (a dict shaped like KNOBS).  A dict passed as
-    ``debug`` receives the intermediates (w, u, kd, qd, aqk, akk, gl; p with scan_form="transition")
-    for inspection."""
+    ``debug`` receives the intermediates (w, u, kd, qd, aqk, akk, gl) for inspection."""
     kn = dict(knobs)
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -1317,16 +1302,9 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
                                                             **block_regs, **prep_meta)
             _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=2, num_warps=kn["solve_warps"], num_stages=plan["solve_stages"],
                                        **solve_regs, **prep_meta)
-        p_mat = w  # unused unless scan_form="transition"
-        if plan["TRANS"]:
-            # version 10: P_n = kd_n^T w_n of every chunk, before the scan (read by all V-blocks of a head)
-            p_mat = torch.empty((BH, NT, K, K), dtype=torch.bfloat16, device=dev)
-            PR, PC = plan["PR"], plan["PC"]
-            _kda_transition_kernel[(NT, (K // PR) * (K // PC), BH)](w, kd, p_mat, TP, NT, K=K, BT=BT, PR=PR, PC=PC,
-                                                                   num_warps=4, num_stages=1)
         if debug is not None:
             debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=gl, BT=BT, NT=NT, TP=TP,
-                         pre=plan["PRE"], au=au if plan["PRE"] else None, p=p_mat if plan["TRANS"] else None)
+                         pre=plan["PRE"], au=au if plan["PRE"] else None)
         fuse = plan["fuse"]
         if fuse:
             hbuf, dbuf = o, o  # unused
@@ -1337,12 +1315,12 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
         BV = plan["BV"]
         _kda_scan_kernel[(triton.cdiv(V, BV), BH)](
             w, u, kd, qd, aqk, gl, au,
-            h0 if h0 is not None else w, final if final is not None else w, o, hbuf, dbuf, p_mat,
+            h0 if h0 is not None else w, final if final is not None else w, o, hbuf, dbuf,
             T, TP, NT, H, BH * TP * BT,
             o.stride(0), o.stride(1), o.stride(2),
             K=K, V=V, BT=BT, BV=BV,
             LAYOUT=plan["layout"], FUSE_OUT=fuse, SPLIT_S=plan["split"],
-            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"], TRANS=plan["TRANS"],
+            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"], LOOK=plan["LOOK"],
             num_warps=kn["scan_warps"], num_stages=plan["scan_stages"],
         )
         if not fuse:
