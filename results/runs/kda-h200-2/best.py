@@ -132,31 +132,24 @@ halving its write in the solve and its read in the scan (au is still formed from
 the CPU +0.05-0.4e-3 relative in o (worst 3.6e-3: zero gates, T 4096) and +0.5-0.8e-3 in the final
 state (the state sums u's rounding).
 
-Version 9 (prepared, not run on a GPU; kernels/notes/kda.md "Version 9"), aimed at the state pass's
-serial chain (223 us at the headline, 256 dependent chunk steps per program): ``scan_pair=True`` walks
-pairs of chunks, one merged 64-row step each (``_scan_pair_step``: the pair's merge terms do not
-depend on the state), storing both chunks' states, so the read-out is unchanged.  Served with the kv
-layout, the unfused read-out and BT 32.  On the CPU it moves o by +0.00-0.08e-3 relative and the final
-state by +0.0-0.25e-3.  Offline sm_90 warns: 762 instructions and 13 barriers per warp per pair step
-(two single steps: 340 and 8), 255 registers (1 program per SM instead of 2), because the merge is
-recomputed by every V-block program and its 32-row products tile poorly.  On the H200 (session 5,
-call 2) it crashed with an illegal memory access at B1 T2048 H8 K=V=64 and H16 K=V=128; every address
-it forms is inside its buffers under the interpreter's bounds check (tests/test_kda_chunked.py), so the
-fault is below the Triton source: compute-sanitizer (calls 3-4) put it at a shared-memory read past the
-allocation in the 64-row kd^T d product.  Version 9b (session 5, not run on a GPU) rewrote the pair step
-from the one-chunk step's product shapes only (w S over 32 rows, kd^T d over 32 rows, two independent
-products per level; no 64-row tile, no join / reshape): 222 registers, 73 KB, 740 instructions and 20
-barriers per warp per pair step offline.  ``_plan`` still refuses ``scan_pair=True`` and SPACE does not
-hold it until a GPU run (benchmarks/probe_kda_pair.py) shows 9b does not fault; the interpreter tests
-lift ``_SCAN_PAIR_REFUSED``.
+Versions 9-9c (a state pass over pairs of chunks, ``scan_pair`` / ``pair_merge``) ran on the H200 in
+session 6 and were removed: 9b computed wrong outputs there, 9c's scan alone was no faster than the
+one-chunk scan (kernels/notes/kda.md, "Versions 9-9c measured on the H200").
 
-Version 9c (prepared, not run on a GPU; kernels/notes/kda.md "Version 9c"): ``pair_merge="kernel"``
-(with ``scan_pair`` only; the default "scan" is 9b unchanged) forms the pair merge (C, w_b', u_b') once
-per (pair, head) in its own launch before the scan (``_kda_pair_merge_kernel``, written over chunk b's
-w and u, which nothing after the scan reads), so the scan's pair step is only the chain's two product
-levels: offline sm_90 351 instructions and 6 barriers per warp per pair step (9b 740 / 20, two default
-steps 340 / 8), 168 registers; the merge launch moves ~169 MB of DRAM at the headline (118 with bf16 u).
-It exists so that a GPU run can time the paired scan's chain alone.
+Version 10 (``scan_form="transition"``: the step as S_next = gl S - P S + kd^T u with P = kd^T w from a
+fourth launch) ran on the H200 in session 7 and was removed: its scan alone took 245 us (208 us at 8 warps)
+against the default's 209, plus 54 us for the launch forming P (kernels/notes/kda.md, "Version 10").
+
+Version 11 (prepared, not run on a GPU; kernels/notes/kda.md "Version 11"): ``scan_form="lookahead"``
+computes each chunk's delta one step early.  With S_n the state entering chunk n and
+delta_n = u_n - w_n S_n, the step n -> n+1 is
+    S_{n+1}     = T + kd_n^T delta_n                              T = gl_n S_n
+    delta_{n+1} = u_{n+1} - w_{n+1} T - (w_{n+1} kd_n^T) delta_n
+Both read only S_n and delta_n, so the products of one step (kd_n^T delta_n, w_{n+1} T and the
+[BT, BT] product C = w_{n+1} kd_n^T, which reads no state at all) are independent of each other: the
+chain per step is one product and C delta_n instead of w S followed by kd^T delta.  T is rounded to
+bf16 for its product as the default rounds S; C is rounded to bf16, delta split hi / lo.  Served with
+readout "pre", scan_layout "kv" and the separate read-out.  "delta" (the default) is version 8's scan.
 """
 
 import math
@@ -166,7 +159,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {'BT': 32, 'BC': 16, 'BK': 32, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 4, 'solve_warps': 4, 'block_maxnreg': 128, 'solve_maxnreg': 128, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'scan_pair': False, 'pair_merge': 'scan', 'off_tile': 'tight', 'diag_cols': 'trans'}
+KNOBS = {'BT': 32, 'BC': 16, 'BK': 32, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 4, 'solve_warps': 4, 'block_maxnreg': 128, 'solve_maxnreg': 128, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_form': 'delta'}
 # kopt:knobs-end
 SPACE = {
     "BT": [32, 64],
@@ -198,14 +191,6 @@ SPACE = {
     # (value loop) loads into cp.async (LDGSTS) prefetches through shared memory (1: plain loads, as before)
     "solve_stages": [1, 2, 3],
     "u_store": ["fp32", "bf16"],  # version 8: storage of the WY factor u: bf16 halves its write and two reads
-    # version 9: the state pass steps over pairs of BT-32 chunks (half the serial chain; BT 32, unfused read-out).
-    # True is refused by _plan: version 9's step faulted on the H200 in Triton's lowering; 9b awaits a GPU run
-    # (see _SCAN_PAIR_REFUSED)
-    "scan_pair": [False],
-    # version 9c: where the paired scan's merge (C = w_b kd_a^T, w_b', u_b') is formed: "scan" (9b, in the
-    # scan loop by every V-block program) or "kernel" (once per pair and head by its own launch before the
-    # scan, w_b' / u_b' written over w_b / u_b).  Only with scan_pair, so only "scan" while that is refused
-    "pair_merge": ["scan"],
     # session 6: the width of a block row's off-diagonal tile (columns j < r of its chunk): "chunk" = BT
     # columns, "tight" = BT - BC (the most a block row can see; half the exps, loads and product at BT 32)
     "off_tile": ["chunk", "tight"],
@@ -213,47 +198,42 @@ SPACE = {
     # transposed and summed again; "trans" = tl.trans of the row side's tile (sm_90: -1.2 K of 16.3 K
     # warp-instructions per block-row program, benchmarks/sass_kda.py)
     "diag_cols": ["load", "trans"],
+    # version 11: the state pass's step as "delta" (u - w S, then kd^T delta: two dependent products) or
+    # "lookahead" (the next chunk's delta from this chunk's state and delta: the step's products independent)
+    "scan_form": ["delta", "lookahead"],
 }
+# What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
+# (when, then) pair mirrors one of _plan's checks below, which stay the authority;
+# tests/test_kda_chunked.py checks that the two agree on random combinations of SPACE.
+REQUIRES = [
+    ({"solve_warps": 4}, {"subst": ["rows"], "BT": [32]}),
+    ({"scan_warps": [1, 2]}, {"BT": [32]}),
+    ({"scan_warps": 1}, {"scan_layout": ["vk"]}),
+    ({"block_prog": "chunk"}, {"BT": [32], "BK": [16, 32], "block_warps": [4, 8]}),
+    ({"fuse_prep": True}, {"BT": [32], "subst": ["rows"], "block_prog": ["row"], "block_warps": [4]}),
+    ({"solve_stages": [2, 3], "BT": 64}, {"solve_maxnreg": [0]}),
+    ({"off_tile": "tight"}, {"block_prog": ["row"], "BT": [32]}),
+    ({"scan_form": "lookahead"}, {"readout": ["pre"], "scan_layout": ["kv"], "fuse_output": [False]}),
+]
 # Measured by the search loop right after the defaults. Session 4 (results/runs/kda-h200-2, judge timer,
 # geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then pair split
 # + block_maxnreg 128 756.7 us (now the defaults); fuse_prep 799.9 / 806.6 (cap 168) and 2-warp block rows at
 # 168 761.8 were slower. Session 5 (dev rows, results/h200-2026-11-29e): the pipelined solve (solve_stages 2/3)
 # 770-771 vs 761 us at the headline, 2809 vs 2773 at B2 T16384, no faster anywhere, so it is not here; u in bf16 -2 us at the headline and -0.1..-0.5 % at
-# the other shapes (noise-sized, +0.25e-3 error in o): left for the loop to judge on its own shapes. Version 9's
-# paired scan is refused (see _SCAN_PAIR_REFUSED).
-# Session 6 (results/h200-2026-11-30, probe_kda_pair.py's "same knobs without the pair" column): a 4-warp scan
-# measured 765.4 vs 775.2 us at the headline with everything else at the defaults.
-# The loop then promoted bbf1cbe1 (4-warp scan, bf16 u, out_bv 64): 717.1 us against 753.6. Next: this
-# session's two block-row knobs on top of it (offline sm_90: 16.3 K -> 14.5 K warp-instructions per 4-warp
-# block-row program, 10.7 K at 2 warps / 168 registers), and the 2-warp scan.
+# the other shapes (noise-sized, +0.25e-3 error in o): left for the loop to judge on its own shapes.
+# Session 6 (results/h200-2026-11-30): the 4-warp scan (765.4 vs 775.2 us at the headline in the paired-scan probe)
+# led the loop to bbf1cbe1 (4-warp scan, bf16 u, out_bv 64; 717.1 us against 753.6); the block-row knobs
+# off_tile "tight" + diag_cols "trans" on top of it gave 568beb4b (694.9 us, promoted); the same at 2 block
+# warps / 168 registers tied (695.4); the 2-warp scan was far slower in the dev rows (scan 372.6 vs 216.4 us).
+# Session 7: version 10 (scan_form "transition") lost in the dev rows (scan 245 / 208 us at 4 / 8 warps plus a
+# 54 us launch, against 209) and was removed. Next, unmeasured: version 11's lookahead step on the promoted
+# knobs, at 4 and 8 scan warps.
 TRY_EARLY = [
-    {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans"},
-    {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans", "block_warps": 2,
-     "block_maxnreg": 168},
-    {"u_store": "bf16", "scan_warps": 2, "out_bv": 64},
+    {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+     "scan_form": "lookahead"},
+    {"u_store": "bf16", "scan_warps": 8, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+     "scan_form": "lookahead"},
 ]
-
-# Version 9's paired state pass (scan_pair=True) crashed on the H200 with an illegal memory access
-# (results/h200-2026-11-29e, call 2: B1 T2048 H8 K=V=64 fp32 u, and H16 K=V=128 with solve_stages 2 and
-# bf16 u; the same shapes without it ran).  Every address its Triton source forms lies inside the buffers
-# passed to the launch (the interpreter's bounds check, tests/test_kda_chunked.py, at odd / even chunk
-# counts, T = 1, B = 2, K != V, both read-outs) and the pipelined TTGIR predicates every prefetch, so the
-# fault is below the source.  compute-sanitizer on the H200 (calls 3-4) places it there: "Invalid __shared__
-# read of size 256 bytes" past the kernel's shared allocation, in the pair step's state product kd^T d (the
-# 64-row tl.dot), 183 such reads per launch; loading kd already transposed instead of tl.trans moved nothing.
-# A Triton 3.6 sm_90 lowering fault.  Version 9b replaced that step with one built from the one-chunk step's
-# product shapes only (32-row reductions; tests/test_kda_chunked.py asserts it from the sm_90 TTGIR), not yet
-# run on a GPU.  _plan refuses it while this is True; the interpreter tests and benchmarks/probe_kda_pair.py
-# set it False.
-_SCAN_PAIR_REFUSED = True
-# which pair step the code holds (recorded by benchmarks/probe_kda_pair.py): "9b" = 32-row products only
-_SCAN_PAIR_FORM = "9b"
-
-# Version 9c's merge launch (pair_merge "kernel"): warps and value tile.  Offline sm_90 at K = V = 128
-# (fp32 u): 8 warps x 64 columns 78 registers, 24 KB, 568 instructions / 23 barriers per warp (3 programs
-# per SM); 4 warps 128 registers, 904 / 41; 2 warps 174 registers; 32-column tiles 186-234 registers
-_PAIR_MERGE_WARPS = 8
-_PAIR_MERGE_BV = 64
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
@@ -857,152 +837,39 @@ def _kda_prep_kernel(
 # Stage 2: the sequential scan over chunks
 # ------------------------------------------------------------------------------------------
 @triton.jit
-def _scan_pair_step(S, n, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, dbuf_ptr, NT, rk, cv, rt,
-                    K: tl.constexpr, BV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                    SPLIT_S: tl.constexpr, PRE: tl.constexpr, MERGED: tl.constexpr = False):
-    """Chunks a = n and b = n + 1 in one step of the chain (version 9b, layout "kv").  With
-    C = w_b kd_a^T [BT, BT]:
-
-        d_a   = u_a - w_a S
-        d_b   = u_b - w_b S_a = (u_b - C u_a) - (w_b diag(gl_a) - C w_a) S = u_b' - w_b' S
-        S_a   = diag(gl_a) S + kd_a^T d_a          (stored to hbuf for the read-out)
-        S_end = diag(gl_b) S_a + kd_b^T d_b
-
-    w_b' and u_b' do not depend on S, so the chain is two levels of products, each level two
-    independent ones of exactly the one-chunk step's shapes: w_a S and w_b' S ([BT, K] x [K, BV]),
-    then kd_a^T d_a and kd_b^T d_b ([K, BT] x [BT, BV]).  No 64-row tile is formed: version 9's
-    64-row kd^T d product read shared memory past its allocation on the H200 (Triton 3.6, sm_90).
-    C is exact (bf16 operands, float32 sums) and is split into bf16 hi + lo for its products (u_a
-    too when float32); w_b' is rounded to bf16 as w itself is stored.  A missing chunk b (odd NT)
-    loads zeros with gl_b = 1: C, w_b', u_b', d_b and kd_b^T d_b are then exactly 0 and S_end = S_a;
-    the rows past T inside a chunk are zeros from the preparation (k, v, beta masked to 0 there).
-
-    On sm_90 (kernels/notes/kda.md "Version 9b"): (C w_a)^T = w_a^T C^T is a 128-row wgmma and C u_a
-    is formed transposed, as in version 9.  The 32-row mma.sync products (C, w_a S, w_b' S) are
-    def-use connected (w_a S and w_b' S share S and meet in S_end), so Triton tiles them [num_warps, 1]:
-    4x redundant at 8 warps (70 HMMA per warp per pair).
-
-    MERGED (version 9c, ``pair_merge="kernel"``): ``_kda_pair_merge_kernel`` has already written w_b'
-    and u_b' over chunk b's w and u (once per pair and head), so the step loads them and runs only the
-    two levels of the chain: no C, no transposes, nothing but the state products' operands."""
-    ra = n * BT + rt
-    rb = ra + BT
-    b_ok = (rb < NT * BT)[:, None]  # chunk b exists
-    kb_ok = (rk * 0 + n + 1) < NT
-    p_a = ra[:, None] * K + rk[None, :]
-    p_b = rb[:, None] * K + rk[None, :]
-    w_a = tl.load(w_ptr + p_a)
-    w_b = tl.load(w_ptr + p_b, mask=b_ok, other=0.0)
-    kd_a = tl.load(kd_ptr + p_a)
-    kd_b = tl.load(kd_ptr + p_b, mask=b_ok, other=0.0)
-    gl_a = tl.load(gl_ptr + n * K + rk)
-    gl_b = tl.load(gl_ptr + (n + 1) * K + rk, mask=kb_ok, other=1.0)
-    u_a = tl.load(u_ptr + ra[:, None] * V + cv[None, :])
-    u_b = tl.load(u_ptr + rb[:, None] * V + cv[None, :], mask=b_ok, other=0.0).to(tl.float32)
-    if MERGED:  # w_b' and u_b' as the merge launch stored them
-        wb2 = w_b
-        ub2 = u_b
-    else:
-        # the merge, independent of S (version 9b: in the loop, by every V-block program)
-        c = tl.dot(w_b, tl.trans(kd_a))  # [BT(b), BT(a)]
-        c_hi, c_lo = _split(c)
-        ch_t = tl.trans(c_hi)
-        cl_t = tl.trans(c_lo)
-        wat = tl.trans(w_a)
-        cw_t = tl.dot(wat, ch_t)  # (C w_a)^T, [K, BT(b)]
-        cw_t = tl.dot(wat, cl_t, cw_t)
-        wb2 = tl.trans((tl.trans(w_b).to(tl.float32) * gl_a[:, None] - cw_t).to(tl.bfloat16))  # w_b', [BT, K]
-        if u_ptr.dtype.element_ty == tl.bfloat16:  # u_store "bf16": u_a is exactly bf16, no low half
-            ua_t = tl.trans(u_a)
-            cu_t = tl.dot(ua_t, ch_t)  # (C u_a)^T, [BV, BT(b)]
-            cu_t = tl.dot(ua_t, cl_t, cu_t)
-        else:
-            ua_hi, ua_lo = _split(tl.trans(u_a))
-            cu_t = tl.dot(ua_hi, ch_t)
-            cu_t = tl.dot(ua_lo, ch_t, cu_t)
-            cu_t = tl.dot(ua_hi, cl_t, cu_t)
-        ub2 = u_b - tl.trans(cu_t)  # u_b'
-    # the chain: level 1, both deltas from the pair-start state
-    if SPLIT_S:
-        s_hi, s_lo = _split(S)
-        ws_a = tl.dot(w_a, s_hi)
-        ws_a = tl.dot(w_a, s_lo, ws_a)
-        ws_b = tl.dot(wb2, s_hi)
-        ws_b = tl.dot(wb2, s_lo, ws_b)
-    else:
-        s_hi = S.to(tl.bfloat16)
-        ws_a = tl.dot(w_a, s_hi)
-        ws_b = tl.dot(wb2, s_hi)
-    d_a = u_a.to(tl.float32) - ws_a
-    d_b = ub2 - ws_b
-    tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
-    if not PRE:
-        tl.store(dbuf_ptr + ra[:, None] * V + cv[None, :], d_a)
-        tl.store(dbuf_ptr + rb[:, None] * V + cv[None, :], d_b, mask=b_ok)
-    # level 2: both state products, kd_b^T d_b independent of S_a
-    da_hi, da_lo = _split(d_a)
-    db_hi, db_lo = _split(d_b)
-    kta = tl.trans(kd_a)
-    ktb = tl.trans(kd_b)
-    xa = tl.dot(kta, da_hi)
-    xa = tl.dot(kta, da_lo, xa)
-    xb = tl.dot(ktb, db_hi)
-    xb = tl.dot(ktb, db_lo, xb)
-    S_a = S * gl_a[:, None] + xa
-    tl.store(hbuf_ptr + (n + 1) * K * V + rk[:, None] * V + cv[None, :], S_a.to(hbuf_ptr.dtype.element_ty),
-             mask=kb_ok[:, None])
-    return S_a * gl_b[:, None] + xb
-
-
-@triton.jit
-def _kda_pair_merge_kernel(w_ptr, u_ptr, kd_ptr, gl_ptr, TP, NT,
-                           K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BVM: tl.constexpr):
-    """Version 9c (``pair_merge="kernel"``): the paired scan's merge, once per (pair, batch*head), before
-    the scan.  For the pair a = 2p, b = 2p + 1 (both real chunks: the launch covers NT // 2 pairs; an odd
-    last chunk is the scan's padded pair, which needs no merge):
-
-        C = w_b kd_a^T [BT, BT],   w_b' = w_b diag(gl_a) - C w_a,   u_b' = u_b - C u_a
-
-    written over chunk b's w and u (nothing after the scan reads w or u: the read-out takes qd' and au
-    (read-out "pre") or qd and the scan's true deltas (dbuf, read-out "aqk"), all formed before this).
-    Precision as in the scan's 9b merge: C from bf16 operands with float32 sums, split bf16 hi + lo for
-    its products, u_a split too when float32; w_b' rounded to bf16 (as w is stored), u_b' to u's dtype
-    (exact for float32 u; one more rounding with u_store "bf16")."""
-    i_p = tl.program_id(0).to(tl.int64)
-    i_bh = tl.program_id(1).to(tl.int64)
-    rt = tl.arange(0, BT)
-    rk = tl.arange(0, K)
-    ra = 2 * i_p * BT + rt
-    rb = ra + BT
-    w_ptr += i_bh * TP * K
-    kd_ptr += i_bh * TP * K
-    u_ptr += i_bh * TP * V
-    gl_ptr += i_bh * NT * K
-    p_a = ra[:, None] * K + rk[None, :]
-    p_b = rb[:, None] * K + rk[None, :]
-    w_a = tl.load(w_ptr + p_a)
-    w_b = tl.load(w_ptr + p_b)
-    kd_a = tl.load(kd_ptr + p_a)
-    gl_a = tl.load(gl_ptr + 2 * i_p * K + rk)
-    c = tl.dot(w_b, tl.trans(kd_a))  # [BT(b), BT(a)]
-    c_hi, c_lo = _split(c)
-    cw = tl.dot(c_hi, w_a)
-    cw = tl.dot(c_lo, w_a, cw)
-    tl.store(w_ptr + p_b, (w_b.to(tl.float32) * gl_a[None, :] - cw).to(tl.bfloat16))  # w_b'
-    for vs in tl.static_range(0, V, BVM):
-        cv = vs + tl.arange(0, BVM)
-        u_a = tl.load(u_ptr + ra[:, None] * V + cv[None, :])
-        p_ub = u_ptr + rb[:, None] * V + cv[None, :]
-        u_b = tl.load(p_ub).to(tl.float32)
-        if u_ptr.dtype.element_ty == tl.bfloat16:  # u_store "bf16": u_a is exactly bf16, no low half
-            cu = tl.dot(c_hi, u_a)
-            cu = tl.dot(c_lo, u_a, cu)
-        else:
-            ua_hi, ua_lo = _split(u_a)
-            cu = tl.dot(c_hi, ua_hi)
-            cu = tl.dot(c_hi, ua_lo, cu)
-            cu = tl.dot(c_lo, ua_hi, cu)
-        tl.store(p_ub, (u_b - cu).to(u_ptr.dtype.element_ty))  # u_b'
+def _scan_lookahead(S, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, NT, TP, rk, cv, rt,
+                    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
+    """Version 11's state pass (``scan_form="lookahead"``): carries S_n and delta_n = u_n - w_n S_n, and
+    forms delta_{n+1} from them, S_{n+1} = T + kd_n^T delta_n and
+    delta_{n+1} = u_{n+1} - w_{n+1} T - (w_{n+1} kd_n^T) delta_n with T = gl_n S_n, so that no product of
+    a step waits for another's result but C delta_n for C.  Every tile is loaded in the step that uses it
+    (chunk n's kd and gl, chunk n+1's w and u), so Triton pipelines them all.  Returns the final state."""
+    w_0 = tl.load(w_ptr + rt[:, None] * K + rk[None, :])
+    u_0 = tl.load(u_ptr + rt[:, None] * V + cv[None, :]).to(tl.float32)
+    d = u_0 - tl.dot(w_0, S.to(tl.bfloat16))
+    for n in range(NT):
+        row = n * BT + rt
+        nxt = row + BT
+        ok = (nxt < TP)[:, None]
+        kd_n = tl.load(kd_ptr + row[:, None] * K + rk[None, :])
+        gl_n = tl.load(gl_ptr + n * K + rk)
+        w_x = tl.load(w_ptr + nxt[:, None] * K + rk[None, :], mask=ok, other=0.0)
+        u_x = tl.load(u_ptr + nxt[:, None] * V + cv[None, :], mask=ok, other=0.0).to(tl.float32)
+        tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
+        kt = tl.trans(kd_n)
+        T = S * gl_n[:, None]
+        # products with no state in them, or only with S_n / delta_n: issued before the one wgmma waits
+        c = tl.dot(w_x, kt)  # [BT, BT], w_{n+1} kd_n^T
+        ws = tl.dot(w_x, T.to(tl.bfloat16))
+        d_hi, d_lo = _split(d)
+        S = tl.dot(kt, d_hi, T)
+        S = tl.dot(kt, d_lo, S)
+        c_b = c.to(tl.bfloat16)
+        cd = tl.dot(c_b, d_hi)
+        cd = tl.dot(c_b, d_lo, cd)
+        # (u - ws) - cd, not u - (ws + cd): an add onto a product's result would be folded into its accumulator
+        d = (u_x - ws) - cd
+    return S
 
 
 @triton.jit
@@ -1013,8 +880,7 @@ def _kda_scan_kernel(
     s_ob, s_ot, s_oh,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     LAYOUT: tl.constexpr, FUSE_OUT: tl.constexpr, SPLIT_S: tl.constexpr,
-    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRE: tl.constexpr, PAIR: tl.constexpr = False,
-    PAIR_MERGED: tl.constexpr = False,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRE: tl.constexpr, LOOK: tl.constexpr = False,
 ):
     """One program per (V-block, batch*head) walks the chunks in order.  LAYOUT 0 keeps the
     state as S [K, BV]; LAYOUT 1 as S^T [BV, K], so that the state and delta are the
@@ -1023,13 +889,8 @@ def _kda_scan_kernel(
     read-out's Aqk delta three (Aqk arrives as hi and lo halves); products with the state use
     the split too when SPLIT_S, else the state rounded to bf16.  No tf32 anywhere.  With PRE the
     read-out is o = qd' S + au (qd' = qd - Aqk w and au = Aqk u from the preparation): no Aqk
-    tiles, no products with delta but the state update's.
-
-    PAIR (version 9 / 9b, ``scan_pair``; LAYOUT 0 without FUSE_OUT): the loop steps over pairs of
-    chunks, so the serial chain S -> delta -> S has half as many steps (``_scan_pair_step``: two
-    levels of products per pair instead of four).  PAIR_MERGED (version 9c, ``pair_merge="kernel"``):
-    chunk b's w and u already hold w_b' and u_b' (``_kda_pair_merge_kernel``), so the pair step is the
-    two levels of the chain only."""
+    tiles, no products with delta but the state update's.  LOOK (``scan_form="lookahead"``,
+    version 11; LAYOUT 0, PRE, unfused, state products in bf16 only): ``_scan_lookahead`` instead."""
     i_v = tl.program_id(0).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -1062,10 +923,8 @@ def _kda_scan_kernel(
     dbuf_ptr += i_bh * TP * V
     hbuf_ptr += i_bh * NT * K * V
 
-    if PAIR:
-        for n in range(0, NT, 2):
-            S = _scan_pair_step(S, n, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, dbuf_ptr, NT, rk, cv, rt,
-                                K, BV, V, BT, SPLIT_S, PRE, PAIR_MERGED)
+    if LOOK:
+        S = _scan_lookahead(S, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, NT, TP, rk, cv, rt, K, V, BT, BV)
     else:
         for n in range(NT):
             # Everything the read-out needs is loaded first and the read-out computed last (from
@@ -1214,8 +1073,13 @@ def _pow2(x: int) -> bool:
 def _plan(K: int, V: int, knobs: dict) -> dict:
     """Check a knob combination against a shape; return the launch plan or raise ValueError."""
     # knob dicts written before version 7 / 8 lack "pair", "solve_stages" and "u_store"
-    knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "scan_pair": False, "pair_merge": "scan",
-             "off_tile": "chunk", "diag_cols": "load", **knobs}
+    knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "off_tile": "chunk", "diag_cols": "load",
+             "scan_form": "delta", **knobs}
+    # a name this file lacks would be ignored silently: version 9's scan_pair=True would time the default
+    unknown = sorted(set(knobs) - set(KNOBS))
+    if unknown:
+        raise ValueError(f"unknown knob(s) {unknown} (scan_pair and pair_merge were removed after session 6; "
+                         "kernels/notes/kda.md)")
     # combinations the CPU interpreter passes but the H200 computed wrongly: refused by name
     if knobs.get("subst") == "direct":
         raise ValueError("subst='direct' computes wrong outputs on the H200 (results/runs/kda-h200: "
@@ -1255,27 +1119,13 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         raise ValueError(f"solve_stages={knobs.get('solve_stages')} is not served at BT=64 with solve_maxnreg=128 "
                          "(the solve spills 336-376 B per thread there on sm_90 at every stage count; pipelining "
                          "adds 16-32 KB of shared memory on top)")
-    # version 9's paired state pass: written for the unfused read-out (the fused one would need the
-    # mid-pair state S_a on every step for o_b, and was slower in session 4: 843.8 vs 756.5 us) and
-    # for BT 32 (its point: the preparation stays at BT 32; at BT 64 a pair is a 128-row step)
-    if knobs.get("scan_pair") and _SCAN_PAIR_REFUSED:
-        raise ValueError("scan_pair=True is refused: illegal memory access on the H200, a shared-memory read past "
-                         "the allocation in Triton 3.6's lowering of version 9's 64-row pair step (compute-sanitizer; "
-                         "every address the source forms is in bounds; results/h200-2026-11-29e); the 32-row rewrite "
-                         "(9b) has not run on a GPU yet (kernels/notes/kda.md 'Version 9', 'Version 9b')")
-    if knobs.get("scan_pair") and (knobs.get("fuse_output") or knobs.get("BT") != 32
-                                   or knobs.get("scan_layout") != "kv"):
-        raise ValueError("scan_pair=True is served at BT=32 with fuse_output=False and scan_layout='kv' only (the "
-                         "paired state pass stores both chunk states for the separate read-out; BT 64 would pair "
-                         "into 128-row steps; its Triton layout work was done for the default kv layout only)")
-    if knobs.get("pair_merge") == "kernel" and not knobs.get("scan_pair"):
-        raise ValueError("pair_merge='kernel' is meaningful only with scan_pair=True (it moves the paired scan's "
-                         "merge into its own launch; the one-chunk scan has no merge)")
+    # version 11's lookahead step is written for the state as S [K, BV] with the separate read-out
+    # o = qd' h + au (the fused and "aqk" read-outs would need delta_n in the step that forms delta_{n+1})
+    if knobs.get("scan_form") == "lookahead" and (knobs.get("readout") != "pre" or knobs.get("scan_layout") != "kv"
+                                                  or knobs.get("fuse_output")):
+        raise ValueError("scan_form='lookahead' is served with readout='pre', scan_layout='kv' and fuse_output=False "
+                         "only (the fused and 'aqk' read-outs are not written for it, nor the 'vk' layout)")
     for name, choices in SPACE.items():
-        if name == "scan_pair":  # True is out of SPACE (refused above) but still served with the refusal lifted
-            choices = [False, True]
-        if name == "pair_merge":  # "kernel" goes with scan_pair (out of SPACE with it)
-            choices = ["scan", "kernel"]
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
     BT, BC, BK, BV = knobs["BT"], knobs["BC"], knobs["BK"], knobs["BV"]
@@ -1295,8 +1145,6 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     pre = knobs["readout"] == "pre"
     per_stage = (BT * K * 2 * (3 if fuse else 2) + BT * bv * (2 if knobs["u_store"] == "bf16" else 4) + K * 4
                  + (0 if not fuse else BT * bv * 4 if pre else BT * BT * 4))
-    if knobs["scan_pair"]:  # two chunks' tiles per step
-        per_stage *= 2
     # layout kv stages the state and delta (right-hand operands) through shared memory each step
     scratch = K * bv * 4 + BT * bv * 8 if knobs["scan_layout"] == "kv" else 0
     stages = knobs["scan_stages"]
@@ -1333,8 +1181,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "fuse": fuse, "split": split, "scan_stages": stages,
         "solve_stages": knobs["solve_stages"], "u_bf16": knobs["u_store"] == "bf16",
         "layout": 0 if knobs["scan_layout"] == "kv" else 1,
-        "pair": bool(knobs["scan_pair"]),
-        "pair_merged": bool(knobs["scan_pair"]) and knobs["pair_merge"] == "kernel",
+        "LOOK": knobs["scan_form"] == "lookahead",
     }
 
 
@@ -1434,13 +1281,6 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             # the state entering every chunk: bf16 when its products are bf16 anyway
             hbuf = torch.empty((BH, NT, K, V), dtype=torch.float32 if plan["split"] else torch.bfloat16, device=dev)
             dbuf = o if plan["PRE"] else torch.empty((BH, TP, V), dtype=torch.float32, device=dev)
-        if plan["pair_merged"]:
-            if debug is not None:  # the preparation's w and u as they were; the merged ones go to w_pair / u_pair
-                debug.update(w=w.clone(), u=u.clone(), w_pair=w, u_pair=u)
-            if NT >= 2:  # version 9c: w_b', u_b' over chunk b's w, u, once per pair and head
-                _kda_pair_merge_kernel[(NT // 2, BH)](w, u, kd, gl, TP, NT, K=K, V=V, BT=BT,
-                                                      BVM=min(V, _PAIR_MERGE_BV), num_warps=_PAIR_MERGE_WARPS,
-                                                      num_stages=1)
         BV = plan["BV"]
         _kda_scan_kernel[(triton.cdiv(V, BV), BH)](
             w, u, kd, qd, aqk, gl, au,
@@ -1449,8 +1289,8 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             o.stride(0), o.stride(1), o.stride(2),
             K=K, V=V, BT=BT, BV=BV,
             LAYOUT=plan["layout"], FUSE_OUT=fuse, SPLIT_S=plan["split"],
-            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"], PAIR=plan["pair"],
-            PAIR_MERGED=plan["pair_merged"], num_warps=kn["scan_warps"], num_stages=plan["scan_stages"],
+            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"], LOOK=plan["LOOK"],
+            num_warps=kn["scan_warps"], num_stages=plan["scan_stages"],
         )
         if not fuse:
             OBV = plan["OUT_BV"]

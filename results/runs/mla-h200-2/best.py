@@ -65,7 +65,7 @@ import triton
 import triton.language as tl
 
 # kopt:knobs-begin
-KNOBS = {'CONFIG': 'auto', 'NUM_SPLITS': 0, 'BLOCK_N': 64, 'BLOCK_H': 16, 'KEYS_AS_M': True, 'VALUES_AS_M': False, 'num_warps': 4, 'num_stages': 3, 'PARTIAL_DTYPE': 'float32', 'MERGE': 'kernel', 'MERGERS': 16, 'RESCALE_TAU': 0, 'KV_LOAD': 'pointer', 'QK_SPLIT': False, 'PDL': 1}
+KNOBS = {'CONFIG': 'auto', 'NUM_SPLITS': 0, 'BLOCK_N': 64, 'BLOCK_H': 16, 'KEYS_AS_M': True, 'VALUES_AS_M': False, 'num_warps': 4, 'num_stages': 4, 'PARTIAL_DTYPE': 'float32', 'MERGE': 'kernel', 'MERGERS': 4, 'RESCALE_TAU': 0, 'KV_LOAD': 'pointer', 'QK_SPLIT': False, 'PDL': 2}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the measured tile config of the shape's regime (see REGIMES); knobs: the knobs below
@@ -84,8 +84,6 @@ SPACE = {
     "QK_SPLIT": [False, True],  # TMA kernel: score dots unchained, so 8 warps split the score tile (no duplicate); P V as V^T P^T
     "PDL": [0, 1, 2],  # programmatic dependent launch (GPU, MERGE kernel): 1 merge overlaps the split kernel's tail; 2 also the split kernel's launch
 }
-# Measured by the search loop right after the defaults (version 6, not yet run on a GPU when added).
-TRY_EARLY = [{"PDL": 1}, {"PDL": 2}]
 
 # CONFIG "auto": the tile config measured best on an H200 (kernels/notes/mla.md, run 2) for each
 # regime. "narrow": fewer than SMs/4 (batch, 64-row block) pairs (B1 decode and MTP): 16 rows
@@ -304,6 +302,18 @@ def _mla_decode_partial(
                               Sq, H, R, n_splits, n_mergers, MERGERS, S_P2, CHUNK, BLOCK_H, DN)
 
 
+@triton.jit
+def _rescale(acc0, acc1, alpha, VALUES_AS_M: tl.constexpr):
+    """Both accumulator halves times each head row's alpha (the rows are columns when the values are the M)."""
+    if VALUES_AS_M:
+        out0 = acc0 * alpha[None, :]
+        out1 = acc1 * alpha[None, :]
+    else:
+        out0 = acc0 * alpha[:, None]
+        out1 = acc1 * alpha[:, None]
+    return out0, out1
+
+
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _mla_decode_tma(
     q, kv, o, lse, part_o, part_lse, counters,
@@ -410,12 +420,7 @@ def _mla_decode_tma(
                 if tl.max(m_new - m_i, 0) > TAU:
                     alpha = tl.exp2(m_i - m_new)
                     l_i = l_i * alpha
-                    if VALUES_AS_M:
-                        acc0 = acc0 * alpha[None, :]
-                        acc1 = acc1 * alpha[None, :]
-                    else:
-                        acc0 = acc0 * alpha[:, None]
-                        acc1 = acc1 * alpha[:, None]
+                    acc0, acc1 = _rescale(acc0, acc1, alpha, VALUES_AS_M)
                     m_i = m_new
                 p = tl.exp2(qk - m_i[:, None])
                 l_i = l_i + tl.sum(p, 1)
@@ -423,12 +428,7 @@ def _mla_decode_tma(
                 alpha = tl.exp2(m_i - m_new)
                 p = tl.exp2(qk - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
-                if VALUES_AS_M:
-                    acc0 = acc0 * alpha[None, :]
-                    acc1 = acc1 * alpha[None, :]
-                else:
-                    acc0 = acc0 * alpha[:, None]
-                    acc1 = acc1 * alpha[:, None]
+                acc0, acc1 = _rescale(acc0, acc1, alpha, VALUES_AS_M)
                 m_i = m_new
             pb = p.to(kn0.dtype)
             if VALUES_AS_M:
