@@ -150,11 +150,6 @@ VARIANTS = {
     "best6_tt_w2": {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
                     "block_warps": 2, "block_maxnreg": 168},
     "best6_scan_w2": {"u_store": "bf16", "scan_warps": 2, "out_bv": 64},
-    # version 11: the lookahead state pass (session 7; version 10's rows went with it, measured slower)
-    "best6_v11": {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-                  "scan_form": "lookahead"},
-    "best6_v11_w8": {"u_store": "bf16", "scan_warps": 8, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-                     "scan_form": "lookahead"},
 }
 # rows also timed at the search loop's other two shapes (B2 T16384 H16, B8 T1024 H8 D64), after
 # the default and the fastest headline row: the per-token throughput rows (every stage scales with
@@ -163,7 +158,6 @@ VARIANTS = {
 # (162 regs x 256 threads) only one, so at B2 T16384 the 8-warp fused scan would run in two waves)
 SHAPE_ROWS = ["v8", "v8_stages2", "v8_u_bf16", "v4_defaults"]
 SHAPE_ROWS += ["best6", "best6_tight_trans", "best6_tt_w2"]
-SHAPE_ROWS += ["best6_v11", "best6_v11_w8"]
 # KDA_DEV_ROWS=name,name,...: only these rows (the default is always kept first)
 if os.environ.get("KDA_DEV_ROWS"):
     _keep = [n.strip() for n in os.environ["KDA_DEV_ROWS"].split(",") if n.strip()]
@@ -547,7 +541,7 @@ def main() -> None:
         xh = hostile(prob.make_inputs(diag_case, device=DEVICE, seed=6))
         want = naive_recurrent_kda(**xh)
         results["hostile"] = {name: errors(run_variant(fam, {**fam.KNOBS, **VARIANTS[name]}, xh), want)
-                              for name in ("default", "v6", "v6_w2", "v5", "chunk_w8", "chunk_start", "v2", "start", "best6_v11")
+                              for name in ("default", "v6", "v6_w2", "v5", "chunk_w8", "chunk_start", "v2", "start")
                               if name in VARIANTS}
     except Exception as err:  # noqa: BLE001
         results["hostile"] = f"{type(err).__name__}: {err}"[:500]

@@ -165,7 +165,7 @@ def build_all(fam, knobs: dict, shape: dict) -> dict:
     BV = plan["BV"]
     out["scan"] = (compile_kernel(fam._kda_scan_kernel, scan,
                                   dict(K=K, V=V, BT=BT, BV=BV, LAYOUT=plan["layout"], FUSE_OUT=False, SPLIT_S=split,
-                                       USE_H0=False, STORE_HT=True, PRE=plan["PRE"], LOOK=plan.get("LOOK", False)),
+                                       USE_H0=False, STORE_HT=True, PRE=plan["PRE"]),
                                   kn["scan_warps"], plan["scan_stages"]), -(-V // BV) * BH, kn["scan_warps"])
     OBV = plan["OUT_BV"]
     o_args = {"qd_ptr": B16, "aqk_ptr": B16, "hbuf_ptr": P if split else B16, "dbuf_ptr": P, "o_ptr": B16,
@@ -462,7 +462,7 @@ def analyse(knobs: dict, shape: dict, workdir: Path, measured: dict | None = Non
                   source_line(src, "_block_row", r"if span <= LIMIT:"): 1.0 - p_pair}),
         "solve": ({source_line(src, "_solve_wy", r"for ks in range\(0, K, BK\)"): -(-K // plan["BKP"]),
                    source_line(src, "_solve_wy", r"for vs in range\(0, V, BVP\)"): -(-V // plan["BVP"])}, {}),
-        "scan": ({source_line(src, "_scan_lookahead" if plan.get("LOOK") else "_kda_scan_kernel",
+        "scan": ({source_line(src, "_kda_scan_kernel",
                               r"for n in range\(NT\)"): built["NT"]}, {}),
         "out": ({}, {}),
     }

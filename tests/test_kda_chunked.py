@@ -354,7 +354,7 @@ scan = {"w_ptr": B16, "u_ptr": U, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, 
         "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if plan["split"] else B16, "dbuf_ptr": P}
 c = build(fam._kda_scan_kernel, scan, dict(K=K, V=V, BT=plan["BT"], BV=plan["BV"], LAYOUT=plan["layout"],
           FUSE_OUT=plan["fuse"], SPLIT_S=plan["split"], USE_H0=True, STORE_HT=True, PRE=plan["PRE"],
-          LOOK=plan.get("LOOK", False)), kn["scan_warps"], plan["scan_stages"])
+          ), kn["scan_warps"], plan["scan_stages"])
 assert "mma" in c.asm["ptx"], "the scan's products should run on the tensor cores"
 if len(sys.argv) > 3:  # the scan's PTX and cubin, for callers that inspect them (spills, tensor-core ops)
     open(sys.argv[3] + ".ptx", "w").write(c.asm["ptx"])

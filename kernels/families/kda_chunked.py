@@ -136,20 +136,11 @@ Versions 9-9c (a state pass over pairs of chunks, ``scan_pair`` / ``pair_merge``
 session 6 and were removed: 9b computed wrong outputs there, 9c's scan alone was no faster than the
 one-chunk scan (kernels/notes/kda.md, "Versions 9-9c measured on the H200").
 
-Version 10 (``scan_form="transition"``: the step as S_next = gl S - P S + kd^T u with P = kd^T w from a
-fourth launch) ran on the H200 in session 7 and was removed: its scan alone took 245 us (208 us at 8 warps)
-against the default's 209, plus 54 us for the launch forming P (kernels/notes/kda.md, "Version 10").
-
-Version 11 (prepared, not run on a GPU; kernels/notes/kda.md "Version 11"): ``scan_form="lookahead"``
-computes each chunk's delta one step early.  With S_n the state entering chunk n and
-delta_n = u_n - w_n S_n, the step n -> n+1 is
-    S_{n+1}     = T + kd_n^T delta_n                              T = gl_n S_n
-    delta_{n+1} = u_{n+1} - w_{n+1} T - (w_{n+1} kd_n^T) delta_n
-Both read only S_n and delta_n, so the products of one step (kd_n^T delta_n, w_{n+1} T and the
-[BT, BT] product C = w_{n+1} kd_n^T, which reads no state at all) are independent of each other: the
-chain per step is one product and C delta_n instead of w S followed by kd^T delta.  T is rounded to
-bf16 for its product as the default rounds S; C is rounded to bf16, delta split hi / lo.  Served with
-readout "pre", scan_layout "kv" and the separate read-out.  "delta" (the default) is version 8's scan.
+Versions 10 (``scan_form="transition"``: S_next = gl S - P S + kd^T u with P = kd^T w from a fourth launch)
+and 11 (``"lookahead"``: the next chunk's delta formed from this chunk's state and delta, so that a step's
+products are independent) ran on the H200 in session 7 and were removed with the knob: their scans took
+245 / 208 us (4 / 8 warps, plus 54 us for P's launch) and 371 / 401 us against the default's 209
+(kernels/notes/kda.md, "Versions 10 and 11 measured on the H200").
 """
 
 import math
@@ -189,7 +180,6 @@ KNOBS = {
     "u_store": "fp32",
     "off_tile": "chunk",
     "diag_cols": "load",
-    "scan_form": "delta",
 }
 # kopt:knobs-end
 SPACE = {
@@ -229,9 +219,6 @@ SPACE = {
     # transposed and summed again; "trans" = tl.trans of the row side's tile (sm_90: -1.2 K of 16.3 K
     # warp-instructions per block-row program, benchmarks/sass_kda.py)
     "diag_cols": ["load", "trans"],
-    # version 11: the state pass's step as "delta" (u - w S, then kd^T delta: two dependent products) or
-    # "lookahead" (the next chunk's delta from this chunk's state and delta: the step's products independent)
-    "scan_form": ["delta", "lookahead"],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
 # (when, then) pair mirrors one of _plan's checks below, which stay the authority;
@@ -244,7 +231,6 @@ REQUIRES = [
     ({"fuse_prep": True}, {"BT": [32], "subst": ["rows"], "block_prog": ["row"], "block_warps": [4]}),
     ({"solve_stages": [2, 3], "BT": 64}, {"solve_maxnreg": [0]}),
     ({"off_tile": "tight"}, {"block_prog": ["row"], "BT": [32]}),
-    ({"scan_form": "lookahead"}, {"readout": ["pre"], "scan_layout": ["kv"], "fuse_output": [False]}),
 ]
 # Measured by the search loop right after the defaults. Session 4 (results/runs/kda-h200-2, judge timer,
 # geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then pair split
@@ -256,15 +242,9 @@ REQUIRES = [
 # led the loop to bbf1cbe1 (4-warp scan, bf16 u, out_bv 64; 717.1 us against 753.6); the block-row knobs
 # off_tile "tight" + diag_cols "trans" on top of it gave 568beb4b (694.9 us, promoted); the same at 2 block
 # warps / 168 registers tied (695.4); the 2-warp scan was far slower in the dev rows (scan 372.6 vs 216.4 us).
-# Session 7: version 10 (scan_form "transition") lost in the dev rows (scan 245 / 208 us at 4 / 8 warps plus a
-# 54 us launch, against 209) and was removed. Next, unmeasured: version 11's lookahead step on the promoted
-# knobs, at 4 and 8 scan warps.
-TRY_EARLY = [
-    {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-     "scan_form": "lookahead"},
-    {"u_store": "bf16", "scan_warps": 8, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-     "scan_form": "lookahead"},
-]
+# Session 7: versions 10 and 11 (two other forms of the state pass's step) lost in the dev rows and the loop
+# (scan 245-401 us against 209) and were removed. Nothing new is queued.
+TRY_EARLY = []
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
@@ -868,42 +848,6 @@ def _kda_prep_kernel(
 # Stage 2: the sequential scan over chunks
 # ------------------------------------------------------------------------------------------
 @triton.jit
-def _scan_lookahead(S, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, NT, TP, rk, cv, rt,
-                    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
-    """Version 11's state pass (``scan_form="lookahead"``): carries S_n and delta_n = u_n - w_n S_n, and
-    forms delta_{n+1} from them, S_{n+1} = T + kd_n^T delta_n and
-    delta_{n+1} = u_{n+1} - w_{n+1} T - (w_{n+1} kd_n^T) delta_n with T = gl_n S_n, so that no product of
-    a step waits for another's result but C delta_n for C.  Every tile is loaded in the step that uses it
-    (chunk n's kd and gl, chunk n+1's w and u), so Triton pipelines them all.  Returns the final state."""
-    w_0 = tl.load(w_ptr + rt[:, None] * K + rk[None, :])
-    u_0 = tl.load(u_ptr + rt[:, None] * V + cv[None, :]).to(tl.float32)
-    d = u_0 - tl.dot(w_0, S.to(tl.bfloat16))
-    for n in range(NT):
-        row = n * BT + rt
-        nxt = row + BT
-        ok = (nxt < TP)[:, None]
-        kd_n = tl.load(kd_ptr + row[:, None] * K + rk[None, :])
-        gl_n = tl.load(gl_ptr + n * K + rk)
-        w_x = tl.load(w_ptr + nxt[:, None] * K + rk[None, :], mask=ok, other=0.0)
-        u_x = tl.load(u_ptr + nxt[:, None] * V + cv[None, :], mask=ok, other=0.0).to(tl.float32)
-        tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
-        kt = tl.trans(kd_n)
-        T = S * gl_n[:, None]
-        # products with no state in them, or only with S_n / delta_n: issued before the one wgmma waits
-        c = tl.dot(w_x, kt)  # [BT, BT], w_{n+1} kd_n^T
-        ws = tl.dot(w_x, T.to(tl.bfloat16))
-        d_hi, d_lo = _split(d)
-        S = tl.dot(kt, d_hi, T)
-        S = tl.dot(kt, d_lo, S)
-        c_b = c.to(tl.bfloat16)
-        cd = tl.dot(c_b, d_hi)
-        cd = tl.dot(c_b, d_lo, cd)
-        # (u - ws) - cd, not u - (ws + cd): an add onto a product's result would be folded into its accumulator
-        d = (u_x - ws) - cd
-    return S
-
-
-@triton.jit
 def _kda_scan_kernel(
     w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, gl_ptr, au_ptr,
     h0_ptr, ht_ptr, o_ptr, hbuf_ptr, dbuf_ptr,
@@ -911,7 +855,7 @@ def _kda_scan_kernel(
     s_ob, s_ot, s_oh,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     LAYOUT: tl.constexpr, FUSE_OUT: tl.constexpr, SPLIT_S: tl.constexpr,
-    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRE: tl.constexpr, LOOK: tl.constexpr = False,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRE: tl.constexpr,
 ):
     """One program per (V-block, batch*head) walks the chunks in order.  LAYOUT 0 keeps the
     state as S [K, BV]; LAYOUT 1 as S^T [BV, K], so that the state and delta are the
@@ -920,8 +864,7 @@ def _kda_scan_kernel(
     read-out's Aqk delta three (Aqk arrives as hi and lo halves); products with the state use
     the split too when SPLIT_S, else the state rounded to bf16.  No tf32 anywhere.  With PRE the
     read-out is o = qd' S + au (qd' = qd - Aqk w and au = Aqk u from the preparation): no Aqk
-    tiles, no products with delta but the state update's.  LOOK (``scan_form="lookahead"``,
-    version 11; LAYOUT 0, PRE, unfused, state products in bf16 only): ``_scan_lookahead`` instead."""
+    tiles, no products with delta but the state update's."""
     i_v = tl.program_id(0).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -954,97 +897,94 @@ def _kda_scan_kernel(
     dbuf_ptr += i_bh * TP * V
     hbuf_ptr += i_bh * NT * K * V
 
-    if LOOK:
-        S = _scan_lookahead(S, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, NT, TP, rk, cv, rt, K, V, BT, BV)
-    else:
-        for n in range(NT):
-            # Everything the read-out needs is loaded first and the read-out computed last (from
-            # the state entering the chunk), so that its loads -- au is not pipelined by Triton --
-            # overlap the S -> delta -> S chain instead of stalling it.
-            row = n * BT + rt
-            p_k = row[:, None] * K + rk[None, :]
-            w_n = tl.load(w_ptr + p_k)
-            kd_n = tl.load(kd_ptr + p_k)
-            gl_n = tl.load(gl_ptr + n * K + rk)
-            if LAYOUT == 0:
-                u_n = tl.load(u_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
-                if FUSE_OUT:
-                    qd_n = tl.load(qd_ptr + p_k)
-                    if PRE:
-                        o_n = tl.load(au_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
-                    else:
-                        o_n = tl.zeros([BT, BV], dtype=tl.float32)
-                        p_a = aqk_ptr + row[:, None] * BT + ct[None, :]
-                        a_hi = tl.load(p_a)
-                        a_lo = tl.load(p_a + lo_off)
-                if SPLIT_S:
-                    s_hi, s_lo = _split(S)
-                    ws = tl.dot(w_n, s_hi)
-                    ws = tl.dot(w_n, s_lo, ws)
+    for n in range(NT):
+        # Everything the read-out needs is loaded first and the read-out computed last (from
+        # the state entering the chunk), so that its loads -- au is not pipelined by Triton --
+        # overlap the S -> delta -> S chain instead of stalling it.
+        row = n * BT + rt
+        p_k = row[:, None] * K + rk[None, :]
+        w_n = tl.load(w_ptr + p_k)
+        kd_n = tl.load(kd_ptr + p_k)
+        gl_n = tl.load(gl_ptr + n * K + rk)
+        if LAYOUT == 0:
+            u_n = tl.load(u_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
+            if FUSE_OUT:
+                qd_n = tl.load(qd_ptr + p_k)
+                if PRE:
+                    o_n = tl.load(au_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
                 else:
-                    s_hi = S.to(tl.bfloat16)
-                    ws = tl.dot(w_n, s_hi)
-                d = u_n - ws  # [BT, BV]
-                d_hi, d_lo = _split(d)
-                if not FUSE_OUT:
-                    tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
-                    if not PRE:
-                        tl.store(dbuf_ptr + row[:, None] * V + cv[None, :], d)
-                kt = tl.trans(kd_n)
-                upd = tl.dot(kt, d_hi)
-                upd = tl.dot(kt, d_lo, upd)
-                S_next = S * gl_n[:, None] + upd
-                if FUSE_OUT:
-                    o_n = tl.dot(qd_n, s_hi, o_n)
-                    if SPLIT_S:
-                        o_n = tl.dot(qd_n, s_lo, o_n)
-                    if not PRE:
-                        o_n = tl.dot(a_hi, d_hi, o_n)
-                        o_n = tl.dot(a_hi, d_lo, o_n)
-                        o_n = tl.dot(a_lo, d_hi, o_n)
-                    tl.store(o_ptr + row[:, None] * s_ot + cv[None, :], o_n.to(o_ptr.dtype.element_ty),
-                             mask=(row < T)[:, None])
-                S = S_next
+                    o_n = tl.zeros([BT, BV], dtype=tl.float32)
+                    p_a = aqk_ptr + row[:, None] * BT + ct[None, :]
+                    a_hi = tl.load(p_a)
+                    a_lo = tl.load(p_a + lo_off)
+            if SPLIT_S:
+                s_hi, s_lo = _split(S)
+                ws = tl.dot(w_n, s_hi)
+                ws = tl.dot(w_n, s_lo, ws)
             else:
-                u_t = tl.load(u_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
-                if FUSE_OUT:
-                    qd_n = tl.load(qd_ptr + p_k)
-                    if PRE:
-                        o_t = tl.load(au_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
-                    else:
-                        o_t = tl.zeros([BV, BT], dtype=tl.float32)
-                        p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
-                        a_hi = tl.load(p_a)
-                        a_lo = tl.load(p_a + lo_off)
-                wt = tl.trans(w_n)
+                s_hi = S.to(tl.bfloat16)
+                ws = tl.dot(w_n, s_hi)
+            d = u_n - ws  # [BT, BV]
+            d_hi, d_lo = _split(d)
+            if not FUSE_OUT:
+                tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
+                if not PRE:
+                    tl.store(dbuf_ptr + row[:, None] * V + cv[None, :], d)
+            kt = tl.trans(kd_n)
+            upd = tl.dot(kt, d_hi)
+            upd = tl.dot(kt, d_lo, upd)
+            S_next = S * gl_n[:, None] + upd
+            if FUSE_OUT:
+                o_n = tl.dot(qd_n, s_hi, o_n)
                 if SPLIT_S:
-                    s_hi, s_lo = _split(S)
-                    ws = tl.dot(s_hi, wt)
-                    ws = tl.dot(s_lo, wt, ws)
+                    o_n = tl.dot(qd_n, s_lo, o_n)
+                if not PRE:
+                    o_n = tl.dot(a_hi, d_hi, o_n)
+                    o_n = tl.dot(a_hi, d_lo, o_n)
+                    o_n = tl.dot(a_lo, d_hi, o_n)
+                tl.store(o_ptr + row[:, None] * s_ot + cv[None, :], o_n.to(o_ptr.dtype.element_ty),
+                         mask=(row < T)[:, None])
+            S = S_next
+        else:
+            u_t = tl.load(u_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
+            if FUSE_OUT:
+                qd_n = tl.load(qd_ptr + p_k)
+                if PRE:
+                    o_t = tl.load(au_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
                 else:
-                    s_hi = S.to(tl.bfloat16)
-                    ws = tl.dot(s_hi, wt)
-                d = u_t - ws  # [BV, BT]
-                d_hi, d_lo = _split(d)
-                if not FUSE_OUT:
-                    tl.store(hbuf_ptr + n * K * V + rk[None, :] * V + cv[:, None], S.to(hbuf_ptr.dtype.element_ty))
-                    if not PRE:
-                        tl.store(dbuf_ptr + row[None, :] * V + cv[:, None], d)
-                upd = tl.dot(d_hi, kd_n)
-                upd = tl.dot(d_lo, kd_n, upd)
-                S_next = S * gl_n[None, :] + upd
-                if FUSE_OUT:
-                    qt = tl.trans(qd_n)
-                    o_t = tl.dot(s_hi, qt, o_t)
-                    if SPLIT_S:
-                        o_t = tl.dot(s_lo, qt, o_t)
-                    if not PRE:
-                        o_t = tl.dot(d_hi, a_hi, o_t)
-                        o_t = tl.dot(d_lo, a_hi, o_t)
-                        o_t = tl.dot(d_hi, a_lo, o_t)
-                    tl.store(o_ptr + row[None, :] * s_ot + cv[:, None], o_t.to(o_ptr.dtype.element_ty),
-                             mask=(row < T)[None, :])
-                S = S_next
+                    o_t = tl.zeros([BV, BT], dtype=tl.float32)
+                    p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
+                    a_hi = tl.load(p_a)
+                    a_lo = tl.load(p_a + lo_off)
+            wt = tl.trans(w_n)
+            if SPLIT_S:
+                s_hi, s_lo = _split(S)
+                ws = tl.dot(s_hi, wt)
+                ws = tl.dot(s_lo, wt, ws)
+            else:
+                s_hi = S.to(tl.bfloat16)
+                ws = tl.dot(s_hi, wt)
+            d = u_t - ws  # [BV, BT]
+            d_hi, d_lo = _split(d)
+            if not FUSE_OUT:
+                tl.store(hbuf_ptr + n * K * V + rk[None, :] * V + cv[:, None], S.to(hbuf_ptr.dtype.element_ty))
+                if not PRE:
+                    tl.store(dbuf_ptr + row[None, :] * V + cv[:, None], d)
+            upd = tl.dot(d_hi, kd_n)
+            upd = tl.dot(d_lo, kd_n, upd)
+            S_next = S * gl_n[None, :] + upd
+            if FUSE_OUT:
+                qt = tl.trans(qd_n)
+                o_t = tl.dot(s_hi, qt, o_t)
+                if SPLIT_S:
+                    o_t = tl.dot(s_lo, qt, o_t)
+                if not PRE:
+                    o_t = tl.dot(d_hi, a_hi, o_t)
+                    o_t = tl.dot(d_lo, a_hi, o_t)
+                    o_t = tl.dot(d_hi, a_lo, o_t)
+                tl.store(o_ptr + row[None, :] * s_ot + cv[:, None], o_t.to(o_ptr.dtype.element_ty),
+                         mask=(row < T)[None, :])
+            S = S_next
 
     if STORE_HT:
         tl.store(ht_ptr + state_off, S)
@@ -1104,13 +1044,12 @@ def _pow2(x: int) -> bool:
 def _plan(K: int, V: int, knobs: dict) -> dict:
     """Check a knob combination against a shape; return the launch plan or raise ValueError."""
     # knob dicts written before version 7 / 8 lack "pair", "solve_stages" and "u_store"
-    knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "off_tile": "chunk", "diag_cols": "load",
-             "scan_form": "delta", **knobs}
+    knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "off_tile": "chunk", "diag_cols": "load", **knobs}
     # a name this file lacks would be ignored silently: version 9's scan_pair=True would time the default
     unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
-        raise ValueError(f"unknown knob(s) {unknown} (scan_pair and pair_merge were removed after session 6; "
-                         "kernels/notes/kda.md)")
+        raise ValueError(f"unknown knob(s) {unknown} (scan_pair and pair_merge were removed after session 6, "
+                         "scan_form after session 7; kernels/notes/kda.md)")
     # combinations the CPU interpreter passes but the H200 computed wrongly: refused by name
     if knobs.get("subst") == "direct":
         raise ValueError("subst='direct' computes wrong outputs on the H200 (results/runs/kda-h200: "
@@ -1150,12 +1089,6 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         raise ValueError(f"solve_stages={knobs.get('solve_stages')} is not served at BT=64 with solve_maxnreg=128 "
                          "(the solve spills 336-376 B per thread there on sm_90 at every stage count; pipelining "
                          "adds 16-32 KB of shared memory on top)")
-    # version 11's lookahead step is written for the state as S [K, BV] with the separate read-out
-    # o = qd' h + au (the fused and "aqk" read-outs would need delta_n in the step that forms delta_{n+1})
-    if knobs.get("scan_form") == "lookahead" and (knobs.get("readout") != "pre" or knobs.get("scan_layout") != "kv"
-                                                  or knobs.get("fuse_output")):
-        raise ValueError("scan_form='lookahead' is served with readout='pre', scan_layout='kv' and fuse_output=False "
-                         "only (the fused and 'aqk' read-outs are not written for it, nor the 'vk' layout)")
     for name, choices in SPACE.items():
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
@@ -1212,7 +1145,6 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "fuse": fuse, "split": split, "scan_stages": stages,
         "solve_stages": knobs["solve_stages"], "u_bf16": knobs["u_store"] == "bf16",
         "layout": 0 if knobs["scan_layout"] == "kv" else 1,
-        "LOOK": knobs["scan_form"] == "lookahead",
     }
 
 
@@ -1320,7 +1252,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             o.stride(0), o.stride(1), o.stride(2),
             K=K, V=V, BT=BT, BV=BV,
             LAYOUT=plan["layout"], FUSE_OUT=fuse, SPLIT_S=plan["split"],
-            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"], LOOK=plan["LOOK"],
+            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"],
             num_warps=kn["scan_warps"], num_stages=plan["scan_stages"],
         )
         if not fuse:
