@@ -10,7 +10,8 @@
 #                           up to BUDGET tool calls, judge in quick mode, best promoted to kernels/best/
 #                           (flash-linear-attention is NOT importable here: its first call autotunes
 #                           for 85 s on a fresh machine; the judge caches that choice on disk, but a
-#                           short loop still pays for it once)
+#                           short loop still pays for it once; KOPT_EVAL_TIMEOUT overrides the 900 s
+#                           limit on one evaluation)
 #   bench:EXPR              benchmarks/test_headline.py -k EXPR, JSON to $OUT/bench-<EXPR>.json (stopped with
 #                           SIGINT at the limit, so the tests that finished are still saved; `-k kda`
 #                           needs ~400 s on a fresh machine: fla autotunes, references are slow at the big shapes)
@@ -34,6 +35,7 @@ while [ $# -ge 2 ]; do
       [ -f "results/runs/$run/events.jsonl" ] && resume="--kopt-resume"
       timeout -s INT -k 30 "$secs" python3 -m pytest $PLUGIN -q -p no:cacheprovider \
         --kopt-optimize="$problem" --kopt-budget="$budget" --kopt-quick --kopt-promote \
+        --kopt-eval-timeout="${KOPT_EVAL_TIMEOUT:-900}" \
         --kopt-run-dir="results/runs/$run" $resume ;;
     bench:*)
       expr=${job#bench:}

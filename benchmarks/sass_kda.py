@@ -144,8 +144,8 @@ def build_all(fam, knobs: dict, shape: dict) -> dict:
     vs = (T * H * V, H * V, V)
     bs = (T * H, H, 1)
     prep = {"q_ptr": B16, "k_ptr": B16, "v_ptr": B16, "g_ptr": P, "beta_ptr": B16, "w_ptr": B16, "u_ptr": U,
-            "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "akk_ptr": P, "gl_ptr": P, "au_ptr": AU, "ready_ptr": "*i32",
-            "scale": float(K ** -0.5), "T": T, "TP": TP, "NT": NT, "H": H, "lo_off": BH * TP * BT, "n_bh": BH}
+            "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "akk_ptr": P, "gl_ptr": P, "au_ptr": AU,
+            "scale": float(K ** -0.5), "T": T, "TP": TP, "NT": NT, "H": H, "lo_off": BH * TP * BT}
     for pre, st in (("q", qs), ("k", qs), ("v", vs), ("g", qs), ("b", bs)):
         prep.update({f"s_{pre}b": st[0], f"s_{pre}t": st[1], f"s_{pre}h": st[2]})
     pmeta = dict(K=K, V=V, BT=BT, BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"], DK=plan["DK"],
@@ -157,29 +157,26 @@ def build_all(fam, knobs: dict, shape: dict) -> dict:
     out = {}
     out["rows"] = (compile_kernel(fam._kda_prep_kernel, prep, {**pmeta, "STAGE": 1}, kn["block_warps"], 1,
                                   kn["block_maxnreg"] or None), rows_grid, kn["block_warps"])
-    ov = kn.get("overlap", "off")
-    side = dict(PERSISTENT=ov != "off", TRIGGER=ov != "off")  # version 12's producer, as launched on a GPU
-    out["solve"] = (compile_kernel(fam._kda_prep_kernel, prep, {**pmeta, "STAGE": 2, **side}, kn["solve_warps"],
+    out["solve"] = (compile_kernel(fam._kda_prep_kernel, prep, {**pmeta, "STAGE": 2}, kn["solve_warps"],
                                    plan.get("solve_stages", 1),
                                    kn["solve_maxnreg"] or None), NT * BH, kn["solve_warps"])
     split = plan["split"]
     common = {"T": T, "TP": TP, "NT": NT, "H": H, "lo_off": BH * TP * BT, "s_ob": vs[0], "s_ot": vs[1], "s_oh": vs[2]}
     scan = {"w_ptr": B16, "u_ptr": U, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "au_ptr": AU,
             "h0_ptr": B16, "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if split else B16, "dbuf_ptr": P,
-            "flags_ptr": "*i32", **common}
+            "done_ptr": "*i32", **common}
     BV = plan["BV"]
+    beside = bool(kn.get("out_beside"))  # version 12b, as launched on a GPU
     out["scan"] = (compile_kernel(fam._kda_scan_kernel, scan,
                                   dict(K=K, V=V, BT=BT, BV=BV, LAYOUT=plan["layout"], FUSE_OUT=False, SPLIT_S=split,
-                                       USE_H0=False, STORE_HT=True, PRE=plan["PRE"], WAIT=ov != "off",
-                                       PUBLISH=ov == "scan+out", TRIGGER=ov == "scan+out"),
-                                  kn["scan_warps"], plan["scan_stages"], 128 if ov != "off" else None),
-                   -(-V // BV) * BH, kn["scan_warps"])
+                                       USE_H0=False, STORE_HT=True, PRE=plan["PRE"], PUBLISH=beside, TRIGGER=beside),
+                                  kn["scan_warps"], plan["scan_stages"]), -(-V // BV) * BH, kn["scan_warps"])
     OBV = plan["OUT_BV"]
     o_args = {"qd_ptr": B16, "aqk_ptr": B16, "hbuf_ptr": P if split else B16, "dbuf_ptr": P, "o_ptr": B16,
-              "au_ptr": AU, "flags_ptr": "*i32", **common, "n_scan_v": -(-V // BV)}
+              "au_ptr": AU, "done_ptr": "*i32", **common, "n_scan_v": -(-V // BV)}
     out["out"] = (compile_kernel(fam._kda_out_kernel, o_args,
-                                 dict(K=K, V=V, BT=BT, BV=OBV, SPLIT_S=split, PRE=plan["PRE"], WAIT=ov == "scan+out",
-                                      SCAN_BV=BV), kn["out_warps"], 2),
+                                 dict(K=K, V=V, BT=BT, BV=OBV, SPLIT_S=split, PRE=plan["PRE"], WAIT=beside, SCAN_BV=BV),
+                                 kn["out_warps"], 2),
                   NT * -(-V // OBV) * BH, kn["out_warps"])
     return {"plan": plan, "knobs": kn, "NT": NT, "kernels": out}
 
@@ -471,7 +468,7 @@ def analyse(knobs: dict, shape: dict, workdir: Path, measured: dict | None = Non
         "solve": ({source_line(src, "_solve_wy", r"for ks in range\(0, K, BK\)"): -(-K // plan["BKP"]),
                    source_line(src, "_solve_wy", r"for vs in range\(0, V, BVP\)"): -(-V // plan["BVP"])}, {}),
         "scan": ({source_line(src, "_kda_scan_kernel",
-                              r"for n in range\(NT\)"): built["NT"]}, {}),
+                              r"for n in range\(first, last\)"): built["NT"]}, {}),
         "out": ({}, {}),
     }
     res = {"knobs": {k: kn[k] for k in sorted(kn)}, "shape": shape, "pairwise_fraction": p_pair, "stages": {}}
