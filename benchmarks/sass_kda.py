@@ -99,11 +99,8 @@ def compile_kernel(fn, args: dict, constexprs: dict, warps: int, stages: int, ma
     from triton.compiler import ASTSource
 
     sig, attrs, consts = {}, {}, dict(constexprs)
-    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
     for i, name in enumerate(fn.arg_names):
-        if name not in constexprs and name not in args and name in defaults:
-            consts[name] = defaults[name]  # a constexpr the launch leaves at its default
-        if name in consts:
+        if name in constexprs:
             sig[name] = "constexpr"
             continue
         v = args[name]
@@ -164,19 +161,17 @@ def build_all(fam, knobs: dict, shape: dict) -> dict:
     common = {"T": T, "TP": TP, "NT": NT, "H": H, "lo_off": BH * TP * BT, "s_ob": vs[0], "s_ot": vs[1], "s_oh": vs[2]}
     scan = {"w_ptr": B16, "u_ptr": U, "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "gl_ptr": P, "au_ptr": AU,
             "h0_ptr": B16, "ht_ptr": P, "o_ptr": B16, "hbuf_ptr": P if split else B16, "dbuf_ptr": P,
-            "done_ptr": "*i32", **common}
+            **common}
     BV = plan["BV"]
-    beside = bool(kn.get("out_beside"))  # version 12b, as launched on a GPU
     out["scan"] = (compile_kernel(fam._kda_scan_kernel, scan,
                                   dict(K=K, V=V, BT=BT, BV=BV, LAYOUT=plan["layout"], FUSE_OUT=False, SPLIT_S=split,
-                                       USE_H0=False, STORE_HT=True, PRE=plan["PRE"], PUBLISH=beside, TRIGGER=beside),
+                                       USE_H0=False, STORE_HT=True, PRE=plan["PRE"]),
                                   kn["scan_warps"], plan["scan_stages"]), -(-V // BV) * BH, kn["scan_warps"])
     OBV = plan["OUT_BV"]
     o_args = {"qd_ptr": B16, "aqk_ptr": B16, "hbuf_ptr": P if split else B16, "dbuf_ptr": P, "o_ptr": B16,
-              "au_ptr": AU, "done_ptr": "*i32", **common, "n_scan_v": -(-V // BV)}
+              "au_ptr": AU, **common}
     out["out"] = (compile_kernel(fam._kda_out_kernel, o_args,
-                                 dict(K=K, V=V, BT=BT, BV=OBV, SPLIT_S=split, PRE=plan["PRE"], WAIT=beside, SCAN_BV=BV),
-                                 kn["out_warps"], 2),
+                                 dict(K=K, V=V, BT=BT, BV=OBV, SPLIT_S=split, PRE=plan["PRE"]), kn["out_warps"], 2),
                   NT * -(-V // OBV) * BH, kn["out_warps"])
     return {"plan": plan, "knobs": kn, "NT": NT, "kernels": out}
 
@@ -468,7 +463,7 @@ def analyse(knobs: dict, shape: dict, workdir: Path, measured: dict | None = Non
         "solve": ({source_line(src, "_solve_wy", r"for ks in range\(0, K, BK\)"): -(-K // plan["BKP"]),
                    source_line(src, "_solve_wy", r"for vs in range\(0, V, BVP\)"): -(-V // plan["BVP"])}, {}),
         "scan": ({source_line(src, "_kda_scan_kernel",
-                              r"for n in range\(first, last\)"): built["NT"]}, {}),
+                              r"for n in range\(NT\)"): built["NT"]}, {}),
         "out": ({}, {}),
     }
     res = {"knobs": {k: kn[k] for k in sorted(kn)}, "shape": shape, "pairwise_fraction": p_pair, "stages": {}}

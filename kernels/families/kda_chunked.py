@@ -141,6 +141,11 @@ and 11 (``"lookahead"``: the next chunk's delta formed from this chunk's state a
 products are independent) ran on the H200 in session 7 and were removed with the knob: their scans took
 245 / 208 us (4 / 8 warps, plus 54 us for P's launch) and 371 / 401 us against the default's 209
 (kernels/notes/kda.md, "Versions 10 and 11 measured on the H200").
+
+Versions 12 (``overlap``: the scan launched beside a persistent, chunk-ordered solve, waiting on per-chunk
+flags) and 12b (``out_beside``: the read-out launched beside the scan) ran on the H200 in session 8 and were
+removed with their knobs: both computed bit-identical outputs, but sharing the SMs slowed the scan (and the
+solve) by more than the overlap saved (kernels/notes/kda.md, "Versions 12 and 12b measured on the H200").
 """
 
 import math
@@ -180,7 +185,6 @@ KNOBS = {
     "u_store": "fp32",
     "off_tile": "chunk",
     "diag_cols": "load",
-    "out_beside": False,
 }
 # kopt:knobs-end
 SPACE = {
@@ -220,9 +224,6 @@ SPACE = {
     # transposed and summed again; "trans" = tl.trans of the row side's tile (sm_90: -1.2 K of 16.3 K
     # warp-instructions per block-row program, benchmarks/sass_kda.py)
     "diag_cols": ["load", "trans"],
-    # session 8 (version 12b): the read-out launched beside the scan (programmatic dependent launch), each chunk
-    # read out as soon as the scan has stored the state entering it (on the CPU interpreter: one after the other)
-    "out_beside": [False, True],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
 # (when, then) pair mirrors one of _plan's checks below, which stay the authority;
@@ -235,7 +236,6 @@ REQUIRES = [
     ({"fuse_prep": True}, {"BT": [32], "subst": ["rows"], "block_prog": ["row"], "block_warps": [4]}),
     ({"solve_stages": [2, 3], "BT": 64}, {"solve_maxnreg": [0]}),
     ({"off_tile": "tight"}, {"block_prog": ["row"], "BT": [32]}),
-    ({"out_beside": True}, {"fuse_output": [False]}),
 ]
 # Measured by the search loop right after the defaults. Session 4 (results/runs/kda-h200-2, judge timer,
 # geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then pair split
@@ -248,8 +248,9 @@ REQUIRES = [
 # off_tile "tight" + diag_cols "trans" on top of it gave 568beb4b (694.9 us, promoted); the same at 2 block
 # warps / 168 registers tied (695.4); the 2-warp scan was far slower in the dev rows (scan 372.6 vs 216.4 us).
 # Session 7: versions 10 and 11 (two other forms of the state pass's step) lost in the dev rows and the loop
-# (scan 245-401 us against 209) and were removed. Session 8: version 12b (out_beside) on the promoted knobs.
-TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans", "out_beside": True}]
+# (scan 245-401 us against 209) and were removed. Session 8: versions 12 (the scan beside a persistent solve) and
+# 12b (the read-out beside the scan) were right but slower (740-910 and 737 us against 716-725) and were removed.
+TRY_EARLY = []
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
@@ -402,24 +403,6 @@ def _dotp(a, b, acc, TF32: tl.constexpr):
         return tl.dot(a, b, acc, input_precision="tf32")
     else:
         return _dot3(a, b, acc)
-
-
-@triton.jit
-def _await(flag_ptr, target):
-    """Wait until the int32 at ``flag_ptr`` (set with release by a program of another launch) is at
-    least ``target``.  Returns 0 computed from the value read: a load addressed with it cannot be
-    issued before the wait (version 12b)."""
-    seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu")
-    while seen < target:
-        seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu")
-    return tl.minimum(seen - target, 0)
-
-
-@triton.jit
-def _publish(flag_ptr, value):
-    """Set a flag once every thread's stores before it are visible to a program that awaits it."""
-    tl.debug_barrier()
-    tl.atomic_xchg(flag_ptr, value, sem="release", scope="gpu")
 
 
 @triton.jit
@@ -873,13 +856,12 @@ def _kda_prep_kernel(
 @triton.jit
 def _kda_scan_kernel(
     w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, gl_ptr, au_ptr,
-    h0_ptr, ht_ptr, o_ptr, hbuf_ptr, dbuf_ptr, done_ptr,
+    h0_ptr, ht_ptr, o_ptr, hbuf_ptr, dbuf_ptr,
     T, TP, NT, H, lo_off,
     s_ob, s_ot, s_oh,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     LAYOUT: tl.constexpr, FUSE_OUT: tl.constexpr, SPLIT_S: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRE: tl.constexpr,
-    PUBLISH: tl.constexpr = False, TRIGGER: tl.constexpr = False, PUB_EVERY: tl.constexpr = 16,
 ):
     """One program per (V-block, batch*head) walks the chunks in order.  LAYOUT 0 keeps the
     state as S [K, BV]; LAYOUT 1 as S^T [BV, K], so that the state and delta are the
@@ -888,12 +870,7 @@ def _kda_scan_kernel(
     read-out's Aqk delta three (Aqk arrives as hi and lo halves); products with the state use
     the split too when SPLIT_S, else the state rounded to bf16.  No tf32 anywhere.  With PRE the
     read-out is o = qd' S + au (qd' = qd - Aqk w and au = Aqk u from the preparation): no Aqk
-    tiles, no products with delta but the state update's.
-    Version 12b, PUBLISH: every PUB_EVERY chunks (and after the last) the program stores in
-    done_ptr[bh * n_vblocks + v] how many chunks' states (and deltas) it has stored, for a read-out
-    launched beside it; TRIGGER (GPU) lets that launch start at once."""
-    if TRIGGER:
-        tl.extra.cuda.gdc_launch_dependents()
+    tiles, no products with delta but the state update's."""
     i_v = tl.program_id(0).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -926,103 +903,94 @@ def _kda_scan_kernel(
     dbuf_ptr += i_bh * TP * V
     hbuf_ptr += i_bh * NT * K * V
 
-    # with PUBLISH the chunks are walked in groups of PUB_EVERY, each group's progress published after
-    # its loop: an atomic inside the loop would stop Triton from pipelining the loop's loads
-    group: tl.constexpr = PUB_EVERY if PUBLISH else 1
-    n_groups = tl.cdiv(NT, group) if PUBLISH else 1
-    for gi in range(n_groups):
-        first = gi * group if PUBLISH else 0
-        last = tl.minimum(first + group, NT) if PUBLISH else NT
-        for n in range(first, last):
-            # Everything the read-out needs is loaded first and the read-out computed last (from
-            # the state entering the chunk), so that its loads -- au is not pipelined by Triton --
-            # overlap the S -> delta -> S chain instead of stalling it.
-            row = n * BT + rt
-            p_k = row[:, None] * K + rk[None, :]
-            w_n = tl.load(w_ptr + p_k)
-            kd_n = tl.load(kd_ptr + p_k)
-            gl_n = tl.load(gl_ptr + n * K + rk)
-            if LAYOUT == 0:
-                u_n = tl.load(u_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
-                if FUSE_OUT:
-                    qd_n = tl.load(qd_ptr + p_k)
-                    if PRE:
-                        o_n = tl.load(au_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
-                    else:
-                        o_n = tl.zeros([BT, BV], dtype=tl.float32)
-                        p_a = aqk_ptr + row[:, None] * BT + ct[None, :]
-                        a_hi = tl.load(p_a)
-                        a_lo = tl.load(p_a + lo_off)
-                if SPLIT_S:
-                    s_hi, s_lo = _split(S)
-                    ws = tl.dot(w_n, s_hi)
-                    ws = tl.dot(w_n, s_lo, ws)
+    for n in range(NT):
+        # Everything the read-out needs is loaded first and the read-out computed last (from
+        # the state entering the chunk), so that its loads -- au is not pipelined by Triton --
+        # overlap the S -> delta -> S chain instead of stalling it.
+        row = n * BT + rt
+        p_k = row[:, None] * K + rk[None, :]
+        w_n = tl.load(w_ptr + p_k)
+        kd_n = tl.load(kd_ptr + p_k)
+        gl_n = tl.load(gl_ptr + n * K + rk)
+        if LAYOUT == 0:
+            u_n = tl.load(u_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
+            if FUSE_OUT:
+                qd_n = tl.load(qd_ptr + p_k)
+                if PRE:
+                    o_n = tl.load(au_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
                 else:
-                    s_hi = S.to(tl.bfloat16)
-                    ws = tl.dot(w_n, s_hi)
-                d = u_n - ws  # [BT, BV]
-                d_hi, d_lo = _split(d)
-                if not FUSE_OUT:
-                    tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
-                    if not PRE:
-                        tl.store(dbuf_ptr + row[:, None] * V + cv[None, :], d)
-                kt = tl.trans(kd_n)
-                upd = tl.dot(kt, d_hi)
-                upd = tl.dot(kt, d_lo, upd)
-                S_next = S * gl_n[:, None] + upd
-                if FUSE_OUT:
-                    o_n = tl.dot(qd_n, s_hi, o_n)
-                    if SPLIT_S:
-                        o_n = tl.dot(qd_n, s_lo, o_n)
-                    if not PRE:
-                        o_n = tl.dot(a_hi, d_hi, o_n)
-                        o_n = tl.dot(a_hi, d_lo, o_n)
-                        o_n = tl.dot(a_lo, d_hi, o_n)
-                    tl.store(o_ptr + row[:, None] * s_ot + cv[None, :], o_n.to(o_ptr.dtype.element_ty),
-                             mask=(row < T)[:, None])
-                S = S_next
+                    o_n = tl.zeros([BT, BV], dtype=tl.float32)
+                    p_a = aqk_ptr + row[:, None] * BT + ct[None, :]
+                    a_hi = tl.load(p_a)
+                    a_lo = tl.load(p_a + lo_off)
+            if SPLIT_S:
+                s_hi, s_lo = _split(S)
+                ws = tl.dot(w_n, s_hi)
+                ws = tl.dot(w_n, s_lo, ws)
             else:
-                u_t = tl.load(u_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
-                if FUSE_OUT:
-                    qd_n = tl.load(qd_ptr + p_k)
-                    if PRE:
-                        o_t = tl.load(au_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
-                    else:
-                        o_t = tl.zeros([BV, BT], dtype=tl.float32)
-                        p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
-                        a_hi = tl.load(p_a)
-                        a_lo = tl.load(p_a + lo_off)
-                wt = tl.trans(w_n)
+                s_hi = S.to(tl.bfloat16)
+                ws = tl.dot(w_n, s_hi)
+            d = u_n - ws  # [BT, BV]
+            d_hi, d_lo = _split(d)
+            if not FUSE_OUT:
+                tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
+                if not PRE:
+                    tl.store(dbuf_ptr + row[:, None] * V + cv[None, :], d)
+            kt = tl.trans(kd_n)
+            upd = tl.dot(kt, d_hi)
+            upd = tl.dot(kt, d_lo, upd)
+            S_next = S * gl_n[:, None] + upd
+            if FUSE_OUT:
+                o_n = tl.dot(qd_n, s_hi, o_n)
                 if SPLIT_S:
-                    s_hi, s_lo = _split(S)
-                    ws = tl.dot(s_hi, wt)
-                    ws = tl.dot(s_lo, wt, ws)
+                    o_n = tl.dot(qd_n, s_lo, o_n)
+                if not PRE:
+                    o_n = tl.dot(a_hi, d_hi, o_n)
+                    o_n = tl.dot(a_hi, d_lo, o_n)
+                    o_n = tl.dot(a_lo, d_hi, o_n)
+                tl.store(o_ptr + row[:, None] * s_ot + cv[None, :], o_n.to(o_ptr.dtype.element_ty),
+                         mask=(row < T)[:, None])
+            S = S_next
+        else:
+            u_t = tl.load(u_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
+            if FUSE_OUT:
+                qd_n = tl.load(qd_ptr + p_k)
+                if PRE:
+                    o_t = tl.load(au_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
                 else:
-                    s_hi = S.to(tl.bfloat16)
-                    ws = tl.dot(s_hi, wt)
-                d = u_t - ws  # [BV, BT]
-                d_hi, d_lo = _split(d)
-                if not FUSE_OUT:
-                    tl.store(hbuf_ptr + n * K * V + rk[None, :] * V + cv[:, None], S.to(hbuf_ptr.dtype.element_ty))
-                    if not PRE:
-                        tl.store(dbuf_ptr + row[None, :] * V + cv[:, None], d)
-                upd = tl.dot(d_hi, kd_n)
-                upd = tl.dot(d_lo, kd_n, upd)
-                S_next = S * gl_n[None, :] + upd
-                if FUSE_OUT:
-                    qt = tl.trans(qd_n)
-                    o_t = tl.dot(s_hi, qt, o_t)
-                    if SPLIT_S:
-                        o_t = tl.dot(s_lo, qt, o_t)
-                    if not PRE:
-                        o_t = tl.dot(d_hi, a_hi, o_t)
-                        o_t = tl.dot(d_lo, a_hi, o_t)
-                        o_t = tl.dot(d_hi, a_lo, o_t)
-                    tl.store(o_ptr + row[None, :] * s_ot + cv[:, None], o_t.to(o_ptr.dtype.element_ty),
-                             mask=(row < T)[None, :])
-                S = S_next
-        if PUBLISH:
-            _publish(done_ptr + i_bh * tl.num_programs(0) + i_v, last)
+                    o_t = tl.zeros([BV, BT], dtype=tl.float32)
+                    p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
+                    a_hi = tl.load(p_a)
+                    a_lo = tl.load(p_a + lo_off)
+            wt = tl.trans(w_n)
+            if SPLIT_S:
+                s_hi, s_lo = _split(S)
+                ws = tl.dot(s_hi, wt)
+                ws = tl.dot(s_lo, wt, ws)
+            else:
+                s_hi = S.to(tl.bfloat16)
+                ws = tl.dot(s_hi, wt)
+            d = u_t - ws  # [BV, BT]
+            d_hi, d_lo = _split(d)
+            if not FUSE_OUT:
+                tl.store(hbuf_ptr + n * K * V + rk[None, :] * V + cv[:, None], S.to(hbuf_ptr.dtype.element_ty))
+                if not PRE:
+                    tl.store(dbuf_ptr + row[None, :] * V + cv[:, None], d)
+            upd = tl.dot(d_hi, kd_n)
+            upd = tl.dot(d_lo, kd_n, upd)
+            S_next = S * gl_n[None, :] + upd
+            if FUSE_OUT:
+                qt = tl.trans(qd_n)
+                o_t = tl.dot(s_hi, qt, o_t)
+                if SPLIT_S:
+                    o_t = tl.dot(s_lo, qt, o_t)
+                if not PRE:
+                    o_t = tl.dot(d_hi, a_hi, o_t)
+                    o_t = tl.dot(d_lo, a_hi, o_t)
+                    o_t = tl.dot(d_hi, a_lo, o_t)
+                tl.store(o_ptr + row[None, :] * s_ot + cv[:, None], o_t.to(o_ptr.dtype.element_ty),
+                         mask=(row < T)[None, :])
+            S = S_next
 
     if STORE_HT:
         tl.store(ht_ptr + state_off, S)
@@ -1033,36 +1001,23 @@ def _kda_scan_kernel(
 # ------------------------------------------------------------------------------------------
 @triton.jit
 def _kda_out_kernel(
-    qd_ptr, aqk_ptr, hbuf_ptr, dbuf_ptr, o_ptr, au_ptr, done_ptr,
-    T, TP, NT, H, lo_off, n_scan_v,
+    qd_ptr, aqk_ptr, hbuf_ptr, dbuf_ptr, o_ptr, au_ptr,
+    T, TP, NT, H, lo_off,
     s_ob, s_ot, s_oh,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, SPLIT_S: tl.constexpr,
-    PRE: tl.constexpr, WAIT: tl.constexpr = False, SCAN_BV: tl.constexpr = 16,
+    PRE: tl.constexpr,
 ):
-    """One program per (chunk, value tile, batch*head).  Version 12b, WAIT: launched beside the scan,
-    the grid is (value tiles, B*H, NT), so that programs start in chunk order, and each waits until
-    the scan programs of its value columns have stored its chunk's state."""
-    if WAIT:
-        i_v = tl.program_id(0).to(tl.int64)
-        i_bh = tl.program_id(1).to(tl.int64)
-        i_t = tl.program_id(2).to(tl.int64)
-    else:
-        i_t = tl.program_id(0).to(tl.int64)
-        i_v = tl.program_id(1).to(tl.int64)
-        i_bh = tl.program_id(2).to(tl.int64)
+    i_t = tl.program_id(0).to(tl.int64)
+    i_v = tl.program_id(1).to(tl.int64)
+    i_bh = tl.program_id(2).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
     rk = tl.arange(0, K)
     cv = i_v * BV + tl.arange(0, BV)
     rt = tl.arange(0, BT)
-    tc = i_t
-    if WAIT:  # every load below is addressed through tc, so none is issued before the waits
-        done = done_ptr + i_bh * n_scan_v + i_v * (BV // SCAN_BV)
-        for j in range(BV // SCAN_BV):
-            tc += _await(done + j, i_t + 1)
-    row = tc * BT + rt
+    row = i_t * BT + rt
     qd = tl.load(qd_ptr + (i_bh * TP + row)[:, None] * K + rk[None, :])
-    h = tl.load(hbuf_ptr + ((i_bh * NT + tc) * K + rk)[:, None] * V + cv[None, :])
+    h = tl.load(hbuf_ptr + ((i_bh * NT + i_t) * K + rk)[:, None] * V + cv[None, :])
     if PRE:
         o = tl.load(au_ptr + (i_bh * TP + row)[:, None] * V + cv[None, :]).to(tl.float32)
     else:
@@ -1094,14 +1049,13 @@ def _pow2(x: int) -> bool:
 
 def _plan(K: int, V: int, knobs: dict) -> dict:
     """Check a knob combination against a shape; return the launch plan or raise ValueError."""
-    # knob dicts written before version 7 / 8 / 12b lack "pair", "solve_stages", "u_store" and "out_beside"
-    knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "off_tile": "chunk", "diag_cols": "load",
-             "out_beside": False, **knobs}
+    # knob dicts written before version 7 / 8 lack "pair", "solve_stages" and "u_store"
+    knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "off_tile": "chunk", "diag_cols": "load", **knobs}
     # a name this file lacks would be ignored silently: version 9's scan_pair=True would time the default
     unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
         raise ValueError(f"unknown knob(s) {unknown} (scan_pair and pair_merge were removed after session 6, "
-                         "scan_form after session 7; kernels/notes/kda.md)")
+                         "scan_form after session 7, overlap and out_beside after session 8; kernels/notes/kda.md)")
     # combinations the CPU interpreter passes but the H200 computed wrongly: refused by name
     if knobs.get("subst") == "direct":
         raise ValueError("subst='direct' computes wrong outputs on the H200 (results/runs/kda-h200: "
@@ -1141,8 +1095,6 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         raise ValueError(f"solve_stages={knobs.get('solve_stages')} is not served at BT=64 with solve_maxnreg=128 "
                          "(the solve spills 336-376 B per thread there on sm_90 at every stage count; pipelining "
                          "adds 16-32 KB of shared memory on top)")
-    if knobs["out_beside"] and knobs["fuse_output"]:
-        raise ValueError("out_beside=True needs fuse_output=False (a fused read-out has no launch of its own)")
     for name, choices in SPACE.items():
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
@@ -1299,33 +1251,24 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             hbuf = torch.empty((BH, NT, K, V), dtype=torch.float32 if plan["split"] else torch.bfloat16, device=dev)
             dbuf = o if plan["PRE"] else torch.empty((BH, TP, V), dtype=torch.float32, device=dev)
         BV = plan["BV"]
-        n_scan_v = triton.cdiv(V, BV)
-        # version 12b: one progress counter per scan program, zeroed by every call (an aborted call or a
-        # graph replay leaves nothing stale); the read-out's grid puts the chunks on its z axis (<= 65535)
-        beside = bool(kn.get("out_beside")) and not fuse and NT <= 65535
-        done = torch.zeros(BH * n_scan_v, dtype=torch.int32, device=dev) if beside else w
-        _kda_scan_kernel[(n_scan_v, BH)](
+        _kda_scan_kernel[(triton.cdiv(V, BV), BH)](
             w, u, kd, qd, aqk, gl, au,
-            h0 if h0 is not None else w, final if final is not None else w, o, hbuf, dbuf, done,
+            h0 if h0 is not None else w, final if final is not None else w, o, hbuf, dbuf,
             T, TP, NT, H, BH * TP * BT,
             o.stride(0), o.stride(1), o.stride(2),
             K=K, V=V, BT=BT, BV=BV,
             LAYOUT=plan["layout"], FUSE_OUT=fuse, SPLIT_S=plan["split"],
-            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"], PUBLISH=beside,
-            TRIGGER=beside and q.is_cuda,
+            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"],
             num_warps=kn["scan_warps"], num_stages=plan["scan_stages"],
         )
         if not fuse:
             OBV = plan["OUT_BV"]
-            n_out_v = triton.cdiv(V, OBV)
-            # beside the scan (a programmatic dependent launch: its programs may start once every scan
-            # program has started, so a waiting read-out never holds an SM a scan program needs)
-            _kda_out_kernel[(n_out_v, BH, NT) if beside else (NT, n_out_v, BH)](
-                qd, aqk, hbuf, dbuf, o, au, done,
-                T, TP, NT, H, BH * TP * BT, n_scan_v,
+            _kda_out_kernel[(NT, triton.cdiv(V, OBV), BH)](
+                qd, aqk, hbuf, dbuf, o, au,
+                T, TP, NT, H, BH * TP * BT,
                 o.stride(0), o.stride(1), o.stride(2),
-                K=K, V=V, BT=BT, BV=OBV, SPLIT_S=plan["split"], PRE=plan["PRE"], WAIT=beside, SCAN_BV=BV,
-                num_warps=kn["out_warps"], num_stages=2, **({"launch_pdl": True} if beside and q.is_cuda else {}),
+                K=K, V=V, BT=BT, BV=OBV, SPLIT_S=plan["split"], PRE=plan["PRE"],
+                num_warps=kn["out_warps"], num_stages=2,
             )
     except Exception as err:
         # Triton's OutOfResources (shared memory or registers) named without importing its module
