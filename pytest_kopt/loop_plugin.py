@@ -53,6 +53,7 @@ class OptimizePlugin:
             agent=config.getoption("kopt_agent") or (None if resume else option(config, "kopt_agent")),
             seed=config.getoption("kopt_seed"),
             eval_timeout=float(option(config, "kopt_eval_timeout")),
+            min_gain=_fraction(option(config, "kopt_min_gain"), "--kopt-min-gain"),
             promote=bool(config.getoption("kopt_promote")),
             results_dir=config.rootpath / "results" / "runs",
         )
@@ -108,6 +109,17 @@ class OptimizePlugin:
             for line in self.lines:
                 terminalreporter.write_line(line)
 
+
+
+def _fraction(text: str, name: str) -> float:
+    """A fraction in [0, 1) from an option's text, or a RunError that names the option."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise RunError(f"{name} must be a number in [0, 1), got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise RunError(f"{name} must be in [0, 1), got {value}")
+    return value
 
 
 # ---- fixtures (module level, so a conftest.py overrides any of them) ---------------------------

@@ -16,6 +16,7 @@ INI_OPTIONS = {
     "kopt_context_tokens": ("token budget before the LLM conversation is compacted (0: per-model default)", "0"),
     "kopt_request_timeout": ("seconds before one LLM request times out (retries: env KOPT_LLM_RETRIES, KOPT_LLM_PAUSE_S, KOPT_LLM_PAUSES; see docs/llm-agent.md)", "600"),
     "kopt_eval_timeout": ("seconds before one candidate evaluation is killed", "900"),
+    "kopt_min_gain": ("fraction by which a candidate must beat the best so far to replace it (a new run fixes it in its objective)", "0.01"),
 }
 
 

@@ -59,6 +59,7 @@ class RunOptions:
     agent: str | None = None  # None: "search", or the log's on resume
     seed: int | None = None  # None: DEFAULT_SEED, or the log's on resume
     eval_timeout: float = 900.0
+    min_gain: float = 0.01  # fraction a candidate must beat the best by; fixed in a new run's objective
     promote: bool = False
     results_dir: Path = Path("results/runs")
     started: dict | None = field(default=None, repr=False)  # the log's run_started, once resolved
@@ -324,6 +325,7 @@ class Run:
         passed = result.get("verdict") == "pass"
         tools.objective.update(problem.summary())
         tools.objective.update({
+            "min_gain": opts.min_gain,
             "metric": ("geometric mean over the timed cases of " if timings.get("cases") else "")
             + "time of one kernel(...) call on the headline case, in microseconds (lower is better); only candidates that pass the judge's correctness checks count",
             "case": timings.get("case"),

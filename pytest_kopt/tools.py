@@ -387,8 +387,16 @@ class Toolbox:
         return self._emit("note", text=str(text))
 
     def _beats_best(self, verdict: Any, us: float | None) -> bool:
-        """Whether a verdict with this headline time is the new best: the one rule, live and on resume."""
-        return verdict == "pass" and us is not None and us > 0 and (self.best is None or us < self.best["candidate_us"])
+        """Whether a verdict with this headline time is the new best: the one rule, live and on resume.
+        It must be faster than the best by the objective's ``min_gain`` (a fraction; runs logged before
+        the field existed used 0), so that a re-timing inside the timer's noise does not replace it."""
+        if verdict != "pass" or us is None or us <= 0:
+            return False
+        return self.best is None or us < self.best["candidate_us"] * (1.0 - self.min_gain)
+
+    @property
+    def min_gain(self) -> float:
+        return _number(self.objective.get("min_gain")) or 0.0
 
     def _update_best(self, cid: str, compact: dict, call: int) -> None:
         us = compact.get("candidate_us")

@@ -75,6 +75,18 @@ def test_pytest_command_runs_resumes_and_refuses(tmp_path):
     resumed = next(e for e in events if e["kind"] == "run_resumed")
     assert resumed["budget_used"] == 10 and resumed["seed"] == 3 and resumed["agent"] == "search"
     assert events[-1]["kind"] == "run_finished" and events[-1]["budget_used"] == 14
+    # every change of best beat the one before by the objective's min_gain (the default, 1 %)
+    assert events[0]["objective"]["min_gain"] == 0.01
+    bests = [e["candidate_us"] for e in events if e["kind"] == "best"]
+    assert len(bests) >= 2 and all(new < old * 0.99 for old, new in zip(bests, bests[1:]))
+
+
+@pytest.mark.parametrize("value", ["1.5", "-0.1", "one percent"])
+def test_a_bad_min_gain_is_a_usage_error(tmp_path, value):
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    done = pytest_run(tmp_path, "--kopt-optimize=fake", f"--kopt-min-gain={value}", f"--kopt-run-dir={tmp_path / 'run'}")
+    assert done.returncode == 4 and "--kopt-min-gain must be" in done.stderr
+    assert not (tmp_path / "run" / "events.jsonl").exists()
 
 
 def test_a_conftest_agent_replaces_the_search_agent(tmp_path):

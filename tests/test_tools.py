@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from kopt_fake_run import FAST, SLOW, FakeJudge, FakeProblem
 
@@ -166,6 +168,39 @@ def test_best_so_far_changes_only_on_improvement(tmp_path):
     assert tools.best["call"] == 4
     rows = {r["candidate_id"]: r for r in tools.history()}
     assert rows[fast]["candidate_us"] == 93.0 and rows[slow]["verdict"] == "pass"
+
+
+class TimedJudge:
+    """Passes every candidate, timed by its source text."""
+
+    def __init__(self, times: dict[str, float]):
+        self.times = times
+
+    def __call__(self, problem_name, candidate_path, *, upto="profile", **_):
+        us = self.times[Path(candidate_path).read_text()]
+        return {"verdict": "pass", "stage": "benchmark", "reasons": [], "timings": {"case": "c", "candidate_us": us}}
+
+
+@pytest.mark.parametrize("min_gain, expected", [(0.01, ["a = 1", "a = 4"]), (None, ["a = 1", "a = 2", "a = 3", "a = 4"])])
+def test_a_new_best_must_beat_the_old_by_the_objectives_min_gain(tmp_path, min_gain, expected):
+    # 100 -> 99.5 (-0.5 %) -> 99.0 (-1.0 %, not more than 1 % below 100) -> 98.0: with min_gain 0.01 only the
+    # last replaces the first; an objective without the field (runs logged before it) takes every improvement
+    times = {"a = 1": 100.0, "a = 2": 99.5, "a = 3": 99.0, "a = 4": 98.0}
+    objective = {"problem": "fake", "baseline_us": 956.0, **({"min_gain": min_gain} if min_gain is not None else {})}
+    log = EventLog(tmp_path / "run" / "events.jsonl", "run")
+    judge = TimedJudge(times)
+    tools = Toolbox(FakeProblem(tmp_path / "problem"), objective, log, tmp_path / "run", 20, evaluate=judge)
+    ids = {}
+    for source in times:
+        ids[source] = tools.call("write_candidate", source=source)["candidate_id"]
+        tools.call("benchmark", candidate_id=ids[source])
+    bests = [e["candidate_id"] for e in read_events(log.path) if e["kind"] == "best"]
+    assert bests == [ids[s] for s in expected]
+    # the same rule rebuilds the same best from the log
+    log.close()
+    again = Toolbox(tools.problem, tools.objective, EventLog(log.path, "run"), tools.run_dir, 20, evaluate=judge)
+    again.restore(read_events(log.path))
+    assert again.best == tools.best and again.best["candidate_id"] == ids[expected[-1]]
 
 
 def test_ids_resolve_from_unique_prefixes(tmp_path):
