@@ -110,7 +110,6 @@ class OptimizePlugin:
                 terminalreporter.write_line(line)
 
 
-
 def _fraction(text: str, name: str) -> float:
     """A fraction in [0, 1) from an option's text, or a RunError that names the option."""
     try:
