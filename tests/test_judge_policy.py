@@ -127,6 +127,18 @@ def kernel(x, y, alpha):
     assert report.ok, report.reasons
 
 
+@pytest.mark.parametrize("line, ok", [
+    ("from triton.tools.tensor_descriptor import TensorDescriptor\n", True),
+    ("import triton.tools.tensor_descriptor\n", True),
+    ("from triton.tools import tensor_descriptor\n", False),
+    ("from triton.tools.disasm import get_sass\n", False),
+    ("import triton.tools\n", False),
+])
+def test_only_the_host_descriptor_is_allowed_from_triton_tools(line: str, ok: bool) -> None:
+    report = check_source(candidate("return x", line))
+    assert report.ok == ok, report.reasons
+
+
 IDENTIFIER = st.from_regex(r"[a-z_][a-z0-9_]{0,12}", fullmatch=True).filter(lambda s: not keyword.iskeyword(s))
 
 

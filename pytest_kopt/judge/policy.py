@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 ALLOWED_IMPORTS = frozenset({
     "__future__", "math", "typing", "functools", "dataclasses", "itertools", "enum",
     "torch", "triton", "triton.language",
+    "triton.tools.tensor_descriptor",  # Triton's host-side TMA descriptor (a dataclass; no kernels)
 })
 # Submodules of an allowed package that are refused anyway (runtime internals, torch-based tools).
 REFUSED_SUBMODULES = ("triton.runtime", "triton.compiler", "triton.testing", "triton.tools", "triton.backends",
@@ -98,6 +99,8 @@ def _is_neutral(module: str | None) -> bool:
 
 
 def _refused_submodule(module: str) -> bool:
+    if any(module == ok or module.startswith(ok + ".") for ok in ALLOWED_IMPORTS if "." in ok):
+        return False
     return any(module == refused or module.startswith(refused if refused.endswith("_") else refused + ".")
                for refused in REFUSED_SUBMODULES)
 
