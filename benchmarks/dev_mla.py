@@ -59,12 +59,7 @@ VARIANTS = [
     ("prefill", "split", {}),  # the family default (QK_SPLIT, ROWSUM defer, HT16): control, session 4 12.42 ms
     ("prefill", "defer-HT64", {"ROWSUM": "defer", "HEADS_PER_TILE": 64}),  # the promoted kernel: control, 12.34-12.38 ms
     # session 5's rows (QK_AHEAD, Q_LOAD tma, BLOCK_N 32): measured, lost, knobs removed (kernels/notes/mla.md "Version 7 measured")
-    # session 9: the per-row-tile start. DESC "host": KV descriptors built once on the host, not by each of the 8192
-    # programs; PERSISTENT: 132 programs walk the row tiles (snake order), so each SM starts once
-    ("prefill", "HT64-host", {"ROWSUM": "defer", "HEADS_PER_TILE": 64, "DESC": "host"}),
-    ("prefill", "HT64-pers", {"ROWSUM": "defer", "HEADS_PER_TILE": 64, "PERSISTENT": True}),
-    ("prefill", "HT64-pers-host", {"ROWSUM": "defer", "HEADS_PER_TILE": 64, "PERSISTENT": True, "DESC": "host"}),
-    ("prefill", "defer-HT64-again", {"ROWSUM": "defer", "HEADS_PER_TILE": 64}),  # the control again: drift over the run
+    # session 9's rows (DESC host, PERSISTENT): measured, lost, knobs removed (kernels/notes/mla.md "Session 9"; code in c168542)
 ]
 # decode variants timed on the B1 Sq1 case only (the rest: every headline case); keeps the run short
 B1_ONLY = {"auto-pdl2", "n16w8-split", "n16w8-split-pdl1"}

@@ -43,12 +43,10 @@ def load_family():
     return mod
 
 
-def build(fn, constexprs, values, num_warps, num_stages, signatures=None):
+def build(fn, constexprs, values, num_warps, num_stages):
     """triton.compile for sm_90, specialised as at launch: unit strides are constexpr 1, pointers and
     ints that are multiples of 16 carry tt.divisibility 16 unless the kernel lists them in
-    do_not_specialize; ``values`` are the launch's integer arguments; ``signatures`` gives other
-    arguments' types as the launcher spells them (e.g. a host descriptor's "tensordesc<bf16[64, 256]>")."""
-    signatures = signatures or {}
+    do_not_specialize; ``values`` are the launch's integer arguments."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -66,8 +64,6 @@ def build(fn, constexprs, values, num_warps, num_stages, signatures=None):
             cx[name] = 1
         if name in cx:
             signature[name] = "constexpr"
-        elif name in signatures:
-            signature[name] = signatures[name]
         elif name == "qk_scale":
             signature[name] = "fp32"
         elif name in ("q", "kv", "o", "part_o", "lse", "part_lse", "counters", "sink"):
@@ -275,9 +271,6 @@ PREFILL_VARIANTS = [
     ("HT64 ROWSUM reduce", {"HEADS_PER_TILE": 64, "ROWSUM": "reduce"}),
     ("HT64 BN32", {"HEADS_PER_TILE": 64, "BLOCK_N": 32}),
     ("HT64 TAU8", {"HEADS_PER_TILE": 64, "RESCALE_TAU": 8}),
-    ("HT64 host desc", {"HEADS_PER_TILE": 64, "DESC": "host"}),
-    ("HT64 persistent", {"HEADS_PER_TILE": 64, "PERSISTENT": True}),
-    ("HT64 persistent host", {"HEADS_PER_TILE": 64, "PERSISTENT": True, "DESC": "host"}),
 ]
 
 
@@ -296,17 +289,9 @@ def analyze_prefill(mod, overrides, dump=None, tag="prefill"):
     values = dict(stride_qb=P_SQ * 64 * 576, stride_qs=64 * 576, stride_qh=576, stride_qd=1, stride_kb=P_SKV * 576, stride_kn=576,
                   stride_ob=P_SQ * 64 * 512, stride_os=64 * 512, stride_oh=512, stride_od=1, stride_lb=64 * P_SQ, stride_lh=P_SQ,
                   stride_ls=1, Sq=P_SQ, H=64, Skv=P_SKV, n_hgroups=-(-64 // hpt))
-    host, persistent = k.get("DESC") == "host", bool(k.get("PERSISTENT"))
-    values["n_batch"] = 1
     cx = dict(BLOCK_M=k["BLOCK_M"], BLOCK_N=k["BLOCK_N"], HEADS_PER_TILE=hpt, UNMASKED_LOOP=k["UNMASKED_LOOP"], KEYS_AS_M=k["KEYS_AS_M"],
-              TAU=float(k["RESCALE_TAU"]), DN=512, DR=64, QK_SPLIT=k["QK_SPLIT"], DEFER_SUM=k["ROWSUM"] == "defer",
-              FLAT=host or persistent, PERSISTENT=persistent)
-    sigs = {}
-    if host:  # descriptors as kernel arguments, typed as Triton's launcher types them
-        sigs = {"kn_desc": f"tensordesc<bf16[{k['BLOCK_N']}, 256]>", "kr_desc": f"tensordesc<bf16[{k['BLOCK_N']}, 64]>"}
-    else:
-        cx.update(kn_desc=None, kr_desc=None)
-    compiled = build(mod._mla_prefill_tma, cx, values, k["num_warps"], k["num_stages"], sigs)
+              TAU=float(k["RESCALE_TAU"]), DN=512, DR=64, QK_SPLIT=k["QK_SPLIT"], DEFER_SUM=k["ROWSUM"] == "defer")
+    compiled = build(mod._mla_prefill_tma, cx, values, k["num_warps"], k["num_stages"])
     sass = sass_of(compiled, dump, tag)
     pro, loop, epi = regions(sass)
     return compiled, counts(loop), loop

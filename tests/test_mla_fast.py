@@ -226,18 +226,6 @@ def test_prefill_qk_split_matches_reference(tmp_dir, case, seed, hpt, unmasked, 
     check(MLA_PREFILL, render(PREFILL, knobs, tmp_dir).kernel, case, seed)
 
 
-@settings(max_examples=4, deadline=None)
-@given(case=small_prefill_cases(), seed=SEEDS, hpt=st.sampled_from([1, 2, 4]), desc=st.sampled_from(["device", "host"]),
-       persistent=st.booleans(), qk_split=st.booleans())
-def test_prefill_host_descriptors_and_persistent_programs(tmp_dir, case, seed, hpt, desc, persistent, qk_split):
-    """DESC "host" (one descriptor pair over kv as [B * Skv, 576]; "device" when B > 1 and Skv is
-    not a multiple of BLOCK_N) and PERSISTENT (three programs on the interpreter walking every row
-    tile in a snake): each row tile computed once, with its own batch's keys."""
-    knobs = {**read_knobs(PREFILL)[0], "KV_LOAD": "tma", "BLOCK_M": 16, "BLOCK_N": 16, "HEADS_PER_TILE": hpt,
-             "DESC": desc, "PERSISTENT": persistent, "QK_SPLIT": qk_split}
-    check(MLA_PREFILL, render(PREFILL, knobs, tmp_dir).kernel, case, seed)
-
-
 def test_prefill_every_space_value(tmp_dir):
     knobs, space = read_knobs(PREFILL)
     case = {"B": 1, "Sq": 13, "H": 3, "Skv": 37}  # Sq < Skv, 3 heads: partial head groups
@@ -338,8 +326,8 @@ def load(path, name):
     return module
 
 
-def build(fn, constexprs, knobs, signatures=None):
-    signature, attrs, constexprs, signatures = {}, {}, dict(constexprs), signatures or {}
+def build(fn, constexprs, knobs):
+    signature, attrs, constexprs = {}, {}, dict(constexprs)
     for param in fn.params:  # constexpr parameters left at their defaults, as at launch
         default = param._param.default
         if param.is_constexpr and param.name not in constexprs and default is not param._param.empty:
@@ -349,8 +337,6 @@ def build(fn, constexprs, knobs, signatures=None):
             constexprs[name] = 1  # Triton specialises unit strides at launch
         if name in constexprs:
             signature[name] = "constexpr"
-        elif name in signatures:
-            signature[name] = signatures[name]
         elif name == "qk_scale":
             signature[name] = "fp32"
         elif name in ("q", "kv", "o", "lse", "part_o", "part_lse", "counters"):
@@ -388,12 +374,6 @@ for name, split in (("prefill-tma", k["QK_SPLIT"]), ("prefill-tma-qk-split", Tru
 # ROWSUM "defer" (deferred row sums) must keep the split [4, 2] score layout; PDL (griddepcontrol) in both decode kernels
 out["prefill-qk-split-defer"] = build(pre._mla_prefill_tma, dict(BLOCK_M=64, BLOCK_N=64, HEADS_PER_TILE=16, UNMASKED_LOOP=False, KEYS_AS_M=False,
                                                             TAU=0.0, DN=512, DR=64, QK_SPLIT=True, DEFER_SUM=True), {**k, "num_warps": 8, "num_stages": 2})
-# DESC "host" + PERSISTENT: descriptors as kernel arguments (typed as Triton's launcher types them), tiles in a loop
-out["prefill-persistent-host"] = build(pre._mla_prefill_tma, dict(BLOCK_M=64, BLOCK_N=64, HEADS_PER_TILE=64, UNMASKED_LOOP=False, KEYS_AS_M=False,
-                                                             TAU=0.0, DN=512, DR=64, QK_SPLIT=True, DEFER_SUM=True, FLAT=True,
-                                                             PERSISTENT=True, n_batch=1),
-                                       {**k, "num_warps": 8, "num_stages": 2},
-                                       {"kn_desc": "tensordesc<bf16[64, 256]>", "kr_desc": "tensordesc<bf16[64, 64]>"})
 kn = {**dec.KNOBS, **dec.REGIMES["narrow"]}
 pdl = build(dec._mla_decode_partial, dict(BLOCK_H=kn["BLOCK_H"], BLOCK_N=kn["BLOCK_N"], KEYS_AS_M=kn["KEYS_AS_M"], VALUES_AS_M=False, MODE=1,
                                           MERGERS=16, S_P2=128, CHUNK=1, TAU=0.0, DN=512, DR=64, PDL=2), kn)
@@ -428,7 +408,7 @@ def test_compiles_for_hopper():
         assert info["shared"] <= h100_smem, f"{family}: {info['shared']} bytes of shared memory at the default knobs"
     # QK_SPLIT exists to take the score dot off Triton's chained-dot layout (all 8 warps on M = 64, i.e.
     # both warpgroups computing the whole score tile): its score dots must split the warps [4, 2]
-    for name in ("prefill-tma-qk-split", "prefill-qk-split-defer", "prefill-persistent-host", "decode-tma-wide-qk-split"):
+    for name in ("prefill-tma-qk-split", "prefill-qk-split-defer", "decode-tma-wide-qk-split"):
         layouts = [line for line in result[name]["ttgir"].splitlines() if "nvidia_mma" in line]
         assert any("warpsPerCTA = [4, 2], instrShape = [16, 32, 16]" in line for line in layouts), (name, layouts)
     if not read_knobs(PREFILL)[0]["QK_SPLIT"]:  # the chained default: [8, 1] on the 64 x 64 score tile

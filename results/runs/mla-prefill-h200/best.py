@@ -36,6 +36,11 @@ ROWSUM "defer" (QK_SPLIT): the row sums are kept per score element (l = l * alph
 once after the loop, instead of a cross-warpgroup reduction per tile.
 
 Tiles are issued heaviest first (last queries first) to shorten the tail.
+DESC (TMA kernel): "device" builds the KV descriptors in every program (global scratch, fences),
+"host" passes descriptors built once by the host as kernel arguments (over kv as [B * Skv, 576]
+rows; when B > 1 needs Skv a multiple of BLOCK_N, else "device" is used). PERSISTENT (TMA kernel):
+one program per SM walks the row tiles in a snake over the heaviest-first order instead of one
+program per row tile; the program's start is paid once per SM.
 Accumulator registers: BLOCK_M * 512 / V_SPLIT floats per program (64 x 512 = 32K: give it 8 warps).
 """
 
@@ -44,9 +49,10 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 # kopt:knobs-begin
-KNOBS = {'BLOCK_M': 64, 'BLOCK_N': 64, 'HEADS_PER_TILE': 64, 'V_SPLIT': 1, 'UNMASKED_LOOP': False, 'KEYS_AS_M': False, 'num_warps': 8, 'num_stages': 2, 'RESCALE_TAU': 0, 'KV_LOAD': 'tma', 'QK_SPLIT': True, 'ROWSUM': 'defer'}
+KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 16, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2, "RESCALE_TAU": 0, "KV_LOAD": "tma", "QK_SPLIT": True, "ROWSUM": "defer", "DESC": "device", "PERSISTENT": False}
 # kopt:knobs-end
 SPACE = {
     "BLOCK_M": [32, 64, 128],  # (query, head) rows per program
@@ -61,10 +67,16 @@ SPACE = {
     "KV_LOAD": ["pointer", "tma"],  # KV tiles by per-thread pointers (cp.async) or tensor descriptors (TMA; V_SPLIT 1)
     "QK_SPLIT": [False, True],  # TMA kernel: score keys split over the warpgroups (no duplicated QK), P V as V^T P^T
     "ROWSUM": ["reduce", "defer"],  # QK_SPLIT: row sums reduced every tile (across warpgroups), or kept per element and reduced once at the end
+    "DESC": ["device", "host"],  # TMA kernel: KV descriptors built by every program, or once on the host (kernel arguments)
+    "PERSISTENT": [False, True],  # TMA kernel: one program per row tile, or one per SM walking the row tiles
 }
-# Measured by the search loop right after the defaults: the dev table's best prefill row (12.34 ms
-# vs 12.42 for the default in one run, session 3), not yet measured by a loop.
-TRY_EARLY = [{"HEADS_PER_TILE": 64}]
+# Measured by the search loop right after the defaults: HEADS_PER_TILE 64 (the promoted kernel, 12.34-12.38 ms,
+# session 4). Session 5's QK_AHEAD (17.4 ms at BLOCK_N 32) and Q_LOAD tma (12.40 ms) lost to it on the H200 (12.33 ms)
+# and were removed from the family (kernels/notes/mla.md "Version 7 measured"; code in commit ce6db40).
+# Session 9 (unmeasured when written): the per-row-tile start paid once, by host-built descriptors and/or one
+# program per SM (offline sm_90: loop 611 -> 627 / 618 / 633 instructions per tile, persistent 1 spill in the loop).
+TRY_EARLY = [{"HEADS_PER_TILE": 64}, {"HEADS_PER_TILE": 64, "PERSISTENT": True, "DESC": "host"},
+             {"HEADS_PER_TILE": 64, "DESC": "host"}, {"HEADS_PER_TILE": 64, "PERSISTENT": True}]
 
 D_NOPE = 512  # latent width: the value width
 D_ROPE = 64  # rope width; key width = D_NOPE + D_ROPE = 576
@@ -189,15 +201,16 @@ def _mla_prefill_fwd(
 
 @triton.jit
 def _attend_tile_tma(
-    acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
+    acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, row0, start, limit, qk_scale,
     BLOCK_N: tl.constexpr, DN: tl.constexpr, MASKED: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr,
 ):
     """``_attend_tile`` on descriptor-loaded tiles: the latent as two [BLOCK_N, 256] boxes (a box
-    is at most 256 wide), each also the value half of its accumulator; rows past Skv read as zeros."""
+    is at most 256 wide), each also the value half of its accumulator; rows past Skv read as zeros.
+    The descriptors' row of key 0 is ``row0`` (0, or b * Skv on a [B * Skv, 576] descriptor)."""
     HALF: tl.constexpr = DN // 2
-    kn0 = kn_desc.load([start, 0])
-    kn1 = kn_desc.load([start, HALF])
-    kr = kr_desc.load([start, DN])
+    kn0 = kn_desc.load([row0 + start, 0])
+    kn1 = kn_desc.load([row0 + start, HALF])
+    kr = kr_desc.load([row0 + start, DN])
     if KEYS_AS_M:
         qk = tl.trans(tl.dot(kn1, qn1, tl.dot(kn0, qn0, tl.dot(kr, qr))))
     else:
@@ -231,7 +244,7 @@ def _attend_tile_tma(
 
 @triton.jit
 def _attend_tile_split(
-    acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale, live,
+    acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, row0, start, limit, qk_scale, live,
     BLOCK_N: tl.constexpr, DN: tl.constexpr, MASKED: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr,
     DEFER_SUM: tl.constexpr = False,
 ):
@@ -249,9 +262,9 @@ def _attend_tile_split(
     the row sums (a reduction across the two warpgroups, through shared memory and barriers) are
     taken once after the loop (offline sm_90: 3 fewer barriers per tile, no spills)."""
     HALF: tl.constexpr = DN // 2
-    kn0 = kn_desc.load([start, 0])
-    kn1 = kn_desc.load([start, HALF])
-    kr = kr_desc.load([start, DN])
+    kn0 = kn_desc.load([row0 + start, 0])
+    kn1 = kn_desc.load([row0 + start, HALF])
+    kr = kr_desc.load([row0 + start, DN])
     offs_n = start + tl.arange(0, BLOCK_N)
     if KEYS_AS_M:  # s [BLOCK_N, rows]; reductions over axis 0
         s = tl.dot(kr, qr) * qk_scale + tl.dot(kn0, qn0) * qk_scale + tl.dot(kn1, qn1) * qk_scale
@@ -296,25 +309,66 @@ def _attend_tile_split(
 
 @triton.jit
 def _mla_prefill_tma(
-    q, kv, o, lse,
+    q, kv, kn_desc, kr_desc, o, lse,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_kn,
     stride_ob, stride_os, stride_oh, stride_od,
     stride_lb, stride_lh, stride_ls,
-    Sq, H, Skv, n_hgroups, qk_scale,
+    Sq, H, Skv, n_hgroups, n_batch, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS_PER_TILE: tl.constexpr,
     UNMASKED_LOOP: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr,
-    QK_SPLIT: tl.constexpr, DEFER_SUM: tl.constexpr = False,
+    QK_SPLIT: tl.constexpr, DEFER_SUM: tl.constexpr = False, FLAT: tl.constexpr = False, PERSISTENT: tl.constexpr = False,
 ):
-    """``_mla_prefill_fwd`` (V_SPLIT 1) with KV tiles through tensor descriptors (TMA on sm_90)."""
+    """``_mla_prefill_fwd`` (V_SPLIT 1) with KV tiles through tensor descriptors (TMA on sm_90).
+
+    FLAT: one descriptor pair over kv as [B * Skv, 576] rows (kn_desc / kr_desc from the host, or
+    built here once when they are None); else every row tile builds its own pair over its batch.
+    PERSISTENT: the grid is at most one program per SM, and program p takes row tiles p, then
+    2P - 1 - p, then 2P + p, ... of the heaviest-first order (a snake, so the causal work evens out);
+    the per-program start (descriptors, launch, ramp) is paid once per SM, not once per row tile."""
     HALF: tl.constexpr = DN // 2
     QB: tl.constexpr = BLOCK_M // HEADS_PER_TILE
-    pid = tl.program_id(0)
-    b = tl.program_id(2).to(tl.int64)
     n_qblocks = tl.cdiv(Sq, QB)
-    qb = n_qblocks - 1 - pid // n_hgroups
-    hg = pid % n_hgroups
+    if FLAT:
+        if kn_desc is None:
+            kn_desc = tl.make_tensor_descriptor(kv, shape=[n_batch * Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, HALF])
+            kr_desc = tl.make_tensor_descriptor(kv, shape=[n_batch * Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, DR])
+    pid = tl.program_id(0)
+    if PERSISTENT:
+        nprog = tl.num_programs(0)
+        n_tiles = n_qblocks * n_hgroups * n_batch
+        for k in range(0, tl.cdiv(n_tiles, nprog)):
+            t = k * nprog + tl.where(k % 2 == 0, pid, nprog - 1 - pid)
+            if t < n_tiles:
+                u = t // n_batch
+                _prefill_row_tile(q, kv, kn_desc, kr_desc, o, lse,
+                                  stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_kn,
+                                  stride_ob, stride_os, stride_oh, stride_od, stride_lb, stride_lh, stride_ls,
+                                  (t % n_batch).to(tl.int64), n_qblocks - 1 - u // n_hgroups, u % n_hgroups,
+                                  Sq, H, Skv, qk_scale, BLOCK_M, BLOCK_N, HEADS_PER_TILE, UNMASKED_LOOP, KEYS_AS_M, TAU,
+                                  DN, DR, QK_SPLIT, DEFER_SUM, FLAT)
+    else:
+        _prefill_row_tile(q, kv, kn_desc, kr_desc, o, lse,
+                          stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_kn,
+                          stride_ob, stride_os, stride_oh, stride_od, stride_lb, stride_lh, stride_ls,
+                          (tl.program_id(2) % n_batch).to(tl.int64), n_qblocks - 1 - pid // n_hgroups, pid % n_hgroups,
+                          Sq, H, Skv, qk_scale, BLOCK_M, BLOCK_N, HEADS_PER_TILE, UNMASKED_LOOP, KEYS_AS_M, TAU,
+                          DN, DR, QK_SPLIT, DEFER_SUM, FLAT)
 
+
+@triton.jit
+def _prefill_row_tile(
+    q, kv, kn_desc, kr_desc, o, lse,
+    stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_kn,
+    stride_ob, stride_os, stride_oh, stride_od, stride_lb, stride_lh, stride_ls,
+    b, qb, hg, Sq, H, Skv, qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS_PER_TILE: tl.constexpr,
+    UNMASKED_LOOP: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr,
+    QK_SPLIT: tl.constexpr, DEFER_SUM: tl.constexpr, FLAT: tl.constexpr,
+):
+    """One row tile (query block qb, head group hg, batch b) of ``_mla_prefill_tma``."""
+    HALF: tl.constexpr = DN // 2
+    QB: tl.constexpr = BLOCK_M // HEADS_PER_TILE
     r = tl.arange(0, BLOCK_M)
     s_idx = qb * QB + r // HEADS_PER_TILE
     h_idx = hg * HEADS_PER_TILE + r % HEADS_PER_TILE
@@ -338,9 +392,13 @@ def _mla_prefill_tma(
     full_end = ((lo + 1) // BLOCK_N) * BLOCK_N
     end = hi + 1
 
-    kv_b = kv + b * stride_kb
-    kn_desc = tl.make_tensor_descriptor(kv_b, shape=[Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, HALF])
-    kr_desc = tl.make_tensor_descriptor(kv_b, shape=[Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, DR])
+    if FLAT:
+        row0 = (b * Skv).to(tl.int32)  # TMA coordinates are 32-bit; b is the constant 0 when B == 1
+    else:
+        row0 = 0
+        kv_b = kv + b * stride_kb
+        kn_desc = tl.make_tensor_descriptor(kv_b, shape=[Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, HALF])
+        kr_desc = tl.make_tensor_descriptor(kv_b, shape=[Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, DR])
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     if not UNMASKED_LOOP:
@@ -356,10 +414,10 @@ def _mla_prefill_tma(
             else:
                 l_i = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for start in range(0, full_end, BLOCK_N):
-            acc0, acc1, l_i, m_i = _attend_tile_split(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
+            acc0, acc1, l_i, m_i = _attend_tile_split(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, row0, start, limit, qk_scale,
                                                       live, BLOCK_N, DN, False, KEYS_AS_M, TAU, DEFER_SUM)
         for start in range(full_end, end, BLOCK_N):
-            acc0, acc1, l_i, m_i = _attend_tile_split(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
+            acc0, acc1, l_i, m_i = _attend_tile_split(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, row0, start, limit, qk_scale,
                                                       live, BLOCK_N, DN, True, KEYS_AS_M, TAU, DEFER_SUM)
         if DEFER_SUM:
             if KEYS_AS_M:
@@ -374,10 +432,10 @@ def _mla_prefill_tma(
         acc0 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
         acc1 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
         for start in range(0, full_end, BLOCK_N):
-            acc0, acc1, l_i, m_i = _attend_tile_tma(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
+            acc0, acc1, l_i, m_i = _attend_tile_tma(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, row0, start, limit, qk_scale,
                                                     BLOCK_N, DN, False, KEYS_AS_M, TAU)
         for start in range(full_end, end, BLOCK_N):
-            acc0, acc1, l_i, m_i = _attend_tile_tma(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
+            acc0, acc1, l_i, m_i = _attend_tile_tma(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, row0, start, limit, qk_scale,
                                                     BLOCK_N, DN, True, KEYS_AS_M, TAU)
         inv_l = 1.0 / l_i  # every real row sees key 0, so l_i > 0
         ptr = o_row[:, None] + offs_h[None, :] * stride_od
@@ -398,6 +456,14 @@ def _descriptor_scratch(size, alignment, stream):
     if buf is None:
         buf = _DESCRIPTOR_SCRATCH[(size, stream)] = torch.empty(size, device="cuda", dtype=torch.int8)
     return buf
+
+
+def _persistent_programs(device):
+    """PERSISTENT's grid: one program per SM on a GPU; three on the CPU interpreter, so a small test
+    still walks several rounds of the snake in both directions."""
+    if device.type != "cuda":
+        return 3
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _tma_ok(kv):
@@ -441,6 +507,8 @@ def kernel(q, kv, scale):
         raise ValueError(f"KV_LOAD must be 'pointer' or 'tma', got {K['KV_LOAD']!r}")
     if K["ROWSUM"] not in ("reduce", "defer"):
         raise ValueError(f"ROWSUM must be 'reduce' or 'defer', got {K['ROWSUM']!r}")
+    if K["DESC"] not in ("device", "host"):
+        raise ValueError(f"DESC must be 'device' or 'host', got {K['DESC']!r}")
 
     tau = float(K["RESCALE_TAU"])
     if not 0 <= tau <= 16:
@@ -468,18 +536,30 @@ def kernel(q, kv, scale):
     grid = (n_qblocks * n_hgroups, v_split, B)
     try:
         if K["KV_LOAD"] == "tma" and v_split == 1 and kv.dtype == torch.bfloat16 and _tma_ok(kv):
-            if q.is_cuda:
+            # One descriptor pair over kv as [B * Skv, 576] rows: needs the batches back to back, and
+            # (B > 1) no key tile that runs past its batch's end into the next one's keys.
+            flat = kv.stride(0) == Skv * kv.stride(1) and (B == 1 or Skv % block_n == 0)
+            host = K["DESC"] == "host" and flat
+            persistent = bool(K["PERSISTENT"])
+            kn_desc = kr_desc = None
+            if host:
+                rows, width = B * Skv, D_NOPE + D_ROPE
+                kn_desc = TensorDescriptor(kv, [rows, width], [kv.stride(1), 1], [block_n, D_NOPE // 2])
+                kr_desc = TensorDescriptor(kv, [rows, width], [kv.stride(1), 1], [block_n, D_ROPE])
+            if q.is_cuda and not host:
                 triton.set_allocator(_descriptor_scratch)
+            if persistent:
+                grid = (min(n_qblocks * n_hgroups * B, _persistent_programs(q.device)), 1, 1)
             _mla_prefill_tma[grid](
-                q, kv, o, lse,
+                q, kv, kn_desc, kr_desc, o, lse,
                 q.stride(0), q.stride(1), q.stride(2), q.stride(3),
                 kv.stride(0), kv.stride(1),
                 o.stride(0), o.stride(1), o.stride(2), o.stride(3),
                 lse.stride(0), lse.stride(1), lse.stride(2),
-                Sq, H, Skv, n_hgroups, float(scale) * LOG2E,
+                Sq, H, Skv, n_hgroups, B, float(scale) * LOG2E,
                 BLOCK_M=block_m, BLOCK_N=block_n, HEADS_PER_TILE=hpt, UNMASKED_LOOP=bool(K["UNMASKED_LOOP"]),
                 KEYS_AS_M=bool(K["KEYS_AS_M"]), TAU=tau, DN=D_NOPE, DR=D_ROPE, QK_SPLIT=qk_split,
-                DEFER_SUM=K["ROWSUM"] == "defer",
+                DEFER_SUM=K["ROWSUM"] == "defer", FLAT=host or (persistent and flat), PERSISTENT=persistent,
                 num_warps=num_warps, num_stages=num_stages,
             )
             return o, lse
