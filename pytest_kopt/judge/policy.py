@@ -25,6 +25,9 @@ ALLOWED_IMPORTS = frozenset({
     "__future__", "math", "typing", "functools", "dataclasses", "itertools", "enum",
     "torch", "triton", "triton.language",
     "triton.tools.tensor_descriptor",  # Triton's host-side TMA descriptor (a dataclass; no kernels)
+    # Gluon, Triton's own lower-level dialect (explicit layouts, shared memory, wgmma, TMA, mbarriers)
+    "triton.experimental.gluon", "triton.experimental.gluon.language", "triton.experimental.gluon.language.nvidia.hopper",
+    "triton.experimental.gluon.nvidia.hopper",
 })
 # Submodules of an allowed package that are refused anyway (runtime internals, torch-based tools).
 REFUSED_SUBMODULES = ("triton.runtime", "triton.compiler", "triton.testing", "triton.tools", "triton.backends",
@@ -140,7 +143,7 @@ def _is_jit_decorator(node: ast.AST, aliases: dict[str, str]) -> bool:
         return False
     head, _, rest = dotted.partition(".")
     full = aliases.get(head, head) + ("." + rest if rest else "")
-    return full in ("triton.jit", "triton.runtime.jit.jit")
+    return full in ("triton.jit", "triton.runtime.jit.jit", "triton.experimental.gluon.jit")
 
 
 def _is_triton_decorated(node: ast.AST, aliases: dict[str, str]) -> bool:
