@@ -36,11 +36,14 @@ ROWSUM "defer" (QK_SPLIT): the row sums are kept per score element (l = l * alph
 once after the loop, instead of a cross-warpgroup reduction per tile.
 
 Tiles are issued heaviest first (last queries first) to shorten the tail.
-DESC (TMA kernel): "device" builds the KV descriptors in every program (global scratch, fences),
-"host" passes descriptors built once by the host as kernel arguments (over kv as [B * Skv, 576]
-rows; when B > 1 needs Skv a multiple of BLOCK_N, else "device" is used). PERSISTENT (TMA kernel):
-one program per SM walks the row tiles in a snake over the heaviest-first order instead of one
-program per row tile; the program's start is paid once per SM.
+
+ENGINE "gluon" (session 9): ``_prefill_gluon``, the QK_SPLIT kernel's algorithm written in Gluon, Triton's
+dialect with explicit layouts, shared memory, mbarriers and asynchronous wgmma. Triton 3.6 waits for every
+wgmma it does not pipeline right after issuing it: five tensor-core drains per 64-key tile here. The Gluon
+kernel issues a tile's score dots behind the previous tile's P V and waits once for both, and fetches KV
+tiles by TMA into a two-stage ring as soon as a stage is released. It runs where it applies (a Hopper GPU,
+bf16 contiguous inputs, H in 16/32/64/128, B 1 or Skv a multiple of 64; see ``_gluon_applies``), else the
+Triton kernel of the other knobs runs; Gluon has no CPU interpreter, so on the CPU it is always the latter.
 Accumulator registers: BLOCK_M * 512 / V_SPLIT floats per program (64 x 512 = 32K: give it 8 warps).
 """
 
@@ -48,11 +51,16 @@ import math
 
 import torch
 import triton
+import triton.experimental.gluon as gluon
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 # kopt:knobs-begin
-KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 16, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2, "RESCALE_TAU": 0, "KV_LOAD": "tma", "QK_SPLIT": True, "ROWSUM": "defer", "DESC": "device", "PERSISTENT": False}
+KNOBS = {'BLOCK_M': 64, 'BLOCK_N': 64, 'HEADS_PER_TILE': 16, 'V_SPLIT': 1, 'UNMASKED_LOOP': False, 'KEYS_AS_M': False, 'num_warps': 8, 'num_stages': 2, 'RESCALE_TAU': 0, 'KV_LOAD': 'tma', 'QK_SPLIT': True, 'ROWSUM': 'defer', 'ENGINE': 'gluon'}
 # kopt:knobs-end
 SPACE = {
     "BLOCK_M": [32, 64, 128],  # (query, head) rows per program
@@ -67,16 +75,16 @@ SPACE = {
     "KV_LOAD": ["pointer", "tma"],  # KV tiles by per-thread pointers (cp.async) or tensor descriptors (TMA; V_SPLIT 1)
     "QK_SPLIT": [False, True],  # TMA kernel: score keys split over the warpgroups (no duplicated QK), P V as V^T P^T
     "ROWSUM": ["reduce", "defer"],  # QK_SPLIT: row sums reduced every tile (across warpgroups), or kept per element and reduced once at the end
-    "DESC": ["device", "host"],  # TMA kernel: KV descriptors built by every program, or once on the host (kernel arguments)
-    "PERSISTENT": [False, True],  # TMA kernel: one program per row tile, or one per SM walking the row tiles
+    # session 9: "gluon" runs _prefill_gluon (fixed 64-row tiles, 8 warps; the knobs above are then unused) where it
+    # applies -- a Hopper GPU, bf16 contiguous inputs, H 16/32/64/128, B 1 or Skv a multiple of 64 -- else the Triton kernel
+    "ENGINE": ["triton", "gluon"],
 }
 # Measured by the search loop right after the defaults: HEADS_PER_TILE 64 (the promoted kernel, 12.34-12.38 ms,
 # session 4). Session 5's QK_AHEAD (17.4 ms at BLOCK_N 32) and Q_LOAD tma (12.40 ms) lost to it on the H200 (12.33 ms)
 # and were removed from the family (kernels/notes/mla.md "Version 7 measured"; code in commit ce6db40).
-# Session 9 (unmeasured when written): the per-row-tile start paid once, by host-built descriptors and/or one
-# program per SM (offline sm_90: loop 611 -> 627 / 618 / 633 instructions per tile, persistent 1 spill in the loop).
-TRY_EARLY = [{"HEADS_PER_TILE": 64}, {"HEADS_PER_TILE": 64, "PERSISTENT": True, "DESC": "host"},
-             {"HEADS_PER_TILE": 64, "DESC": "host"}, {"HEADS_PER_TILE": 64, "PERSISTENT": True}]
+# Session 9's DESC "host" (12.57 ms) and PERSISTENT (12.72; both 12.66) lost to 12.40-12.44 in one dev run and were
+# removed (kernels/notes/mla.md "Session 9"; code in commit c168542).
+TRY_EARLY = [{"ENGINE": "gluon"}, {"HEADS_PER_TILE": 64}]
 
 D_NOPE = 512  # latent width: the value width
 D_ROPE = 64  # rope width; key width = D_NOPE + D_ROPE = 576
@@ -201,16 +209,15 @@ def _mla_prefill_fwd(
 
 @triton.jit
 def _attend_tile_tma(
-    acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, row0, start, limit, qk_scale,
+    acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
     BLOCK_N: tl.constexpr, DN: tl.constexpr, MASKED: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr,
 ):
     """``_attend_tile`` on descriptor-loaded tiles: the latent as two [BLOCK_N, 256] boxes (a box
-    is at most 256 wide), each also the value half of its accumulator; rows past Skv read as zeros.
-    The descriptors' row of key 0 is ``row0`` (0, or b * Skv on a [B * Skv, 576] descriptor)."""
+    is at most 256 wide), each also the value half of its accumulator; rows past Skv read as zeros."""
     HALF: tl.constexpr = DN // 2
-    kn0 = kn_desc.load([row0 + start, 0])
-    kn1 = kn_desc.load([row0 + start, HALF])
-    kr = kr_desc.load([row0 + start, DN])
+    kn0 = kn_desc.load([start, 0])
+    kn1 = kn_desc.load([start, HALF])
+    kr = kr_desc.load([start, DN])
     if KEYS_AS_M:
         qk = tl.trans(tl.dot(kn1, qn1, tl.dot(kn0, qn0, tl.dot(kr, qr))))
     else:
@@ -244,7 +251,7 @@ def _attend_tile_tma(
 
 @triton.jit
 def _attend_tile_split(
-    acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, row0, start, limit, qk_scale, live,
+    acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale, live,
     BLOCK_N: tl.constexpr, DN: tl.constexpr, MASKED: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr,
     DEFER_SUM: tl.constexpr = False,
 ):
@@ -262,9 +269,9 @@ def _attend_tile_split(
     the row sums (a reduction across the two warpgroups, through shared memory and barriers) are
     taken once after the loop (offline sm_90: 3 fewer barriers per tile, no spills)."""
     HALF: tl.constexpr = DN // 2
-    kn0 = kn_desc.load([row0 + start, 0])
-    kn1 = kn_desc.load([row0 + start, HALF])
-    kr = kr_desc.load([row0 + start, DN])
+    kn0 = kn_desc.load([start, 0])
+    kn1 = kn_desc.load([start, HALF])
+    kr = kr_desc.load([start, DN])
     offs_n = start + tl.arange(0, BLOCK_N)
     if KEYS_AS_M:  # s [BLOCK_N, rows]; reductions over axis 0
         s = tl.dot(kr, qr) * qk_scale + tl.dot(kn0, qn0) * qk_scale + tl.dot(kn1, qn1) * qk_scale
@@ -309,66 +316,25 @@ def _attend_tile_split(
 
 @triton.jit
 def _mla_prefill_tma(
-    q, kv, kn_desc, kr_desc, o, lse,
+    q, kv, o, lse,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_kn,
     stride_ob, stride_os, stride_oh, stride_od,
     stride_lb, stride_lh, stride_ls,
-    Sq, H, Skv, n_hgroups, n_batch, qk_scale,
+    Sq, H, Skv, n_hgroups, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS_PER_TILE: tl.constexpr,
     UNMASKED_LOOP: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr,
-    QK_SPLIT: tl.constexpr, DEFER_SUM: tl.constexpr = False, FLAT: tl.constexpr = False, PERSISTENT: tl.constexpr = False,
+    QK_SPLIT: tl.constexpr, DEFER_SUM: tl.constexpr = False,
 ):
-    """``_mla_prefill_fwd`` (V_SPLIT 1) with KV tiles through tensor descriptors (TMA on sm_90).
-
-    FLAT: one descriptor pair over kv as [B * Skv, 576] rows (kn_desc / kr_desc from the host, or
-    built here once when they are None); else every row tile builds its own pair over its batch.
-    PERSISTENT: the grid is at most one program per SM, and program p takes row tiles p, then
-    2P - 1 - p, then 2P + p, ... of the heaviest-first order (a snake, so the causal work evens out);
-    the per-program start (descriptors, launch, ramp) is paid once per SM, not once per row tile."""
+    """``_mla_prefill_fwd`` (V_SPLIT 1) with KV tiles through tensor descriptors (TMA on sm_90)."""
     HALF: tl.constexpr = DN // 2
     QB: tl.constexpr = BLOCK_M // HEADS_PER_TILE
-    n_qblocks = tl.cdiv(Sq, QB)
-    if FLAT:
-        if kn_desc is None:
-            kn_desc = tl.make_tensor_descriptor(kv, shape=[n_batch * Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, HALF])
-            kr_desc = tl.make_tensor_descriptor(kv, shape=[n_batch * Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, DR])
     pid = tl.program_id(0)
-    if PERSISTENT:
-        nprog = tl.num_programs(0)
-        n_tiles = n_qblocks * n_hgroups * n_batch
-        for k in range(0, tl.cdiv(n_tiles, nprog)):
-            t = k * nprog + tl.where(k % 2 == 0, pid, nprog - 1 - pid)
-            if t < n_tiles:
-                u = t // n_batch
-                _prefill_row_tile(q, kv, kn_desc, kr_desc, o, lse,
-                                  stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_kn,
-                                  stride_ob, stride_os, stride_oh, stride_od, stride_lb, stride_lh, stride_ls,
-                                  (t % n_batch).to(tl.int64), n_qblocks - 1 - u // n_hgroups, u % n_hgroups,
-                                  Sq, H, Skv, qk_scale, BLOCK_M, BLOCK_N, HEADS_PER_TILE, UNMASKED_LOOP, KEYS_AS_M, TAU,
-                                  DN, DR, QK_SPLIT, DEFER_SUM, FLAT)
-    else:
-        _prefill_row_tile(q, kv, kn_desc, kr_desc, o, lse,
-                          stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_kn,
-                          stride_ob, stride_os, stride_oh, stride_od, stride_lb, stride_lh, stride_ls,
-                          (tl.program_id(2) % n_batch).to(tl.int64), n_qblocks - 1 - pid // n_hgroups, pid % n_hgroups,
-                          Sq, H, Skv, qk_scale, BLOCK_M, BLOCK_N, HEADS_PER_TILE, UNMASKED_LOOP, KEYS_AS_M, TAU,
-                          DN, DR, QK_SPLIT, DEFER_SUM, FLAT)
+    b = tl.program_id(2).to(tl.int64)
+    n_qblocks = tl.cdiv(Sq, QB)
+    qb = n_qblocks - 1 - pid // n_hgroups
+    hg = pid % n_hgroups
 
-
-@triton.jit
-def _prefill_row_tile(
-    q, kv, kn_desc, kr_desc, o, lse,
-    stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_kn,
-    stride_ob, stride_os, stride_oh, stride_od, stride_lb, stride_lh, stride_ls,
-    b, qb, hg, Sq, H, Skv, qk_scale,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS_PER_TILE: tl.constexpr,
-    UNMASKED_LOOP: tl.constexpr, KEYS_AS_M: tl.constexpr, TAU: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr,
-    QK_SPLIT: tl.constexpr, DEFER_SUM: tl.constexpr, FLAT: tl.constexpr,
-):
-    """One row tile (query block qb, head group hg, batch b) of ``_mla_prefill_tma``."""
-    HALF: tl.constexpr = DN // 2
-    QB: tl.constexpr = BLOCK_M // HEADS_PER_TILE
     r = tl.arange(0, BLOCK_M)
     s_idx = qb * QB + r // HEADS_PER_TILE
     h_idx = hg * HEADS_PER_TILE + r % HEADS_PER_TILE
@@ -392,13 +358,9 @@ def _prefill_row_tile(
     full_end = ((lo + 1) // BLOCK_N) * BLOCK_N
     end = hi + 1
 
-    if FLAT:
-        row0 = (b * Skv).to(tl.int32)  # TMA coordinates are 32-bit; b is the constant 0 when B == 1
-    else:
-        row0 = 0
-        kv_b = kv + b * stride_kb
-        kn_desc = tl.make_tensor_descriptor(kv_b, shape=[Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, HALF])
-        kr_desc = tl.make_tensor_descriptor(kv_b, shape=[Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, DR])
+    kv_b = kv + b * stride_kb
+    kn_desc = tl.make_tensor_descriptor(kv_b, shape=[Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, HALF])
+    kr_desc = tl.make_tensor_descriptor(kv_b, shape=[Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, DR])
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     if not UNMASKED_LOOP:
@@ -414,10 +376,10 @@ def _prefill_row_tile(
             else:
                 l_i = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for start in range(0, full_end, BLOCK_N):
-            acc0, acc1, l_i, m_i = _attend_tile_split(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, row0, start, limit, qk_scale,
+            acc0, acc1, l_i, m_i = _attend_tile_split(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
                                                       live, BLOCK_N, DN, False, KEYS_AS_M, TAU, DEFER_SUM)
         for start in range(full_end, end, BLOCK_N):
-            acc0, acc1, l_i, m_i = _attend_tile_split(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, row0, start, limit, qk_scale,
+            acc0, acc1, l_i, m_i = _attend_tile_split(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
                                                       live, BLOCK_N, DN, True, KEYS_AS_M, TAU, DEFER_SUM)
         if DEFER_SUM:
             if KEYS_AS_M:
@@ -432,10 +394,10 @@ def _prefill_row_tile(
         acc0 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
         acc1 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
         for start in range(0, full_end, BLOCK_N):
-            acc0, acc1, l_i, m_i = _attend_tile_tma(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, row0, start, limit, qk_scale,
+            acc0, acc1, l_i, m_i = _attend_tile_tma(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
                                                     BLOCK_N, DN, False, KEYS_AS_M, TAU)
         for start in range(full_end, end, BLOCK_N):
-            acc0, acc1, l_i, m_i = _attend_tile_tma(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, row0, start, limit, qk_scale,
+            acc0, acc1, l_i, m_i = _attend_tile_tma(acc0, acc1, l_i, m_i, qn0, qn1, qr, kn_desc, kr_desc, start, limit, qk_scale,
                                                     BLOCK_N, DN, True, KEYS_AS_M, TAU)
         inv_l = 1.0 / l_i  # every real row sees key 0, so l_i > 0
         ptr = o_row[:, None] + offs_h[None, :] * stride_od
@@ -443,6 +405,152 @@ def _prefill_row_tile(
         tl.store(ptr + HALF * stride_od, (acc1 * inv_l[:, None]).to(o.dtype.element_ty), mask=row_ok[:, None])
     l_ptr = lse + b * stride_lb + h_idx.to(tl.int64) * stride_lh + s_idx.to(tl.int64) * stride_ls
     tl.store(l_ptr, (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=row_ok)
+
+
+# ------------------------------------------------------------------------------------------
+# ENGINE "gluon": the same attention in Gluon (Triton's explicit-layout dialect), sm_90 only
+# ------------------------------------------------------------------------------------------
+GLUON_ROWS = 64  # (query, head) rows per program: the wgmma M of both warpgroups
+GLUON_BLOCK_N = 64  # keys per tile
+
+
+@gluon.jit
+def _gluon_tile(j, s_raw, acc, m_i, l_el, q_lat, q_rope, k_lat, k_rope, p_smem, ready, k_lat_desc, k_rope_desc,
+                kv_row0, n_tiles, limit, qk_scale, cols, row_o: gl.constexpr, DN: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Key tile j. Its score dots are issued behind tile j - 1's P V and one wait returns both (the Triton
+    kernel waits after each of its five dots); then the online softmax, and this tile's P V is left in flight.
+    Fetches tile j + 1 into the stage that tile j - 1 has released."""
+    kv_bytes: gl.constexpr = BLOCK_N * (DN + k_rope.shape[2]) * 2
+    st = j % 2
+    mbarrier.wait(ready.index(st), (j // 2) & 1)
+    s_raw = warpgroup_mma(q_rope, k_rope.index(st).permute((1, 0)), s_raw, use_acc=False, is_async=True)
+    s_raw = warpgroup_mma(q_lat, k_lat.index(st).permute((1, 0)), s_raw, is_async=True)
+    s_raw, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_raw, acc))
+    nxt = j + 1
+    if (j >= 1) & (nxt < n_tiles):
+        gl.thread_barrier()  # the other warpgroup's P V of tile j - 1 is done too: its stage may be overwritten
+        ns = nxt % 2
+        mbarrier.expect(ready.index(ns), kv_bytes)
+        tma.async_copy_global_to_shared(k_lat_desc, [kv_row0 + nxt * BLOCK_N, 0], ready.index(ns), k_lat.index(ns))
+        tma.async_copy_global_to_shared(k_rope_desc, [kv_row0 + nxt * BLOCK_N, DN], ready.index(ns), k_rope.index(ns))
+    s = s_raw * qk_scale
+    s = gl.where((j * BLOCK_N + cols)[None, :] <= limit[:, None], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - m_new[:, None])
+    l_el = l_el * alpha[:, None] + p  # row sums per score element, reduced once after the loop (as ROWSUM "defer")
+    gl.thread_barrier()  # both warpgroups are past their wait: no P V reads p_smem any more
+    p_smem.store(p.to(gl.bfloat16))
+    fence_async_shared()
+    gl.thread_barrier()  # both halves of P (each warpgroup scores half the keys) are in place before either P V
+    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+    acc = warpgroup_mma(p_smem, k_lat.index(st), acc, is_async=True)
+    return s_raw, acc, m_new, l_el
+
+
+@gluon.jit
+def _prefill_gluon(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o, lse, Sq, H, Skv, n_hgroups, qk_scale,
+                   HT: gl.constexpr, DN: gl.constexpr, DR: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr):
+    """One program per (row tile, batch): ROWS rows = ROWS // HT queries x HT heads, which are ROWS consecutive
+    rows of q and o viewed as [B * Sq * H, width]. The two warpgroups split the score tile's keys and the 512
+    value columns (as QK_SPLIT); q stays in shared memory, KV tiles arrive by TMA into a two-stage ring."""
+    QB: gl.constexpr = ROWS // HT
+    pid = gl.program_id(0)
+    b = gl.program_id(1)
+    qb = (Sq + QB - 1) // QB - 1 - pid // n_hgroups  # heaviest (latest queries) first
+    hg = pid % n_hgroups
+    q_row0 = (b * Sq + qb * QB) * H + hg * HT
+    kv_row0 = b * Skv
+    n_tiles = (gl.minimum(qb * QB + QB - 1, Sq - 1) + Skv - Sq) // BLOCK_N + 1
+
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    q_lat = gl.allocate_shared_memory(gl.bfloat16, [ROWS, DN], q_lat_desc.layout)
+    q_rope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, DR], q_rope_desc.layout)
+    k_lat = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, DN], k_lat_desc.layout)
+    k_rope = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, DR], k_rope_desc.layout)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [ROWS, BLOCK_N], gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_N], gl.bfloat16))
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    mbarrier.init(ready.index(0), count=1)
+    mbarrier.init(ready.index(1), count=1)
+    fence_async_shared()
+
+    kv_bytes: gl.constexpr = BLOCK_N * (DN + DR) * 2
+    mbarrier.expect(q_bar, ROWS * (DN + DR) * 2)
+    tma.async_copy_global_to_shared(q_lat_desc, [q_row0, 0], q_bar, q_lat)
+    tma.async_copy_global_to_shared(q_rope_desc, [q_row0, DN], q_bar, q_rope)
+    mbarrier.expect(ready.index(0), kv_bytes)
+    tma.async_copy_global_to_shared(k_lat_desc, [kv_row0, 0], ready.index(0), k_lat.index(0))
+    tma.async_copy_global_to_shared(k_rope_desc, [kv_row0, DN], ready.index(0), k_rope.index(0))
+    more = n_tiles > 1
+    mbarrier.expect(ready.index(1), kv_bytes, pred=more)
+    tma.async_copy_global_to_shared(k_lat_desc, [kv_row0 + BLOCK_N, 0], ready.index(1), k_lat.index(1), pred=more)
+    tma.async_copy_global_to_shared(k_rope_desc, [kv_row0 + BLOCK_N, DN], ready.index(1), k_rope.index(1), pred=more)
+
+    r = gl.arange(0, ROWS, layout=row_s)
+    s_idx = qb * QB + r // HT
+    limit = gl.minimum(s_idx, Sq - 1) + Skv - Sq  # each row's last visible key (rows past Sq: never stored)
+    m_i = gl.full([ROWS], -1.0e30, gl.float32, layout=row_s)
+    l_el = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+    acc = warpgroup_mma_init(gl.zeros([ROWS, DN], gl.float32, layout=o_layout))
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    # The score accumulator is carried and overwritten (use_acc=False), and tile 0 runs before the loop: a zero
+    # tensor made per tile, or a zero-trip path into the final wait, writes wgmma accumulator registers while a
+    # P V is in flight, and ptxas then serialises every wgmma of the kernel (its C7515 note).
+    s_raw = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(q_bar, 0)
+    s_raw, acc, m_i, l_el = _gluon_tile(0, s_raw, acc, m_i, l_el, q_lat, q_rope, k_lat, k_rope, p_smem, ready, k_lat_desc,
+                                        k_rope_desc, kv_row0, n_tiles, limit, qk_scale, cols, row_o, DN, BLOCK_N)
+    for j in range(1, n_tiles):
+        s_raw, acc, m_i, l_el = _gluon_tile(j, s_raw, acc, m_i, l_el, q_lat, q_rope, k_lat, k_rope, p_smem, ready, k_lat_desc,
+                                            k_rope_desc, kv_row0, n_tiles, limit, qk_scale, cols, row_o, DN, BLOCK_N)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.invalidate(q_bar)
+    mbarrier.invalidate(ready.index(0))
+    mbarrier.invalidate(ready.index(1))
+
+    l_i = gl.sum(l_el, 1)
+    out = acc / gl.convert_layout(l_i, row_o)[:, None]
+    r_o = gl.arange(0, ROWS, layout=row_o)
+    ok_o = (qb * QB + r_o // HT) < Sq
+    cols_o = gl.arange(0, DN, layout=gl.SliceLayout(0, o_layout))
+    gl.store(o + (q_row0 + r_o).to(gl.int64)[:, None] * DN + cols_o[None, :], out.to(gl.bfloat16), mask=ok_o[:, None])
+    h_idx = hg * HT + r % HT
+    gl.store(lse + ((b * H + h_idx) * Sq + s_idx).to(gl.int64), (m_i + gl.log2(l_i)) * 0.6931471805599453, mask=s_idx < Sq)
+
+
+def _gluon_applies(q, kv) -> bool:
+    """Where ENGINE "gluon" runs: wgmma and TMA (Hopper), bf16 rows the descriptors can take, row tiles of whole
+    head groups, and (B > 1) no key tile running past its batch into the next one's keys."""
+    B, Sq, H, _ = q.shape
+    return (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9
+            and q.dtype == kv.dtype == torch.bfloat16 and q.is_contiguous() and kv.is_contiguous()
+            and H in (16, 32, 64, 128) and (B == 1 or kv.shape[1] % GLUON_BLOCK_N == 0))
+
+
+def _prefill_gluon_launch(q, kv, scale):
+    B, Sq, H, D = q.shape
+    Skv = kv.shape[1]
+    ht = min(H, GLUON_ROWS)
+    q2, kv2 = q.view(B * Sq * H, D), kv.view(B * Skv, D)
+
+    def desc(t, rows, width):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, width], gl.bfloat16)
+        return GluonDescriptor(t, list(t.shape), [D, 1], [rows, width], layout)
+
+    o = torch.empty((B, Sq, H, D_NOPE), device=q.device, dtype=q.dtype)
+    lse = torch.empty((B, H, Sq), device=q.device, dtype=torch.float32)
+    n_hgroups = H // ht
+    grid = (triton.cdiv(Sq, GLUON_ROWS // ht) * n_hgroups, B)
+    _prefill_gluon[grid](desc(q2, GLUON_ROWS, D_NOPE), desc(q2, GLUON_ROWS, D_ROPE), desc(kv2, GLUON_BLOCK_N, D_NOPE),
+                         desc(kv2, GLUON_BLOCK_N, D_ROPE), o, lse, Sq, H, Skv, n_hgroups, float(scale) * LOG2E,
+                         HT=ht, DN=D_NOPE, DR=D_ROPE, ROWS=GLUON_ROWS, BLOCK_N=GLUON_BLOCK_N, num_warps=8)
+    return o, lse
 
 
 _DESCRIPTOR_SCRATCH = {}
@@ -456,14 +564,6 @@ def _descriptor_scratch(size, alignment, stream):
     if buf is None:
         buf = _DESCRIPTOR_SCRATCH[(size, stream)] = torch.empty(size, device="cuda", dtype=torch.int8)
     return buf
-
-
-def _persistent_programs(device):
-    """PERSISTENT's grid: one program per SM on a GPU; three on the CPU interpreter, so a small test
-    still walks several rounds of the snake in both directions."""
-    if device.type != "cuda":
-        return 3
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _tma_ok(kv):
@@ -492,6 +592,10 @@ def _check(q, kv, scale):
 def kernel(q, kv, scale):
     _check(q, kv, scale)
     K = KNOBS
+    if K["ENGINE"] not in ("triton", "gluon"):
+        raise ValueError(f"ENGINE must be 'triton' or 'gluon', got {K['ENGINE']!r}")
+    if K["ENGINE"] == "gluon" and _gluon_applies(q, kv):
+        return _prefill_gluon_launch(q, kv, scale)
     block_m, block_n = int(K["BLOCK_M"]), int(K["BLOCK_N"])
     hpt, v_split = int(K["HEADS_PER_TILE"]), int(K["V_SPLIT"])
     num_warps, num_stages = int(K["num_warps"]), int(K["num_stages"])
@@ -507,8 +611,6 @@ def kernel(q, kv, scale):
         raise ValueError(f"KV_LOAD must be 'pointer' or 'tma', got {K['KV_LOAD']!r}")
     if K["ROWSUM"] not in ("reduce", "defer"):
         raise ValueError(f"ROWSUM must be 'reduce' or 'defer', got {K['ROWSUM']!r}")
-    if K["DESC"] not in ("device", "host"):
-        raise ValueError(f"DESC must be 'device' or 'host', got {K['DESC']!r}")
 
     tau = float(K["RESCALE_TAU"])
     if not 0 <= tau <= 16:
@@ -536,30 +638,18 @@ def kernel(q, kv, scale):
     grid = (n_qblocks * n_hgroups, v_split, B)
     try:
         if K["KV_LOAD"] == "tma" and v_split == 1 and kv.dtype == torch.bfloat16 and _tma_ok(kv):
-            # One descriptor pair over kv as [B * Skv, 576] rows: needs the batches back to back, and
-            # (B > 1) no key tile that runs past its batch's end into the next one's keys.
-            flat = kv.stride(0) == Skv * kv.stride(1) and (B == 1 or Skv % block_n == 0)
-            host = K["DESC"] == "host" and flat
-            persistent = bool(K["PERSISTENT"])
-            kn_desc = kr_desc = None
-            if host:
-                rows, width = B * Skv, D_NOPE + D_ROPE
-                kn_desc = TensorDescriptor(kv, [rows, width], [kv.stride(1), 1], [block_n, D_NOPE // 2])
-                kr_desc = TensorDescriptor(kv, [rows, width], [kv.stride(1), 1], [block_n, D_ROPE])
-            if q.is_cuda and not host:
+            if q.is_cuda:
                 triton.set_allocator(_descriptor_scratch)
-            if persistent:
-                grid = (min(n_qblocks * n_hgroups * B, _persistent_programs(q.device)), 1, 1)
             _mla_prefill_tma[grid](
-                q, kv, kn_desc, kr_desc, o, lse,
+                q, kv, o, lse,
                 q.stride(0), q.stride(1), q.stride(2), q.stride(3),
                 kv.stride(0), kv.stride(1),
                 o.stride(0), o.stride(1), o.stride(2), o.stride(3),
                 lse.stride(0), lse.stride(1), lse.stride(2),
-                Sq, H, Skv, n_hgroups, B, float(scale) * LOG2E,
+                Sq, H, Skv, n_hgroups, float(scale) * LOG2E,
                 BLOCK_M=block_m, BLOCK_N=block_n, HEADS_PER_TILE=hpt, UNMASKED_LOOP=bool(K["UNMASKED_LOOP"]),
                 KEYS_AS_M=bool(K["KEYS_AS_M"]), TAU=tau, DN=D_NOPE, DR=D_ROPE, QK_SPLIT=qk_split,
-                DEFER_SUM=K["ROWSUM"] == "defer", FLAT=host or (persistent and flat), PERSISTENT=persistent,
+                DEFER_SUM=K["ROWSUM"] == "defer",
                 num_warps=num_warps, num_stages=num_stages,
             )
             return o, lse
