@@ -414,3 +414,57 @@ def test_compiles_for_hopper():
     if not read_knobs(PREFILL)[0]["QK_SPLIT"]:  # the chained default: [8, 1] on the 64 x 64 score tile
         layouts = [line for line in result["prefill-tma"]["ttgir"].splitlines() if "nvidia_mma" in line]
         assert any("warpsPerCTA = [8, 1], instrShape = [16, 32, 16]" in line for line in layouts), layouts
+
+
+_GLUON_SCRIPT = r"""
+import importlib.util, json, subprocess, sys, tempfile
+from pathlib import Path
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+
+spec = importlib.util.spec_from_file_location("mla_prefill_gluon_sm90", sys.argv[1])
+fam = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fam)
+rows, n, dn, dr = fam.GLUON_ROWS, fam.GLUON_BLOCK_N, fam.D_NOPE, fam.D_ROPE
+ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+def desc(r, w):  # a host descriptor argument, typed as Triton's launcher types it
+    return f"tensordesc<bf16[{r}, {w}],{fam.gl.NVMMASharedLayout.get_default_for([r, w], fam.gl.bfloat16)!r}>"
+
+
+out = {}
+for ht in (64, 16):
+    sig = {"q_lat_desc": desc(rows, dn), "q_rope_desc": desc(rows, dr), "k_lat_desc": desc(n, dn), "k_rope_desc": desc(n, dr),
+           "o": "*bf16", "lse": "*fp32", "Sq": "i32", "H": "i32", "Skv": "i32", "n_hgroups": "i32", "qk_scale": "fp32",
+           "HT": "constexpr", "DN": "constexpr", "DR": "constexpr", "ROWS": "constexpr", "BLOCK_N": "constexpr"}
+    c = triton.compile(GluonASTSource(fam._prefill_gluon, sig, constexprs={"HT": ht, "DN": dn, "DR": dr, "ROWS": rows, "BLOCK_N": n}),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+    ptx = c.asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "k.ptx").write_text(ptx)
+        notes = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(Path(tmp) / "k.ptx"), "-o", str(Path(tmp) / "k.cubin")],
+                               capture_output=True, text=True).stderr
+    out[ht] = {"shared": c.metadata.shared, "waits": ptx.count("wgmma.wait_group"), "wgmma": ptx.count("wgmma.mma_async"),
+               "serialised": "C7515" in notes, "spills": "0 bytes spill stores, 0 bytes spill loads" not in notes, "notes": notes[-400:]}
+print(json.dumps(out))
+"""
+
+
+def test_gluon_prefill_compiles_for_hopper_with_one_wait_per_tile():
+    """ENGINE "gluon" cannot run on the CPU (Gluon has no interpreter; the GPU checks are
+    benchmarks/dev_gluon_prefill.py and the judge), so CI holds its compile for sm_90 to what made it
+    fast: each key tile's 40 wgmma (36 score, 4 P V) waited once, which ptxas keeps only if nothing
+    writes an accumulator register while a wgmma is in flight (else its C7515 note: every wgmma
+    serialised), no spills, and the shared memory of one CTA per SM."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    import json
+
+    result = json.loads(compile_in_child(_GLUON_SCRIPT, str(PREFILL)).strip().splitlines()[-1])
+    for ht, info in result.items():
+        assert not info["serialised"], (ht, info["notes"])
+        assert not info["spills"], (ht, info["notes"])
+        # tile 0 before the loop and the loop's tile each issue 40 wgmma and wait once; one final wait
+        assert (info["wgmma"], info["waits"]) == (80, 3), (ht, info["wgmma"], info["waits"])
+        assert info["shared"] <= 232448, (ht, info["shared"])
