@@ -18,6 +18,7 @@ import argparse
 import importlib.util
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -85,6 +86,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--offline", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--sweep", type=int, default=0, help="also check this many random shapes (seeded), no timing")
     args = ap.parse_args()
     if args.offline:
         return offline()
@@ -104,6 +106,10 @@ def main() -> int:
     cases = [{"B": 1, "Sq": 200, "H": 64, "Skv": 200}, {"B": 1, "Sq": 70, "H": 64, "Skv": 333}, {"B": 2, "Sq": 129, "H": 64, "Skv": 256},
              {"B": 1, "Sq": 1, "H": 64, "Skv": 1}, {"B": 1, "Sq": 37, "H": 16, "Skv": 100}, {"B": 2, "Sq": 63, "H": 32, "Skv": 128},
              {"B": 1, "Sq": 50, "H": 128, "Skv": 77}, {"B": 3, "Sq": 5, "H": 16, "Skv": 64}]
+    rng = random.Random(9)
+    for _ in range(args.sweep):  # random shapes, some where the gluon engine does not apply (then the Triton kernel runs)
+        skv = rng.randint(1, 700)
+        cases.append({"B": rng.randint(1, 3), "Sq": rng.randint(1, skv), "H": rng.choice([16, 32, 64, 128]), "Skv": skv})
     rows, ok = [], True
     for i, case in enumerate(cases + list(MLA_PREFILL.headline_cases)):
         row = {"case": MLA.describe(case)}
@@ -111,6 +117,7 @@ def main() -> int:
             for call in (1, 2):  # fresh inputs each call
                 inputs = MLA.make_inputs(case, device="cuda", seed=1000 * call + i, dtype=torch.bfloat16)
                 want_o, want_lse = MLA_PREFILL.reference(**inputs)
+                row["engine"] = "gluon" if gluon_mod._gluon_applies(inputs["q"], inputs["kv"]) else "triton"
                 o, lse = gluon_mod.kernel(**inputs)
                 torch.cuda.synchronize()
                 row[f"rel_o{call}"], row[f"rel_lse{call}"] = rel_rms(o, want_o), rel_rms(lse, want_lse)
