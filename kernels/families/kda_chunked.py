@@ -152,10 +152,7 @@ import math
 
 import torch
 import triton
-import triton.experimental.gluon as gluon
 import triton.language as tl
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 # kopt:knobs-begin
 KNOBS = {
@@ -188,7 +185,6 @@ KNOBS = {
     "u_store": "fp32",
     "off_tile": "chunk",
     "diag_cols": "load",
-    "scan_engine": "triton",
 }
 # kopt:knobs-end
 SPACE = {
@@ -228,10 +224,6 @@ SPACE = {
     # transposed and summed again; "trans" = tl.trans of the row side's tile (sm_90: -1.2 K of 16.3 K
     # warp-instructions per block-row program, benchmarks/sass_kda.py)
     "diag_cols": ["load", "trans"],
-    # session 9: "gluon" runs the scan as _kda_scan_gluon (each warp owns a quarter of the state's K rows; one
-    # cross-warp sum per chunk) where it applies -- a GPU, readout "pre", no fused read-out, scan_dot "mixed",
-    # BV 16 -- else the Triton scan of the knobs above
-    "scan_engine": ["triton", "gluon"],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
 # (when, then) pair mirrors one of _plan's checks below, which stay the authority;
@@ -1004,103 +996,6 @@ def _kda_scan_kernel(
         tl.store(ht_ptr + state_off, S)
 
 
-@gluon.jit
-def _split_g(x):
-    hi = x.to(gl.bfloat16)
-    lo = (x - hi.to(gl.float32)).to(gl.bfloat16)
-    return hi, lo
-
-
-@gluon.jit
-def _kda_scan_gluon(w_ptr, u_ptr, kd_ptr, gl_ptr, h0_ptr, ht_ptr, hbuf_ptr, TP, NT,
-                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NW: gl.constexpr,
-                    USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
-    """``_kda_scan_kernel`` (readout "pre", unfused, scan_dot "mixed") in Gluon, for one (V-block, batch*head).
-
-    The Triton scan splits every product's output columns over its warps, so each chunk step moves the state
-    and delta between warps through shared memory (20 barriers per step at the headline, offline sm_90). Here
-    warp b owns rows b*KS..b*KS+KS-1 of the state S [K, BV] (held as S3[b, v, k]) for the whole scan: the
-    product w S is a per-warp partial over its K-slice (batched mma, batch = warp) summed across the warps
-    once, delta = u - w S is then formed by every warp, and the state update kd^T delta touches only the
-    warp's own rows. The w and kd tiles of the next chunk are copied (cp.async) into a second stage while the
-    current one is used. Same roundings as the Triton scan: S to bf16 in w S and in the stored state, delta as
-    a bf16 hi/lo pair."""
-    KS: gl.constexpr = K // NW
-    L: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1], instr_shape=[1, 16, 8])
-    LA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=L, k_width=2)
-    LB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=L, k_width=2)
-    R: gl.constexpr = gl.SliceLayout(0, L)
-    # cp.async staging: [NW, KS, BT] for w (k fastest in memory), [NW, BT, KS] for kd (k fastest)
-    CPW: gl.constexpr = gl.BlockedLayout([1, 8, 1], [1, 4, 8], [NW, 1, 1], [1, 2, 0])
-    CPK: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 8, 4], [NW, 1, 1], [2, 1, 0])
-    SW: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 2, 0])
-    SK: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[2, 1, 0])
-
-    i_v = gl.program_id(0)
-    i_bh = gl.program_id(1).to(gl.int64)
-    w_ptr += i_bh * TP * K
-    kd_ptr += i_bh * TP * K
-    u_ptr += i_bh * TP * V
-    gl_ptr += i_bh * NT * K
-    hbuf_ptr += i_bh * NT * K * V
-
-    # index tensors
-    b_l = gl.arange(0, NW, layout=gl.SliceLayout(1, gl.SliceLayout(2, L)))[:, None, None]
-    v_l = gl.arange(0, BV, layout=gl.SliceLayout(0, gl.SliceLayout(2, L)))[None, :, None]
-    k_l = gl.arange(0, KS, layout=gl.SliceLayout(0, gl.SliceLayout(1, L)))[None, None, :]
-    st_off = (b_l * KS + k_l) * V + i_v * BV + v_l  # S3[b, v, k] = S[b*KS + k, i_v*BV + v]
-    if USE_H0:
-        S = gl.load(h0_ptr + i_bh * K * V + st_off).to(gl.float32)
-    else:
-        S = gl.zeros([NW, BV, KS], gl.float32, layout=L)
-    g_off = b_l * KS + k_l  # [NW, 1, KS]
-
-    bw = gl.arange(0, NW, layout=gl.SliceLayout(1, gl.SliceLayout(2, CPW)))[:, None, None]
-    kw = gl.arange(0, KS, layout=gl.SliceLayout(0, gl.SliceLayout(2, CPW)))[None, :, None]
-    tw = gl.arange(0, BT, layout=gl.SliceLayout(0, gl.SliceLayout(1, CPW)))[None, None, :]
-    w_off = tw * K + bw * KS + kw  # [NW, KS, BT]
-    bk = gl.arange(0, NW, layout=gl.SliceLayout(1, gl.SliceLayout(2, CPK)))[:, None, None]
-    tk = gl.arange(0, BT, layout=gl.SliceLayout(0, gl.SliceLayout(2, CPK)))[None, :, None]
-    kk = gl.arange(0, KS, layout=gl.SliceLayout(0, gl.SliceLayout(1, CPK)))[None, None, :]
-    kd_off = tk * K + bk * KS + kk  # [NW, BT, KS]
-    v_r = gl.arange(0, BV, layout=gl.SliceLayout(1, R))[:, None]
-    t_r = gl.arange(0, BT, layout=gl.SliceLayout(0, R))[None, :]
-    u_off = t_r * V + i_v * BV + v_r  # [BV, BT]
-
-    w_s = gl.allocate_shared_memory(gl.bfloat16, [2, NW, KS, BT], SW)
-    kd_s = gl.allocate_shared_memory(gl.bfloat16, [2, NW, BT, KS], SK)
-    async_copy.async_copy_global_to_shared(w_s.index(0), w_ptr + w_off)
-    async_copy.async_copy_global_to_shared(kd_s.index(0), kd_ptr + kd_off)
-    async_copy.commit_group()
-    for n in range(NT):
-        st = n % 2
-        nxt = n + 1
-        if nxt < NT:  # prefetch the next chunk's tiles into the other stage (its readers finished last step)
-            async_copy.async_copy_global_to_shared(w_s.index(1 - st), w_ptr + nxt * BT * K + w_off)
-            async_copy.async_copy_global_to_shared(kd_s.index(1 - st), kd_ptr + nxt * BT * K + kd_off)
-        async_copy.commit_group()
-        u_t = gl.load(u_ptr + n * BT * V + u_off).to(gl.float32)
-        g3 = gl.load(gl_ptr + n * K + g_off)
-        async_copy.wait_group(1)
-        gl.thread_barrier()
-        w3 = w_s.index(st).load(LB)
-        kd3 = kd_s.index(st).load(LB)
-        s_hi = S.to(gl.bfloat16)
-        gl.store(hbuf_ptr + n * K * V + st_off, s_hi)
-        ws3 = mma_v2(gl.convert_layout(s_hi, LA), w3, gl.zeros([NW, BV, BT], gl.float32, layout=L))
-        d = u_t - gl.sum(ws3, axis=0)
-        d_hi, d_lo = _split_g(d)
-        zero = gl.zeros([NW, BV, BT], gl.bfloat16, layout=L)
-        d3_hi = gl.convert_layout(zero + d_hi[None, :, :], LA)
-        d3_lo = gl.convert_layout(zero + d_lo[None, :, :], LA)
-        upd = mma_v2(d3_hi, kd3, gl.zeros([NW, BV, KS], gl.float32, layout=L))
-        upd = mma_v2(d3_lo, kd3, upd)
-        S = S * g3 + upd
-        gl.thread_barrier()  # every warp is done with this stage before the next prefetch overwrites it
-    if STORE_HT:
-        gl.store(ht_ptr + i_bh * K * V + st_off, S)
-
-
 # ------------------------------------------------------------------------------------------
 # Stage 3 (unfused read-out): o = qd h + Aqk delta, every chunk at once
 # ------------------------------------------------------------------------------------------
@@ -1160,7 +1055,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
         raise ValueError(f"unknown knob(s) {unknown} (scan_pair and pair_merge were removed after session 6, "
-                         "scan_form after session 7, overlap and out_beside after session 8; kernels/notes/kda.md)")
+                         "scan_form after session 7, overlap and out_beside after session 8, scan_engine after session 9; kernels/notes/kda.md)")
     # combinations the CPU interpreter passes but the H200 computed wrongly: refused by name
     if knobs.get("subst") == "direct":
         raise ValueError("subst='direct' computes wrong outputs on the H200 (results/runs/kda-h200: "
@@ -1259,15 +1154,6 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     }
 
 
-def _gluon_scan_applies(q, plan, fuse) -> bool:
-    """Where scan_engine "gluon" runs: a CUDA GPU (Gluon has no CPU interpreter) and the scan form it
-    implements: readout "pre", the read-out unfused, the state rounded to bf16 in its products (no split),
-    BV 16, and K a power of two from 16 to 256 (K/4 state rows per warp; fewer warps below K 64)."""
-    K = q.shape[-1]
-    return (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 8 and plan["PRE"] and not fuse
-            and not plan["split"] and plan["BV"] == 16 and K in (16, 32, 64, 128, 256))
-
-
 def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
     """KDA forward. q, k, g [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; returns (o, final_state)."""
     return kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, KNOBS)
@@ -1314,7 +1200,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
     u = torch.empty((BH, TP, V), dtype=torch.bfloat16 if plan["u_bf16"] else torch.float32, device=dev)
     aqk = torch.empty((2, BH, TP, BT), dtype=torch.bfloat16, device=dev)  # Aqk as bf16 hi, lo
     akk = torch.empty((BH, TP, BT), dtype=torch.float32, device=dev)
-    g_last = torch.empty((BH, NT, K), dtype=torch.float32, device=dev)  # exp(G_last) per chunk
+    gl = torch.empty((BH, NT, K), dtype=torch.float32, device=dev)
     # Aqk u (readout "pre"); au="bf16" (version 6) halves its write in the solve and its read in the
     # read-out, at one more bf16 rounding of o's intra-chunk part
     au_dtype = torch.bfloat16 if kn["au"] == "bf16" else torch.float32
@@ -1323,7 +1209,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
     try:
         prep_args = (
             q, k, v, g, beta,
-            w, u, kd, qd, aqk, akk, g_last, au,
+            w, u, kd, qd, aqk, akk, gl, au,
             float(scale), T, TP, NT, H, BH * TP * BT,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
@@ -1355,7 +1241,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=2, num_warps=kn["solve_warps"], num_stages=plan["solve_stages"],
                                        **solve_regs, **prep_meta)
         if debug is not None:
-            debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=g_last, BT=BT, NT=NT, TP=TP,
+            debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=gl, BT=BT, NT=NT, TP=TP,
                          pre=plan["PRE"], au=au if plan["PRE"] else None)
         fuse = plan["fuse"]
         if fuse:
@@ -1365,23 +1251,16 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             hbuf = torch.empty((BH, NT, K, V), dtype=torch.float32 if plan["split"] else torch.bfloat16, device=dev)
             dbuf = o if plan["PRE"] else torch.empty((BH, TP, V), dtype=torch.float32, device=dev)
         BV = plan["BV"]
-        if kn["scan_engine"] == "gluon" and _gluon_scan_applies(q, plan, fuse):
-            nw = min(4, K // 16)
-            _kda_scan_gluon[(triton.cdiv(V, BV), BH)](
-                w, u, kd, g_last, h0 if h0 is not None else w, final if final is not None else w, hbuf, TP, NT,
-                K=K, V=V, BT=BT, BV=BV, NW=nw, USE_H0=h0 is not None, STORE_HT=final is not None, num_warps=nw,
-            )
-        else:
-            _kda_scan_kernel[(triton.cdiv(V, BV), BH)](
-                w, u, kd, qd, aqk, g_last, au,
-                h0 if h0 is not None else w, final if final is not None else w, o, hbuf, dbuf,
-                T, TP, NT, H, BH * TP * BT,
-                o.stride(0), o.stride(1), o.stride(2),
-                K=K, V=V, BT=BT, BV=BV,
-                LAYOUT=plan["layout"], FUSE_OUT=fuse, SPLIT_S=plan["split"],
-                USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"],
-                num_warps=kn["scan_warps"], num_stages=plan["scan_stages"],
-            )
+        _kda_scan_kernel[(triton.cdiv(V, BV), BH)](
+            w, u, kd, qd, aqk, gl, au,
+            h0 if h0 is not None else w, final if final is not None else w, o, hbuf, dbuf,
+            T, TP, NT, H, BH * TP * BT,
+            o.stride(0), o.stride(1), o.stride(2),
+            K=K, V=V, BT=BT, BV=BV,
+            LAYOUT=plan["layout"], FUSE_OUT=fuse, SPLIT_S=plan["split"],
+            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"],
+            num_warps=kn["scan_warps"], num_stages=plan["scan_stages"],
+        )
         if not fuse:
             OBV = plan["OUT_BV"]
             _kda_out_kernel[(NT, triton.cdiv(V, OBV), BH)](
