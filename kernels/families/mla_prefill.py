@@ -55,7 +55,12 @@ import triton.experimental.gluon as gluon
 import triton.language as tl
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait,
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
@@ -527,7 +532,7 @@ def _prefill_gluon(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o, lse, Sq,
 def _gluon_applies(q, kv) -> bool:
     """Where ENGINE "gluon" runs: wgmma and TMA (Hopper), bf16 rows the descriptors can take, row tiles of whole
     head groups, and (B > 1) no key tile running past its batch into the next one's keys."""
-    B, Sq, H, _ = q.shape
+    B, _, H, _ = q.shape
     return (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9
             and q.dtype == kv.dtype == torch.bfloat16 and q.is_contiguous() and kv.is_contiguous()
             and H in (16, 32, 64, 128) and (B == 1 or kv.shape[1] % GLUON_BLOCK_N == 0))
