@@ -152,7 +152,17 @@ import math
 
 import torch
 import triton
+import triton.experimental.gluon as gluon
 import triton.language as tl
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 # kopt:knobs-begin
 KNOBS = {
@@ -185,6 +195,7 @@ KNOBS = {
     "u_store": "fp32",
     "off_tile": "chunk",
     "diag_cols": "load",
+    "scan_engine": "triton",
 }
 # kopt:knobs-end
 SPACE = {
@@ -224,6 +235,10 @@ SPACE = {
     # transposed and summed again; "trans" = tl.trans of the row side's tile (sm_90: -1.2 K of 16.3 K
     # warp-instructions per block-row program, benchmarks/sass_kda.py)
     "diag_cols": ["load", "trans"],
+    # session 10: "wgmma" runs the state pass and the read-out as one Gluon kernel, _kda_scan_wgmma (the state
+    # held transposed as a wgmma accumulator, 64 value columns per warpgroup), where it applies -- a Hopper GPU,
+    # readout "pre", scan_dot "mixed", bf16 u and au, K 32/64/128, V a multiple of 64 -- else the Triton scan
+    "scan_engine": ["triton", "wgmma"],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
 # (when, then) pair mirrors one of _plan's checks below, which stay the authority;
@@ -997,6 +1012,111 @@ def _kda_scan_kernel(
 
 
 # ------------------------------------------------------------------------------------------
+# scan_engine "wgmma" (session 10): the state pass and the read-out in one Gluon kernel, sm_90 only
+# ------------------------------------------------------------------------------------------
+WGMMA_BV = 64  # value columns per program: the wgmma M of its one warpgroup
+WGMMA_STAGES = 3  # chunks in flight in the TMA ring
+
+
+@gluon.jit
+def _kda_scan_wgmma(w_desc, kd_desc, qd_desc, u_desc, au_desc, g_desc, h0_ptr, ht_ptr, o_ptr,
+                    T, TP, NT, H, s_ob, s_ot, s_oh,
+                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NS: gl.constexpr,
+                    USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
+    """``_kda_scan_kernel`` with readout "pre", fused, scan_dot "mixed", for one (64 value columns,
+    batch*head), written so that no step moves the state through shared memory.
+
+    The state is held transposed, S^T [BV, K], as a wgmma accumulator of the program's one warpgroup. Its
+    bf16 copy is the register operand A of both products that read it: S^T w^T (the chain) and S^T qd^T
+    (the read-out, off the chain). delta^T = u^T - S^T w^T is formed in registers and is the register
+    operand of S^T <- gl (.) S^T + delta^T kd, which accumulates into the state itself. w, kd, qd, u and au
+    of a chunk and its decay gl arrive by TMA, NS chunks ahead. Same roundings as the Triton scan: S to bf16 in its products,
+    delta as a bf16 hi/lo pair, o = S^T qd^T + au^T rounded once."""
+    LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
+    LD: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    A_WS: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LD, k_width=2)
+    A_UPD: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LS, k_width=2)
+
+    i_v = gl.program_id(0)
+    i_bh = gl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    row0 = i_bh * TP
+    v0 = i_v * BV
+
+    w_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, K], w_desc.layout)
+    kd_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, K], kd_desc.layout)
+    qd_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, K], qd_desc.layout)
+    u_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, BV], u_desc.layout)
+    au_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, BV], au_desc.layout)
+    g_s = gl.allocate_shared_memory(gl.float32, [NS, 1, K], g_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NS):
+        mbarrier.init(ready.index(i), count=1)
+    fence_async_shared()
+    nbytes: gl.constexpr = (3 * BT * K + 2 * BT * BV) * 2 + K * 4
+    g_row0 = i_bh * NT
+    for i in gl.static_range(NS):
+        more = i < NT
+        mbarrier.expect(ready.index(i), nbytes, pred=more)
+        tma.async_copy_global_to_shared(w_desc, [row0 + i * BT, 0], ready.index(i), w_s.index(i), pred=more)
+        tma.async_copy_global_to_shared(kd_desc, [row0 + i * BT, 0], ready.index(i), kd_s.index(i), pred=more)
+        tma.async_copy_global_to_shared(qd_desc, [row0 + i * BT, 0], ready.index(i), qd_s.index(i), pred=more)
+        tma.async_copy_global_to_shared(u_desc, [row0 + i * BT, v0], ready.index(i), u_s.index(i), pred=more)
+        tma.async_copy_global_to_shared(au_desc, [row0 + i * BT, v0], ready.index(i), au_s.index(i), pred=more)
+        tma.async_copy_global_to_shared(g_desc, [g_row0 + i, 0], ready.index(i), g_s.index(i), pred=more)
+
+    rv = gl.arange(0, BV, layout=gl.SliceLayout(1, LS))
+    ck = gl.arange(0, K, layout=gl.SliceLayout(0, LS))
+    st_off = (i_bh * K + ck[None, :]).to(gl.int64) * V + v0 + rv[:, None]  # S^T[v, k] = S[k, v0 + v]
+    if USE_H0:
+        S = gl.load(h0_ptr + st_off)
+    else:
+        S = gl.zeros([BV, K], gl.float32, layout=LS)
+    rvo = gl.arange(0, BV, layout=gl.SliceLayout(1, LD))
+    ct = gl.arange(0, BT, layout=gl.SliceLayout(0, LD))
+    o_base = o_ptr + i_b.to(gl.int64) * s_ob + i_h * s_oh + v0 + rvo[:, None]
+    # The products' accumulators are carried and overwritten (use_acc=False): a fresh zero tensor per step would
+    # write accumulator registers while a wgmma is in flight, and ptxas would then serialise every wgmma.
+    ws = gl.zeros([BV, BT], gl.float32, layout=LD)
+    ot = gl.zeros([BV, BT], gl.float32, layout=LD)
+    for n in range(NT):
+        st = n % NS
+        mbarrier.wait(ready.index(st), (n // NS) & 1)
+        s_a = gl.convert_layout(S.to(gl.bfloat16), A_WS)
+        # decayed before any wgmma is issued: S is the update's accumulator, and ptxas waits for every wgmma in
+        # flight before an accumulator register is written (offline sm_90: a wait 0 behind the read-out's product)
+        S = S * g_s.index(st).reshape([K]).load(gl.SliceLayout(0, LS))[None, :]
+        ws = warpgroup_mma(s_a, w_s.index(st).permute((1, 0)), ws, use_acc=False, is_async=True)
+        ot = warpgroup_mma(s_a, qd_s.index(st).permute((1, 0)), ot, use_acc=False, is_async=True)
+        u_t = u_s.index(st).permute((1, 0)).load(LD).to(gl.float32)
+        ws = warpgroup_mma_wait(num_outstanding=1, deps=(ws,))
+        d = u_t - ws
+        d_hi = d.to(gl.bfloat16)
+        d_lo = (d - d_hi.to(gl.float32)).to(gl.bfloat16)
+        S = warpgroup_mma(gl.convert_layout(d_hi, A_UPD), kd_s.index(st), S, is_async=True)
+        S = warpgroup_mma(gl.convert_layout(d_lo, A_UPD), kd_s.index(st), S, is_async=True)
+        au_t = au_s.index(st).permute((1, 0)).load(LD).to(gl.float32)
+        S, ot = warpgroup_mma_wait(num_outstanding=0, deps=(S, ot))
+        t = n * BT + ct
+        gl.store(o_base + t[None, :].to(gl.int64) * s_ot, (ot + au_t).to(gl.bfloat16), mask=(t < T)[None, :])
+        nxt = n + NS
+        if nxt < NT:  # every warp is past its reads of this stage: refill it with chunk n + NS
+            gl.thread_barrier()
+            mbarrier.expect(ready.index(st), nbytes)
+            tma.async_copy_global_to_shared(w_desc, [row0 + nxt * BT, 0], ready.index(st), w_s.index(st))
+            tma.async_copy_global_to_shared(kd_desc, [row0 + nxt * BT, 0], ready.index(st), kd_s.index(st))
+            tma.async_copy_global_to_shared(qd_desc, [row0 + nxt * BT, 0], ready.index(st), qd_s.index(st))
+            tma.async_copy_global_to_shared(u_desc, [row0 + nxt * BT, v0], ready.index(st), u_s.index(st))
+            tma.async_copy_global_to_shared(au_desc, [row0 + nxt * BT, v0], ready.index(st), au_s.index(st))
+            tma.async_copy_global_to_shared(g_desc, [g_row0 + nxt, 0], ready.index(st), g_s.index(st))
+    for i in gl.static_range(NS):
+        mbarrier.invalidate(ready.index(i))
+    if STORE_HT:
+        gl.store(ht_ptr + st_off, S)
+
+
+# ------------------------------------------------------------------------------------------
 # Stage 3 (unfused read-out): o = qd h + Aqk delta, every chunk at once
 # ------------------------------------------------------------------------------------------
 @triton.jit
@@ -1050,12 +1170,14 @@ def _pow2(x: int) -> bool:
 def _plan(K: int, V: int, knobs: dict) -> dict:
     """Check a knob combination against a shape; return the launch plan or raise ValueError."""
     # knob dicts written before version 7 / 8 lack "pair", "solve_stages" and "u_store"
-    knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "off_tile": "chunk", "diag_cols": "load", **knobs}
+    knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "off_tile": "chunk", "diag_cols": "load",
+             "scan_engine": "triton", **knobs}
     # a name this file lacks would be ignored silently: version 9's scan_pair=True would time the default
     unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
         raise ValueError(f"unknown knob(s) {unknown} (scan_pair and pair_merge were removed after session 6, "
-                         "scan_form after session 7, overlap and out_beside after session 8, scan_engine after session 9; kernels/notes/kda.md)")
+                         "scan_form after session 7, overlap and out_beside after session 8; session 9's scan_engine 'gluon' is gone; "
+                         "kernels/notes/kda.md)")
     # combinations the CPU interpreter passes but the H200 computed wrongly: refused by name
     if knobs.get("subst") == "direct":
         raise ValueError("subst='direct' computes wrong outputs on the H200 (results/runs/kda-h200: "
@@ -1154,6 +1276,36 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     }
 
 
+def _wgmma_scan_applies(q, K, V, plan, kn) -> bool:
+    """Where scan_engine "wgmma" runs: wgmma and TMA (Hopper), and the scan form it implements -- readout
+    "pre" (o = qd' S + au), the state rounded to bf16 in its products, u and au stored bf16 (TMA tiles);
+    K 32/64/128 (the state and its bf16 copy in one warpgroup's registers), V a multiple of 64 (the M of
+    its products). Elsewhere, including always on the CPU, the Triton scan of the other knobs runs."""
+    return (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9 and plan["PRE"] and not plan["split"]
+            and plan["u_bf16"] and kn["au"] == "bf16" and K in (32, 64, 128) and V % WGMMA_BV == 0
+            and plan["BT"] in (32, 64))
+
+
+def _wgmma_scan_launch(w, kd, qd, u, au, g_last, h0, final, o, T, TP, NT, H, K, V, BT):
+    BH = w.shape[0]
+
+    def desc(t, width, block_w):
+        flat = t.view(BH * TP, width)
+        layout = gl.NVMMASharedLayout.get_default_for([BT, block_w], gl.bfloat16)
+        return GluonDescriptor(flat, list(flat.shape), [width, 1], [BT, block_w], layout)
+
+    g_flat = g_last.view(BH * NT, K)
+    g_desc = GluonDescriptor(g_flat, list(g_flat.shape), [K, 1], [1, K],
+                             gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+    _kda_scan_wgmma[(V // WGMMA_BV, BH)](
+        desc(w, K, K), desc(kd, K, K), desc(qd, K, K), desc(u, V, WGMMA_BV), desc(au, V, WGMMA_BV), g_desc,
+        h0 if h0 is not None else g_last, final if final is not None else g_last, o,
+        T, TP, NT, H, o.stride(0), o.stride(1), o.stride(2),
+        K=K, V=V, BT=BT, BV=WGMMA_BV, NS=WGMMA_STAGES, USE_H0=h0 is not None, STORE_HT=final is not None,
+        num_warps=4,
+    )
+
+
 def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
     """KDA forward. q, k, g [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; returns (o, final_state)."""
     return kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, KNOBS)
@@ -1200,7 +1352,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
     u = torch.empty((BH, TP, V), dtype=torch.bfloat16 if plan["u_bf16"] else torch.float32, device=dev)
     aqk = torch.empty((2, BH, TP, BT), dtype=torch.bfloat16, device=dev)  # Aqk as bf16 hi, lo
     akk = torch.empty((BH, TP, BT), dtype=torch.float32, device=dev)
-    gl = torch.empty((BH, NT, K), dtype=torch.float32, device=dev)
+    g_last = torch.empty((BH, NT, K), dtype=torch.float32, device=dev)  # exp(G_last) per chunk
     # Aqk u (readout "pre"); au="bf16" (version 6) halves its write in the solve and its read in the
     # read-out, at one more bf16 rounding of o's intra-chunk part
     au_dtype = torch.bfloat16 if kn["au"] == "bf16" else torch.float32
@@ -1209,7 +1361,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
     try:
         prep_args = (
             q, k, v, g, beta,
-            w, u, kd, qd, aqk, akk, gl, au,
+            w, u, kd, qd, aqk, akk, g_last, au,
             float(scale), T, TP, NT, H, BH * TP * BT,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
@@ -1241,8 +1393,11 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=2, num_warps=kn["solve_warps"], num_stages=plan["solve_stages"],
                                        **solve_regs, **prep_meta)
         if debug is not None:
-            debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=gl, BT=BT, NT=NT, TP=TP,
+            debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=g_last, BT=BT, NT=NT, TP=TP,
                          pre=plan["PRE"], au=au if plan["PRE"] else None)
+        if kn.get("scan_engine") == "wgmma" and _wgmma_scan_applies(q, K, V, plan, kn):
+            _wgmma_scan_launch(w, kd, qd, u, au, g_last, h0, final, o, T, TP, NT, H, K, V, BT)
+            return o, final
         fuse = plan["fuse"]
         if fuse:
             hbuf, dbuf = o, o  # unused
@@ -1252,7 +1407,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             dbuf = o if plan["PRE"] else torch.empty((BH, TP, V), dtype=torch.float32, device=dev)
         BV = plan["BV"]
         _kda_scan_kernel[(triton.cdiv(V, BV), BH)](
-            w, u, kd, qd, aqk, gl, au,
+            w, u, kd, qd, aqk, g_last, au,
             h0 if h0 is not None else w, final if final is not None else w, o, hbuf, dbuf,
             T, TP, NT, H, BH * TP * BT,
             o.stride(0), o.stride(1), o.stride(2),
