@@ -27,6 +27,9 @@ PROMOTED = {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight
 ROWS = {
     "promoted": PROMOTED,
     "wgmma": {**PROMOTED, "scan_engine": "wgmma"},
+    # the TMA ring's depth (the family's WGMMA_STAGES, set for the row's calls)
+    "wgmma_ns2": {**PROMOTED, "scan_engine": "wgmma", "_stages": 2},
+    "wgmma_ns4": {**PROMOTED, "scan_engine": "wgmma", "_stages": 4},
 }
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}
@@ -87,11 +90,15 @@ def offline() -> int:
         layout = fam.gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
         return f"tensordesc<fp32[1, {k}],{layout!r}>"
 
+    def odesc(r, w):
+        layout = fam.gl.NVMMASharedLayout.get_default_for([1, r, w], fam.gl.bfloat16)
+        return f"tensordesc<bf16[1, {r}, {w}],{layout!r}>"
+
     for K, BT in ((128, 32), (64, 32), (32, 32), (128, 64)):
         bv = fam.WGMMA_BV
         sig = {"w_desc": desc(BT, K), "kd_desc": desc(BT, K), "qd_desc": desc(BT, K), "u_desc": desc(BT, bv),
-               "au_desc": desc(BT, bv), "g_desc": gdesc(K), "h0_ptr": "*fp32", "ht_ptr": "*fp32", "o_ptr": "*bf16",
-               "T": "i32", "TP": "i32", "NT": "i32", "H": "i32", "s_ob": "i32", "s_ot": "i32", "s_oh": "i32",
+               "au_desc": desc(BT, bv), "g_desc": gdesc(K), "o_desc": odesc(BT, bv), "h0_ptr": "*fp32", "ht_ptr": "*fp32",
+               "TP": "i32", "NT": "i32", "H": "i32",
                "K": "constexpr", "V": "constexpr", "BT": "constexpr", "BV": "constexpr", "NS": "constexpr",
                "USE_H0": "constexpr", "STORE_HT": "constexpr"}
         cx = {"K": K, "V": 128, "BT": BT, "BV": bv, "NS": fam.WGMMA_STAGES, "USE_H0": True, "STORE_HT": True}
@@ -102,7 +109,8 @@ def offline() -> int:
             ptx.write_text(c.asm["ptx"])
             notes = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
                                    capture_output=True, text=True, check=False).stderr
-        _, loop, _ = regions(sass_of(c, None, f"kda-wgmma-K{K}-BT{BT}"))
+        dump = Path(os.environ["KDA_WG_DUMP"]) if os.environ.get("KDA_WG_DUMP") else None  # SASS, PTX, TTGIR
+        _, loop, _ = regions(sass_of(c, dump, f"kda-wgmma-K{K}-BT{BT}"))
         lc, _ = counts(loop)
         order = []
         for _, x in loop:
@@ -121,9 +129,32 @@ def offline() -> int:
     return 0
 
 
+def ncu_scan() -> int:
+    """One headline call of the "wgmma" row between cudaProfilerStart / Stop (for ncu's source view)."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from pytest_kopt.problems.kda import KDAProblem
+
+    fam = load_family()
+    prob = KDAProblem()
+    x = prob.make_inputs(HEADLINE, device="cuda", seed=0)
+    kn = {**fam.KNOBS, **ROWS["wgmma"]}
+    for _ in range(2):
+        fam.kda_chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, True, kn)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    fam.kda_chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, True, kn)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    return 0
+
+
 def main() -> int:
     if "--offline" in sys.argv:
         return offline()
+    if "--ncu" in sys.argv:
+        return ncu_scan()
     os.makedirs(OUT, exist_ok=True)
     import torch
 
@@ -144,8 +175,11 @@ def main() -> int:
     fam._wgmma_scan_launch = counted
     res = {"env": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}, "checks": {}, "time": {}, "fla": {}}
 
+    default_stages = fam.WGMMA_STAGES
+
     def run(ov, x):
         kn = {**fam.KNOBS, **ov}
+        fam.WGMMA_STAGES = kn.pop("_stages", default_stages)
         return fam.kda_chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], x.get("scale"), x["initial_state"],
                                x["output_final_state"], kn)
 

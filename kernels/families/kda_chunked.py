@@ -1019,8 +1019,7 @@ WGMMA_STAGES = 3  # chunks in flight in the TMA ring
 
 
 @gluon.jit
-def _kda_scan_wgmma(w_desc, kd_desc, qd_desc, u_desc, au_desc, g_desc, h0_ptr, ht_ptr, o_ptr,
-                    T, TP, NT, H, s_ob, s_ot, s_oh,
+def _kda_scan_wgmma(w_desc, kd_desc, qd_desc, u_desc, au_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H,
                     K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NS: gl.constexpr,
                     USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
     """``_kda_scan_kernel`` with readout "pre", fused, scan_dot "mixed", for one (64 value columns,
@@ -1028,10 +1027,11 @@ def _kda_scan_wgmma(w_desc, kd_desc, qd_desc, u_desc, au_desc, g_desc, h0_ptr, h
 
     The state is held transposed, S^T [BV, K], as a wgmma accumulator of the program's one warpgroup. Its
     bf16 copy is the register operand A of both products that read it: S^T w^T (the chain) and S^T qd^T
-    (the read-out, off the chain). delta^T = u^T - S^T w^T is formed in registers and is the register
-    operand of S^T <- gl (.) S^T + delta^T kd, which accumulates into the state itself. w, kd, qd, u and au
-    of a chunk and its decay gl arrive by TMA, NS chunks ahead. Same roundings as the Triton scan: S to bf16 in its products,
-    delta as a bf16 hi/lo pair, o = S^T qd^T + au^T rounded once."""
+    (the read-out). delta^T = u^T - S^T w^T is formed in registers and is the register operand of
+    S^T <- gl (.) S^T + delta^T kd, which accumulates into the state itself. w, kd, qd, u, au and gl of a
+    chunk arrive by TMA; o^T leaves through shared memory by TMA store (clipped at T). The read-out's
+    epilogue and the refill of the previous chunk's stage run while the state update is in flight. Same
+    roundings as the Triton scan: S to bf16 in its products, delta as a bf16 hi/lo pair, o rounded once."""
     LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
     LD: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     A_WS: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LD, k_width=2)
@@ -1042,6 +1042,7 @@ def _kda_scan_wgmma(w_desc, kd_desc, qd_desc, u_desc, au_desc, g_desc, h0_ptr, h
     i_b = i_bh // H
     i_h = i_bh % H
     row0 = i_bh * TP
+    g_row0 = i_bh * NT
     v0 = i_v * BV
 
     w_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, K], w_desc.layout)
@@ -1050,12 +1051,12 @@ def _kda_scan_wgmma(w_desc, kd_desc, qd_desc, u_desc, au_desc, g_desc, h0_ptr, h
     u_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, BV], u_desc.layout)
     au_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, BV], au_desc.layout)
     g_s = gl.allocate_shared_memory(gl.float32, [NS, 1, K], g_desc.layout)
+    o_s = gl.allocate_shared_memory(gl.bfloat16, [2, 1, BT, BV], o_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NS):
         mbarrier.init(ready.index(i), count=1)
     fence_async_shared()
     nbytes: gl.constexpr = (3 * BT * K + 2 * BT * BV) * 2 + K * 4
-    g_row0 = i_bh * NT
     for i in gl.static_range(NS):
         more = i < NT
         mbarrier.expect(ready.index(i), nbytes, pred=more)
@@ -1073,9 +1074,6 @@ def _kda_scan_wgmma(w_desc, kd_desc, qd_desc, u_desc, au_desc, g_desc, h0_ptr, h
         S = gl.load(h0_ptr + st_off)
     else:
         S = gl.zeros([BV, K], gl.float32, layout=LS)
-    rvo = gl.arange(0, BV, layout=gl.SliceLayout(1, LD))
-    ct = gl.arange(0, BT, layout=gl.SliceLayout(0, LD))
-    o_base = o_ptr + i_b.to(gl.int64) * s_ob + i_h * s_oh + v0 + rvo[:, None]
     # The products' accumulators are carried and overwritten (use_acc=False): a fresh zero tensor per step would
     # write accumulator registers while a wgmma is in flight, and ptxas would then serialise every wgmma.
     ws = gl.zeros([BV, BT], gl.float32, layout=LD)
@@ -1096,20 +1094,28 @@ def _kda_scan_wgmma(w_desc, kd_desc, qd_desc, u_desc, au_desc, g_desc, h0_ptr, h
         d_lo = (d - d_hi.to(gl.float32)).to(gl.bfloat16)
         S = warpgroup_mma(gl.convert_layout(d_hi, A_UPD), kd_s.index(st), S, is_async=True)
         S = warpgroup_mma(gl.convert_layout(d_lo, A_UPD), kd_s.index(st), S, is_async=True)
+        # while the update runs: o of this chunk (the read-out's product is the oldest group in flight) ...
         au_t = au_s.index(st).permute((1, 0)).load(LD).to(gl.float32)
-        S, ot = warpgroup_mma_wait(num_outstanding=0, deps=(S, ot))
-        t = n * BT + ct
-        gl.store(o_base + t[None, :].to(gl.int64) * s_ot, (ot + au_t).to(gl.bfloat16), mask=(t < T)[None, :])
-        nxt = n + NS
-        if nxt < NT:  # every warp is past its reads of this stage: refill it with chunk n + NS
-            gl.thread_barrier()
-            mbarrier.expect(ready.index(st), nbytes)
-            tma.async_copy_global_to_shared(w_desc, [row0 + nxt * BT, 0], ready.index(st), w_s.index(st))
-            tma.async_copy_global_to_shared(kd_desc, [row0 + nxt * BT, 0], ready.index(st), kd_s.index(st))
-            tma.async_copy_global_to_shared(qd_desc, [row0 + nxt * BT, 0], ready.index(st), qd_s.index(st))
-            tma.async_copy_global_to_shared(u_desc, [row0 + nxt * BT, v0], ready.index(st), u_s.index(st))
-            tma.async_copy_global_to_shared(au_desc, [row0 + nxt * BT, v0], ready.index(st), au_s.index(st))
-            tma.async_copy_global_to_shared(g_desc, [g_row0 + nxt, 0], ready.index(st), g_s.index(st))
+        ot = warpgroup_mma_wait(num_outstanding=2, deps=(ot,))
+        ob = o_s.index(n % 2)
+        ob.reshape([BT, BV]).permute((1, 0)).store((ot + au_t).to(gl.bfloat16))
+        fence_async_shared()
+        tma.store_wait(pendings=0)  # the store of chunk n - 1 has read its buffer (the one written next step)
+        gl.thread_barrier()  # every warp's part of o is written, and every warp is done with chunk n - 1's stage
+        tma.async_copy_shared_to_global(o_desc, [i_b, n * BT, i_h * V + v0], ob)
+        # ... and the refill of chunk n - 1's stage with chunk n - 1 + NS
+        nxt = n - 1 + NS
+        if (n >= 1) & (nxt < NT):
+            ps = (n - 1) % NS
+            mbarrier.expect(ready.index(ps), nbytes)
+            tma.async_copy_global_to_shared(w_desc, [row0 + nxt * BT, 0], ready.index(ps), w_s.index(ps))
+            tma.async_copy_global_to_shared(kd_desc, [row0 + nxt * BT, 0], ready.index(ps), kd_s.index(ps))
+            tma.async_copy_global_to_shared(qd_desc, [row0 + nxt * BT, 0], ready.index(ps), qd_s.index(ps))
+            tma.async_copy_global_to_shared(u_desc, [row0 + nxt * BT, v0], ready.index(ps), u_s.index(ps))
+            tma.async_copy_global_to_shared(au_desc, [row0 + nxt * BT, v0], ready.index(ps), au_s.index(ps))
+            tma.async_copy_global_to_shared(g_desc, [g_row0 + nxt, 0], ready.index(ps), g_s.index(ps))
+        S = warpgroup_mma_wait(num_outstanding=0, deps=(S,))
+    tma.store_wait(pendings=0)
     for i in gl.static_range(NS):
         mbarrier.invalidate(ready.index(i))
     if STORE_HT:
@@ -1288,6 +1294,7 @@ def _wgmma_scan_applies(q, K, V, plan, kn) -> bool:
 
 def _wgmma_scan_launch(w, kd, qd, u, au, g_last, h0, final, o, T, TP, NT, H, K, V, BT):
     BH = w.shape[0]
+    B = BH // H
 
     def desc(t, width, block_w):
         flat = t.view(BH * TP, width)
@@ -1297,14 +1304,16 @@ def _wgmma_scan_launch(w, kd, qd, u, au, g_last, h0, final, o, T, TP, NT, H, K, 
     g_flat = g_last.view(BH * NT, K)
     g_desc = GluonDescriptor(g_flat, list(g_flat.shape), [K, 1], [1, K],
                              gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+    # o [B, T, H, V] (contiguous: kda_chunked made it) as [B, T, H * V]: a tile never runs past its batch's T
+    o3 = o.view(B, T, H * V)
+    o_desc = GluonDescriptor(o3, list(o3.shape), [T * H * V, H * V, 1], [1, BT, WGMMA_BV],
+                             gl.NVMMASharedLayout.get_default_for([1, BT, WGMMA_BV], gl.bfloat16))
     _kda_scan_wgmma[(V // WGMMA_BV, BH)](
-        desc(w, K, K), desc(kd, K, K), desc(qd, K, K), desc(u, V, WGMMA_BV), desc(au, V, WGMMA_BV), g_desc,
-        h0 if h0 is not None else g_last, final if final is not None else g_last, o,
-        T, TP, NT, H, o.stride(0), o.stride(1), o.stride(2),
+        desc(w, K, K), desc(kd, K, K), desc(qd, K, K), desc(u, V, WGMMA_BV), desc(au, V, WGMMA_BV), g_desc, o_desc,
+        h0 if h0 is not None else g_last, final if final is not None else g_last, TP, NT, H,
         K=K, V=V, BT=BT, BV=WGMMA_BV, NS=WGMMA_STAGES, USE_H0=h0 is not None, STORE_HT=final is not None,
         num_warps=4,
     )
-
 
 def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
     """KDA forward. q, k, g [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; returns (o, final_state)."""
