@@ -90,14 +90,17 @@ def offline() -> int:
         layout = fam.gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
         return f"tensordesc<fp32[1, {k}],{layout!r}>"
 
+    def desc3(n, r, w):
+        layout = fam.gl.NVMMASharedLayout.get_default_for([n, r, w], fam.gl.bfloat16)
+        return f"tensordesc<bf16[{n}, {r}, {w}],{layout!r}>"
+
     def odesc(r, w):
         layout = fam.gl.NVMMASharedLayout.get_default_for([1, r, w], fam.gl.bfloat16)
         return f"tensordesc<bf16[1, {r}, {w}],{layout!r}>"
 
     for K, BT in ((128, 32), (64, 32), (32, 32), (128, 64)):
         bv = fam.WGMMA_BV
-        sig = {"w_desc": desc(BT, K), "kd_desc": desc(BT, K), "qd_desc": desc(BT, K), "u_desc": desc(BT, bv),
-               "au_desc": desc(BT, bv), "g_desc": gdesc(K), "o_desc": odesc(BT, bv), "h0_ptr": "*fp32", "ht_ptr": "*fp32",
+        sig = {"wkq_desc": desc3(4, BT, K), "ua_desc": desc3(2, BT, bv), "g_desc": gdesc(K), "o_desc": odesc(BT, bv), "h0_ptr": "*fp32", "ht_ptr": "*fp32",
                "TP": "i32", "NT": "i32", "H": "i32",
                "K": "constexpr", "V": "constexpr", "BT": "constexpr", "BV": "constexpr", "NS": "constexpr",
                "USE_H0": "constexpr", "STORE_HT": "constexpr"}

@@ -265,7 +265,10 @@ REQUIRES = [
 # Session 7: versions 10 and 11 (two other forms of the state pass's step) lost in the dev rows and the loop
 # (scan 245-401 us against 209) and were removed. Session 8: versions 12 (the scan beside a persistent solve) and
 # 12b (the read-out beside the scan) were right but slower (740-910 and 737 us against 716-725) and were removed.
-TRY_EARLY = []
+# Session 10: the promoted knobs (568beb4b / 65248d91) with the state pass and read-out as one Gluon wgmma kernel
+# (dev rows, results/h200-2026-11-30e: headline 666.8 us against 719.4, fla not in that run).
+TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+              "scan_engine": "wgmma"}]
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
@@ -1019,7 +1022,7 @@ WGMMA_STAGES = 3  # chunks in flight in the TMA ring
 
 
 @gluon.jit
-def _kda_scan_wgmma(w_desc, kd_desc, qd_desc, u_desc, au_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H,
+def _kda_scan_wgmma(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H,
                     K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NS: gl.constexpr,
                     USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
     """``_kda_scan_kernel`` with readout "pre", fused, scan_dot "mixed", for one (64 value columns,
@@ -1028,8 +1031,8 @@ def _kda_scan_wgmma(w_desc, kd_desc, qd_desc, u_desc, au_desc, g_desc, o_desc, h
     The state is held transposed, S^T [BV, K], as a wgmma accumulator of the program's one warpgroup. Its
     bf16 copy is the register operand A of both products that read it: S^T w^T (the chain) and S^T qd^T
     (the read-out). delta^T = u^T - S^T w^T is formed in registers and is the register operand of
-    S^T <- gl (.) S^T + delta^T kd, which accumulates into the state itself. w, kd, qd, u, au and gl of a
-    chunk arrive by TMA; o^T leaves through shared memory by TMA store (clipped at T). The read-out's
+    S^T <- gl (.) S^T + delta^T kd, which accumulates into the state itself. A chunk's w, kd and qd (one
+    [3, BH, TP, K] buffer), u and au (one [2, BH, TP, V] buffer) and gl arrive by three TMA copies; o^T leaves through shared memory by TMA store (clipped at T). The read-out's
     epilogue and the refill of the previous chunk's stage run while the state update is in flight. Same
     roundings as the Triton scan: S to bf16 in its products, delta as a bf16 hi/lo pair, o rounded once."""
     LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
@@ -1045,26 +1048,22 @@ def _kda_scan_wgmma(w_desc, kd_desc, qd_desc, u_desc, au_desc, g_desc, o_desc, h
     g_row0 = i_bh * NT
     v0 = i_v * BV
 
-    w_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, K], w_desc.layout)
-    kd_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, K], kd_desc.layout)
-    qd_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, K], qd_desc.layout)
-    u_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, BV], u_desc.layout)
-    au_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, BV], au_desc.layout)
+    # the w, kd, qd box is 4 deep (a power of two): its fourth slot lies past the tensor, which TMA fills with
+    # zeros without reading memory (and still counts in the transaction bytes)
+    wkq_s = gl.allocate_shared_memory(gl.bfloat16, [NS, 4, BT, K], wkq_desc.layout)
+    ua_s = gl.allocate_shared_memory(gl.bfloat16, [NS, 2, BT, BV], ua_desc.layout)
     g_s = gl.allocate_shared_memory(gl.float32, [NS, 1, K], g_desc.layout)
     o_s = gl.allocate_shared_memory(gl.bfloat16, [2, 1, BT, BV], o_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NS):
         mbarrier.init(ready.index(i), count=1)
     fence_async_shared()
-    nbytes: gl.constexpr = (3 * BT * K + 2 * BT * BV) * 2 + K * 4
+    nbytes: gl.constexpr = (4 * BT * K + 2 * BT * BV) * 2 + K * 4
     for i in gl.static_range(NS):
         more = i < NT
         mbarrier.expect(ready.index(i), nbytes, pred=more)
-        tma.async_copy_global_to_shared(w_desc, [row0 + i * BT, 0], ready.index(i), w_s.index(i), pred=more)
-        tma.async_copy_global_to_shared(kd_desc, [row0 + i * BT, 0], ready.index(i), kd_s.index(i), pred=more)
-        tma.async_copy_global_to_shared(qd_desc, [row0 + i * BT, 0], ready.index(i), qd_s.index(i), pred=more)
-        tma.async_copy_global_to_shared(u_desc, [row0 + i * BT, v0], ready.index(i), u_s.index(i), pred=more)
-        tma.async_copy_global_to_shared(au_desc, [row0 + i * BT, v0], ready.index(i), au_s.index(i), pred=more)
+        tma.async_copy_global_to_shared(wkq_desc, [0, row0 + i * BT, 0], ready.index(i), wkq_s.index(i), pred=more)
+        tma.async_copy_global_to_shared(ua_desc, [0, row0 + i * BT, v0], ready.index(i), ua_s.index(i), pred=more)
         tma.async_copy_global_to_shared(g_desc, [g_row0 + i, 0], ready.index(i), g_s.index(i), pred=more)
 
     rv = gl.arange(0, BV, layout=gl.SliceLayout(1, LS))
@@ -1081,21 +1080,26 @@ def _kda_scan_wgmma(w_desc, kd_desc, qd_desc, u_desc, au_desc, g_desc, o_desc, h
     for n in range(NT):
         st = n % NS
         mbarrier.wait(ready.index(st), (n // NS) & 1)
+        tiles = wkq_s.index(st).reshape([4 * BT, K])
+        w_t = tiles.slice(0, BT)
+        kd_t = tiles.slice(BT, BT)
+        qd_t = tiles.slice(2 * BT, BT)
+        ua_t = ua_s.index(st).reshape([2 * BT, BV])
         s_a = gl.convert_layout(S.to(gl.bfloat16), A_WS)
         # decayed before any wgmma is issued: S is the update's accumulator, and ptxas waits for every wgmma in
         # flight before an accumulator register is written (offline sm_90: a wait 0 behind the read-out's product)
         S = S * g_s.index(st).reshape([K]).load(gl.SliceLayout(0, LS))[None, :]
-        ws = warpgroup_mma(s_a, w_s.index(st).permute((1, 0)), ws, use_acc=False, is_async=True)
-        ot = warpgroup_mma(s_a, qd_s.index(st).permute((1, 0)), ot, use_acc=False, is_async=True)
-        u_t = u_s.index(st).permute((1, 0)).load(LD).to(gl.float32)
+        ws = warpgroup_mma(s_a, w_t.permute((1, 0)), ws, use_acc=False, is_async=True)
+        ot = warpgroup_mma(s_a, qd_t.permute((1, 0)), ot, use_acc=False, is_async=True)
+        u_t = ua_t.slice(0, BT).permute((1, 0)).load(LD).to(gl.float32)
         ws = warpgroup_mma_wait(num_outstanding=1, deps=(ws,))
         d = u_t - ws
         d_hi = d.to(gl.bfloat16)
         d_lo = (d - d_hi.to(gl.float32)).to(gl.bfloat16)
-        S = warpgroup_mma(gl.convert_layout(d_hi, A_UPD), kd_s.index(st), S, is_async=True)
-        S = warpgroup_mma(gl.convert_layout(d_lo, A_UPD), kd_s.index(st), S, is_async=True)
+        S = warpgroup_mma(gl.convert_layout(d_hi, A_UPD), kd_t, S, is_async=True)
+        S = warpgroup_mma(gl.convert_layout(d_lo, A_UPD), kd_t, S, is_async=True)
         # while the update runs: o of this chunk (the read-out's product is the oldest group in flight) ...
-        au_t = au_s.index(st).permute((1, 0)).load(LD).to(gl.float32)
+        au_t = ua_t.slice(BT, BT).permute((1, 0)).load(LD).to(gl.float32)
         ot = warpgroup_mma_wait(num_outstanding=2, deps=(ot,))
         ob = o_s.index(n % 2)
         ob.reshape([BT, BV]).permute((1, 0)).store((ot + au_t).to(gl.bfloat16))
@@ -1108,11 +1112,8 @@ def _kda_scan_wgmma(w_desc, kd_desc, qd_desc, u_desc, au_desc, g_desc, o_desc, h
         if (n >= 1) & (nxt < NT):
             ps = (n - 1) % NS
             mbarrier.expect(ready.index(ps), nbytes)
-            tma.async_copy_global_to_shared(w_desc, [row0 + nxt * BT, 0], ready.index(ps), w_s.index(ps))
-            tma.async_copy_global_to_shared(kd_desc, [row0 + nxt * BT, 0], ready.index(ps), kd_s.index(ps))
-            tma.async_copy_global_to_shared(qd_desc, [row0 + nxt * BT, 0], ready.index(ps), qd_s.index(ps))
-            tma.async_copy_global_to_shared(u_desc, [row0 + nxt * BT, v0], ready.index(ps), u_s.index(ps))
-            tma.async_copy_global_to_shared(au_desc, [row0 + nxt * BT, v0], ready.index(ps), au_s.index(ps))
+            tma.async_copy_global_to_shared(wkq_desc, [0, row0 + nxt * BT, 0], ready.index(ps), wkq_s.index(ps))
+            tma.async_copy_global_to_shared(ua_desc, [0, row0 + nxt * BT, v0], ready.index(ps), ua_s.index(ps))
             tma.async_copy_global_to_shared(g_desc, [g_row0 + nxt, 0], ready.index(ps), g_s.index(ps))
         S = warpgroup_mma_wait(num_outstanding=0, deps=(S,))
     tma.store_wait(pendings=0)
@@ -1286,20 +1287,22 @@ def _wgmma_scan_applies(q, K, V, plan, kn) -> bool:
     """Where scan_engine "wgmma" runs: wgmma and TMA (Hopper), and the scan form it implements -- readout
     "pre" (o = qd' S + au), the state rounded to bf16 in its products, u and au stored bf16 (TMA tiles);
     K 32/64/128 (the state and its bf16 copy in one warpgroup's registers), V a multiple of 64 (the M of
-    its products). Elsewhere, including always on the CPU, the Triton scan of the other knobs runs."""
+    its products), BT 32 (at BT 64 it spills on sm_90 and its ring needs 263 KB of shared memory). Elsewhere, including always on the CPU, the Triton scan of the other knobs runs."""
     return (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9 and plan["PRE"] and not plan["split"]
             and plan["u_bf16"] and kn["au"] == "bf16" and K in (32, 64, 128) and V % WGMMA_BV == 0
-            and plan["BT"] in (32, 64))
+            and plan["BT"] == 32)
 
 
-def _wgmma_scan_launch(w, kd, qd, u, au, g_last, h0, final, o, T, TP, NT, H, K, V, BT):
-    BH = w.shape[0]
+def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT):
+    """wkq: w, kd, qd as one [3, BH, TP, K] bf16 buffer; ua: u, au as one [2, BH, TP, V] (one TMA copy each)."""
+    BH = wkq.shape[1]
     B = BH // H
 
     def desc(t, width, block_w):
-        flat = t.view(BH * TP, width)
-        layout = gl.NVMMASharedLayout.get_default_for([BT, block_w], gl.bfloat16)
-        return GluonDescriptor(flat, list(flat.shape), [width, 1], [BT, block_w], layout)
+        flat = t.view(t.shape[0], BH * TP, width)
+        block = [triton.next_power_of_2(t.shape[0]), BT, block_w]
+        return GluonDescriptor(flat, list(flat.shape), [BH * TP * width, width, 1], block,
+                               gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16))
 
     g_flat = g_last.view(BH * NT, K)
     g_desc = GluonDescriptor(g_flat, list(g_flat.shape), [K, 1], [1, K],
@@ -1309,7 +1312,7 @@ def _wgmma_scan_launch(w, kd, qd, u, au, g_last, h0, final, o, T, TP, NT, H, K, 
     o_desc = GluonDescriptor(o3, list(o3.shape), [T * H * V, H * V, 1], [1, BT, WGMMA_BV],
                              gl.NVMMASharedLayout.get_default_for([1, BT, WGMMA_BV], gl.bfloat16))
     _kda_scan_wgmma[(V // WGMMA_BV, BH)](
-        desc(w, K, K), desc(kd, K, K), desc(qd, K, K), desc(u, V, WGMMA_BV), desc(au, V, WGMMA_BV), g_desc, o_desc,
+        desc(wkq, K, K), desc(ua, V, WGMMA_BV), g_desc, o_desc,
         h0 if h0 is not None else g_last, final if final is not None else g_last, TP, NT, H,
         K=K, V=V, BT=BT, BV=WGMMA_BV, NS=WGMMA_STAGES, USE_H0=h0 is not None, STORE_HT=final is not None,
         num_warps=4,
@@ -1354,18 +1357,25 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             raise ValueError("T must be positive")
         return o, final
 
-    w = torch.empty((BH, TP, K), dtype=torch.bfloat16, device=dev)
-    kd = torch.empty_like(w)
-    qd = torch.empty_like(w)
+    wgmma = kn.get("scan_engine") == "wgmma" and _wgmma_scan_applies(q, K, V, plan, kn)
+    # scan_engine "wgmma": w, kd, qd (and u, au) as slices of one buffer, each fetched by one TMA copy
+    wkq = torch.empty((3, BH, TP, K), dtype=torch.bfloat16, device=dev) if wgmma else None
+    ua = torch.empty((2, BH, TP, V), dtype=torch.bfloat16, device=dev) if wgmma else None
+    if wgmma:
+        w, kd, qd = wkq[0], wkq[1], wkq[2]
+    else:
+        w = torch.empty((BH, TP, K), dtype=torch.bfloat16, device=dev)
+        kd = torch.empty_like(w)
+        qd = torch.empty_like(w)
     # u_store="bf16" (version 8): u in bf16, half the bytes of its write here and its read in the scan
-    u = torch.empty((BH, TP, V), dtype=torch.bfloat16 if plan["u_bf16"] else torch.float32, device=dev)
+    u = ua[0] if wgmma else torch.empty((BH, TP, V), dtype=torch.bfloat16 if plan["u_bf16"] else torch.float32, device=dev)
     aqk = torch.empty((2, BH, TP, BT), dtype=torch.bfloat16, device=dev)  # Aqk as bf16 hi, lo
     akk = torch.empty((BH, TP, BT), dtype=torch.float32, device=dev)
     g_last = torch.empty((BH, NT, K), dtype=torch.float32, device=dev)  # exp(G_last) per chunk
     # Aqk u (readout "pre"); au="bf16" (version 6) halves its write in the solve and its read in the
     # read-out, at one more bf16 rounding of o's intra-chunk part
     au_dtype = torch.bfloat16 if kn["au"] == "bf16" else torch.float32
-    au = torch.empty((BH, TP, V), dtype=au_dtype, device=dev) if plan["PRE"] else u
+    au = ua[1] if wgmma else torch.empty((BH, TP, V), dtype=au_dtype, device=dev) if plan["PRE"] else u
 
     try:
         prep_args = (
@@ -1404,8 +1414,8 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
         if debug is not None:
             debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=g_last, BT=BT, NT=NT, TP=TP,
                          pre=plan["PRE"], au=au if plan["PRE"] else None)
-        if kn.get("scan_engine") == "wgmma" and _wgmma_scan_applies(q, K, V, plan, kn):
-            _wgmma_scan_launch(w, kd, qd, u, au, g_last, h0, final, o, T, TP, NT, H, K, V, BT)
+        if wgmma:
+            _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT)
             return o, final
         fuse = plan["fuse"]
         if fuse:

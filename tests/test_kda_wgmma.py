@@ -1,0 +1,120 @@
+"""scan_engine "wgmma" of the chunked KDA family (session 10): the state pass and the read-out as one
+Gluon kernel for Hopper, ``_kda_scan_wgmma``.
+
+Gluon has no CPU interpreter, so CI checks two things here and the H200 checks the rest
+(``benchmarks/dev_kda_wgmma.py``, and the judge in every loop evaluation): on the CPU the knob must fall
+back to the Triton scan of the other knobs (same outputs, bit for bit), and the kernel must compile for
+sm_90 to what made it fast -- the state never leaving registers (no spills), no wgmma serialised by
+ptxas, 20 wgmma and two waits on the state's chain per chunk step, and a ring that fits the H200's
+shared memory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from family_modules import compile_in_child
+
+from test_kda_chunked import FAMILY, FAMILY_PATH, PROBLEM, check, render
+
+PROMOTED = {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans"}
+
+
+@pytest.mark.parametrize("case", [
+    {"B": 2, "T": 37, "H": 1, "K": 32, "V": 64, "initial_state": True, "output_final_state": True},
+    {"B": 1, "T": 1, "H": 2, "K": 16, "V": 32, "initial_state": False, "output_final_state": True},
+], ids=PROBLEM.describe)
+def test_wgmma_engine_falls_back_to_the_triton_scan_off_hopper(tmp_path, case):
+    """On the CPU (and any GPU but Hopper) "wgmma" must run the Triton scan its other knobs select:
+    outputs identical to the "triton" engine's, and right against the problem's reference."""
+    module = render({**FAMILY.knobs, **PROMOTED, "scan_engine": "wgmma"}, tmp_path)
+    x = PROBLEM.make_inputs(case, device="cpu", seed=11)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], x["output_final_state"])
+    got = module.kda_chunked(*args, {**FAMILY.knobs, **PROMOTED, "scan_engine": "wgmma"})
+    want = module.kda_chunked(*args, {**FAMILY.knobs, **PROMOTED, "scan_engine": "triton"})
+    for a, b in zip(got, want):
+        assert (a is None and b is None) or torch.equal(a, b)
+    check(module.kernel, x, case)
+
+
+def test_wgmma_engine_applies_only_where_its_kernel_serves(tmp_path):
+    """Where the Gluon kernel runs is a function of the shape and knobs alone (plus a Hopper GPU): the
+    scan form it implements, K 32/64/128, V a multiple of 64, BT 32; a CPU tensor never."""
+    fam = render({**FAMILY.knobs, **PROMOTED, "scan_engine": "wgmma"}, tmp_path)
+
+    class FakeCuda:  # only what _wgmma_scan_applies reads
+        is_cuda = True
+        device = "cuda:0"
+
+    knobs = {**fam.KNOBS, **PROMOTED, "scan_engine": "wgmma"}
+    cap = torch.cuda.get_device_capability
+    try:
+        torch.cuda.get_device_capability = lambda device=None: (9, 0)
+        assert fam._wgmma_scan_applies(FakeCuda(), 128, 128, fam._plan(128, 128, knobs), knobs)
+        assert fam._wgmma_scan_applies(FakeCuda(), 32, 64, fam._plan(32, 64, knobs), knobs)
+        for K, V, over in ((16, 64, {}), (256, 128, {}), (128, 32, {}), (128, 128, {"BT": 64, "solve_warps": 8, "off_tile": "chunk"}),
+                           (128, 128, {"u_store": "fp32"}), (128, 128, {"au": "fp32"}), (128, 128, {"readout": "aqk"})):
+            kn = {**knobs, **over}
+            assert not fam._wgmma_scan_applies(FakeCuda(), K, V, fam._plan(K, V, kn), kn), (K, V, over)
+        torch.cuda.get_device_capability = lambda device=None: (8, 0)
+        assert not fam._wgmma_scan_applies(FakeCuda(), 128, 128, fam._plan(128, 128, knobs), knobs)
+    finally:
+        torch.cuda.get_device_capability = cap
+    cpu = torch.empty(1)
+    assert not fam._wgmma_scan_applies(cpu, 128, 128, fam._plan(128, 128, knobs), knobs)
+
+
+_COMPILE = r"""
+import importlib.util, json, subprocess, sys, tempfile
+from pathlib import Path
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+
+spec = importlib.util.spec_from_file_location("kda_wgmma_sm90", sys.argv[1])
+fam = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fam)
+gl = fam.gl
+ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+def desc(shape, dtype="bf16", layout=None):  # a host descriptor argument, typed as Triton's launcher types it
+    layout = layout or gl.NVMMASharedLayout.get_default_for(shape, gl.bfloat16)
+    return f"tensordesc<{dtype}{shape},{layout!r}>"
+
+
+out = {}
+for K in (128, 32):
+    BT, BV = 32, fam.WGMMA_BV
+    sig = {"wkq_desc": desc([4, BT, K]), "ua_desc": desc([2, BT, BV]),
+           "g_desc": desc([1, K], "fp32", gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)),
+           "o_desc": desc([1, BT, BV]), "h0_ptr": "*fp32", "ht_ptr": "*fp32", "TP": "i32", "NT": "i32", "H": "i32",
+           "K": "constexpr", "V": "constexpr", "BT": "constexpr", "BV": "constexpr", "NS": "constexpr",
+           "USE_H0": "constexpr", "STORE_HT": "constexpr"}
+    cx = {"K": K, "V": 128, "BT": BT, "BV": BV, "NS": fam.WGMMA_STAGES, "USE_H0": True, "STORE_HT": True}
+    c = triton.compile(GluonASTSource(fam._kda_scan_wgmma, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 4})
+    ptx = c.asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "k.ptx").write_text(ptx)
+        notes = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(Path(tmp) / "k.ptx"), "-o", str(Path(tmp) / "k.cubin")],
+                               capture_output=True, text=True).stderr
+    out[K] = {"shared": c.metadata.shared, "waits": ptx.count("wgmma.wait_group"), "wgmma": ptx.count("wgmma.mma_async"),
+              "serialised": "C7515" in notes, "spills": "0 bytes spill stores, 0 bytes spill loads" not in notes,
+              "notes": notes[-400:]}
+print(json.dumps(out))
+"""
+
+
+def test_wgmma_scan_compiles_for_hopper_without_spills_or_serialised_wgmma(tmp_path):
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    result = json.loads(compile_in_child(_COMPILE, str(FAMILY_PATH), cache_dir=tmp_path / "cache").strip().splitlines()[-1])
+    for K, info in result.items():
+        assert not info["serialised"], (K, info["notes"])
+        assert not info["spills"], (K, info["notes"])
+        # per chunk step: S^T w^T and S^T qd^T (K / 16 each), the update (BT / 16 for delta's hi and lo halves);
+        # three waits (w's product, the read-out's, the update) and none elsewhere
+        assert info["wgmma"] == 2 * int(K) // 16 + 2 * 32 // 16, (K, info["wgmma"])
+        assert info["waits"] == 3, (K, info["waits"])
+        assert info["shared"] <= 232448, (K, info["shared"])
