@@ -136,30 +136,36 @@ Versions 9-9c (a state pass over pairs of chunks, ``scan_pair`` / ``pair_merge``
 session 6 and were removed: 9b computed wrong outputs there, 9c's scan alone was no faster than the
 one-chunk scan (kernels/notes/kda.md, "Versions 9-9c measured on the H200").
 
-Version 10 (``scan_form="transition"``: the step as S_next = gl S - P S + kd^T u with P = kd^T w from a
-fourth launch) ran on the H200 in session 7 and was removed: its scan alone took 245 us (208 us at 8 warps)
-against the default's 209, plus 54 us for the launch forming P (kernels/notes/kda.md, "Version 10").
+Versions 10 (``scan_form="transition"``: S_next = gl S - P S + kd^T u with P = kd^T w from a fourth launch)
+and 11 (``"lookahead"``: the next chunk's delta formed from this chunk's state and delta, so that a step's
+products are independent) ran on the H200 in session 7 and were removed with the knob: their scans took
+245 / 208 us (4 / 8 warps, plus 54 us for P's launch) and 371 / 401 us against the default's 209
+(kernels/notes/kda.md, "Versions 10 and 11 measured on the H200").
 
-Version 11 (prepared, not run on a GPU; kernels/notes/kda.md "Version 11"): ``scan_form="lookahead"``
-computes each chunk's delta one step early.  With S_n the state entering chunk n and
-delta_n = u_n - w_n S_n, the step n -> n+1 is
-    S_{n+1}     = T + kd_n^T delta_n                              T = gl_n S_n
-    delta_{n+1} = u_{n+1} - w_{n+1} T - (w_{n+1} kd_n^T) delta_n
-Both read only S_n and delta_n, so the products of one step (kd_n^T delta_n, w_{n+1} T and the
-[BT, BT] product C = w_{n+1} kd_n^T, which reads no state at all) are independent of each other: the
-chain per step is one product and C delta_n instead of w S followed by kd^T delta.  T is rounded to
-bf16 for its product as the default rounds S; C is rounded to bf16, delta split hi / lo.  Served with
-readout "pre", scan_layout "kv" and the separate read-out.  "delta" (the default) is version 8's scan.
+Versions 12 (``overlap``: the scan launched beside a persistent, chunk-ordered solve, waiting on per-chunk
+flags) and 12b (``out_beside``: the read-out launched beside the scan) ran on the H200 in session 8 and were
+removed with their knobs: both computed bit-identical outputs, but sharing the SMs slowed the scan (and the
+solve) by more than the overlap saved (kernels/notes/kda.md, "Versions 12 and 12b measured on the H200").
 """
 
 import math
 
 import torch
 import triton
+import triton.experimental.gluon as gluon
 import triton.language as tl
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 # kopt:knobs-begin
-KNOBS = {'BT': 32, 'BC': 16, 'BK': 32, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 4, 'solve_warps': 4, 'block_maxnreg': 128, 'solve_maxnreg': 128, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_form': 'delta'}
+KNOBS = {'BT': 32, 'BC': 16, 'BK': 32, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 4, 'solve_warps': 4, 'block_maxnreg': 128, 'solve_maxnreg': 128, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma'}
 # kopt:knobs-end
 SPACE = {
     "BT": [32, 64],
@@ -198,9 +204,10 @@ SPACE = {
     # transposed and summed again; "trans" = tl.trans of the row side's tile (sm_90: -1.2 K of 16.3 K
     # warp-instructions per block-row program, benchmarks/sass_kda.py)
     "diag_cols": ["load", "trans"],
-    # version 11: the state pass's step as "delta" (u - w S, then kd^T delta: two dependent products) or
-    # "lookahead" (the next chunk's delta from this chunk's state and delta: the step's products independent)
-    "scan_form": ["delta", "lookahead"],
+    # session 10: "wgmma" runs the state pass and the read-out as one Gluon kernel, _kda_scan_wgmma (the state
+    # held transposed as a wgmma accumulator, 64 value columns per warpgroup), where it applies -- a Hopper GPU,
+    # readout "pre", scan_dot "mixed", bf16 u and au, K 32/64/128, V a multiple of 64 -- else the Triton scan
+    "scan_engine": ["triton", "wgmma"],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
 # (when, then) pair mirrors one of _plan's checks below, which stay the authority;
@@ -213,7 +220,6 @@ REQUIRES = [
     ({"fuse_prep": True}, {"BT": [32], "subst": ["rows"], "block_prog": ["row"], "block_warps": [4]}),
     ({"solve_stages": [2, 3], "BT": 64}, {"solve_maxnreg": [0]}),
     ({"off_tile": "tight"}, {"block_prog": ["row"], "BT": [32]}),
-    ({"scan_form": "lookahead"}, {"readout": ["pre"], "scan_layout": ["kv"], "fuse_output": [False]}),
 ]
 # Measured by the search loop right after the defaults. Session 4 (results/runs/kda-h200-2, judge timer,
 # geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then pair split
@@ -225,15 +231,13 @@ REQUIRES = [
 # led the loop to bbf1cbe1 (4-warp scan, bf16 u, out_bv 64; 717.1 us against 753.6); the block-row knobs
 # off_tile "tight" + diag_cols "trans" on top of it gave 568beb4b (694.9 us, promoted); the same at 2 block
 # warps / 168 registers tied (695.4); the 2-warp scan was far slower in the dev rows (scan 372.6 vs 216.4 us).
-# Session 7: version 10 (scan_form "transition") lost in the dev rows (scan 245 / 208 us at 4 / 8 warps plus a
-# 54 us launch, against 209) and was removed. Next, unmeasured: version 11's lookahead step on the promoted
-# knobs, at 4 and 8 scan warps.
-TRY_EARLY = [
-    {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-     "scan_form": "lookahead"},
-    {"u_store": "bf16", "scan_warps": 8, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-     "scan_form": "lookahead"},
-]
+# Session 7: versions 10 and 11 (two other forms of the state pass's step) lost in the dev rows and the loop
+# (scan 245-401 us against 209) and were removed. Session 8: versions 12 (the scan beside a persistent solve) and
+# 12b (the read-out beside the scan) were right but slower (740-910 and 737 us against 716-725) and were removed.
+# Session 10: the promoted knobs (568beb4b / 65248d91) with the state pass and read-out as one Gluon wgmma kernel
+# (dev rows, results/h200-2026-11-30e: headline 666.8 us against 719.4, fla not in that run).
+TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+              "scan_engine": "wgmma"}]
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
@@ -837,42 +841,6 @@ def _kda_prep_kernel(
 # Stage 2: the sequential scan over chunks
 # ------------------------------------------------------------------------------------------
 @triton.jit
-def _scan_lookahead(S, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, NT, TP, rk, cv, rt,
-                    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
-    """Version 11's state pass (``scan_form="lookahead"``): carries S_n and delta_n = u_n - w_n S_n, and
-    forms delta_{n+1} from them, S_{n+1} = T + kd_n^T delta_n and
-    delta_{n+1} = u_{n+1} - w_{n+1} T - (w_{n+1} kd_n^T) delta_n with T = gl_n S_n, so that no product of
-    a step waits for another's result but C delta_n for C.  Every tile is loaded in the step that uses it
-    (chunk n's kd and gl, chunk n+1's w and u), so Triton pipelines them all.  Returns the final state."""
-    w_0 = tl.load(w_ptr + rt[:, None] * K + rk[None, :])
-    u_0 = tl.load(u_ptr + rt[:, None] * V + cv[None, :]).to(tl.float32)
-    d = u_0 - tl.dot(w_0, S.to(tl.bfloat16))
-    for n in range(NT):
-        row = n * BT + rt
-        nxt = row + BT
-        ok = (nxt < TP)[:, None]
-        kd_n = tl.load(kd_ptr + row[:, None] * K + rk[None, :])
-        gl_n = tl.load(gl_ptr + n * K + rk)
-        w_x = tl.load(w_ptr + nxt[:, None] * K + rk[None, :], mask=ok, other=0.0)
-        u_x = tl.load(u_ptr + nxt[:, None] * V + cv[None, :], mask=ok, other=0.0).to(tl.float32)
-        tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
-        kt = tl.trans(kd_n)
-        T = S * gl_n[:, None]
-        # products with no state in them, or only with S_n / delta_n: issued before the one wgmma waits
-        c = tl.dot(w_x, kt)  # [BT, BT], w_{n+1} kd_n^T
-        ws = tl.dot(w_x, T.to(tl.bfloat16))
-        d_hi, d_lo = _split(d)
-        S = tl.dot(kt, d_hi, T)
-        S = tl.dot(kt, d_lo, S)
-        c_b = c.to(tl.bfloat16)
-        cd = tl.dot(c_b, d_hi)
-        cd = tl.dot(c_b, d_lo, cd)
-        # (u - ws) - cd, not u - (ws + cd): an add onto a product's result would be folded into its accumulator
-        d = (u_x - ws) - cd
-    return S
-
-
-@triton.jit
 def _kda_scan_kernel(
     w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, gl_ptr, au_ptr,
     h0_ptr, ht_ptr, o_ptr, hbuf_ptr, dbuf_ptr,
@@ -880,7 +848,7 @@ def _kda_scan_kernel(
     s_ob, s_ot, s_oh,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     LAYOUT: tl.constexpr, FUSE_OUT: tl.constexpr, SPLIT_S: tl.constexpr,
-    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRE: tl.constexpr, LOOK: tl.constexpr = False,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PRE: tl.constexpr,
 ):
     """One program per (V-block, batch*head) walks the chunks in order.  LAYOUT 0 keeps the
     state as S [K, BV]; LAYOUT 1 as S^T [BV, K], so that the state and delta are the
@@ -889,8 +857,7 @@ def _kda_scan_kernel(
     read-out's Aqk delta three (Aqk arrives as hi and lo halves); products with the state use
     the split too when SPLIT_S, else the state rounded to bf16.  No tf32 anywhere.  With PRE the
     read-out is o = qd' S + au (qd' = qd - Aqk w and au = Aqk u from the preparation): no Aqk
-    tiles, no products with delta but the state update's.  LOOK (``scan_form="lookahead"``,
-    version 11; LAYOUT 0, PRE, unfused, state products in bf16 only): ``_scan_lookahead`` instead."""
+    tiles, no products with delta but the state update's."""
     i_v = tl.program_id(0).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -923,100 +890,206 @@ def _kda_scan_kernel(
     dbuf_ptr += i_bh * TP * V
     hbuf_ptr += i_bh * NT * K * V
 
-    if LOOK:
-        S = _scan_lookahead(S, w_ptr, u_ptr, kd_ptr, gl_ptr, hbuf_ptr, NT, TP, rk, cv, rt, K, V, BT, BV)
-    else:
-        for n in range(NT):
-            # Everything the read-out needs is loaded first and the read-out computed last (from
-            # the state entering the chunk), so that its loads -- au is not pipelined by Triton --
-            # overlap the S -> delta -> S chain instead of stalling it.
-            row = n * BT + rt
-            p_k = row[:, None] * K + rk[None, :]
-            w_n = tl.load(w_ptr + p_k)
-            kd_n = tl.load(kd_ptr + p_k)
-            gl_n = tl.load(gl_ptr + n * K + rk)
-            if LAYOUT == 0:
-                u_n = tl.load(u_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
-                if FUSE_OUT:
-                    qd_n = tl.load(qd_ptr + p_k)
-                    if PRE:
-                        o_n = tl.load(au_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
-                    else:
-                        o_n = tl.zeros([BT, BV], dtype=tl.float32)
-                        p_a = aqk_ptr + row[:, None] * BT + ct[None, :]
-                        a_hi = tl.load(p_a)
-                        a_lo = tl.load(p_a + lo_off)
-                if SPLIT_S:
-                    s_hi, s_lo = _split(S)
-                    ws = tl.dot(w_n, s_hi)
-                    ws = tl.dot(w_n, s_lo, ws)
+    for n in range(NT):
+        # Everything the read-out needs is loaded first and the read-out computed last (from
+        # the state entering the chunk), so that its loads -- au is not pipelined by Triton --
+        # overlap the S -> delta -> S chain instead of stalling it.
+        row = n * BT + rt
+        p_k = row[:, None] * K + rk[None, :]
+        w_n = tl.load(w_ptr + p_k)
+        kd_n = tl.load(kd_ptr + p_k)
+        gl_n = tl.load(gl_ptr + n * K + rk)
+        if LAYOUT == 0:
+            u_n = tl.load(u_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
+            if FUSE_OUT:
+                qd_n = tl.load(qd_ptr + p_k)
+                if PRE:
+                    o_n = tl.load(au_ptr + row[:, None] * V + cv[None, :]).to(tl.float32)
                 else:
-                    s_hi = S.to(tl.bfloat16)
-                    ws = tl.dot(w_n, s_hi)
-                d = u_n - ws  # [BT, BV]
-                d_hi, d_lo = _split(d)
-                if not FUSE_OUT:
-                    tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
-                    if not PRE:
-                        tl.store(dbuf_ptr + row[:, None] * V + cv[None, :], d)
-                kt = tl.trans(kd_n)
-                upd = tl.dot(kt, d_hi)
-                upd = tl.dot(kt, d_lo, upd)
-                S_next = S * gl_n[:, None] + upd
-                if FUSE_OUT:
-                    o_n = tl.dot(qd_n, s_hi, o_n)
-                    if SPLIT_S:
-                        o_n = tl.dot(qd_n, s_lo, o_n)
-                    if not PRE:
-                        o_n = tl.dot(a_hi, d_hi, o_n)
-                        o_n = tl.dot(a_hi, d_lo, o_n)
-                        o_n = tl.dot(a_lo, d_hi, o_n)
-                    tl.store(o_ptr + row[:, None] * s_ot + cv[None, :], o_n.to(o_ptr.dtype.element_ty),
-                             mask=(row < T)[:, None])
-                S = S_next
+                    o_n = tl.zeros([BT, BV], dtype=tl.float32)
+                    p_a = aqk_ptr + row[:, None] * BT + ct[None, :]
+                    a_hi = tl.load(p_a)
+                    a_lo = tl.load(p_a + lo_off)
+            if SPLIT_S:
+                s_hi, s_lo = _split(S)
+                ws = tl.dot(w_n, s_hi)
+                ws = tl.dot(w_n, s_lo, ws)
             else:
-                u_t = tl.load(u_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
-                if FUSE_OUT:
-                    qd_n = tl.load(qd_ptr + p_k)
-                    if PRE:
-                        o_t = tl.load(au_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
-                    else:
-                        o_t = tl.zeros([BV, BT], dtype=tl.float32)
-                        p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
-                        a_hi = tl.load(p_a)
-                        a_lo = tl.load(p_a + lo_off)
-                wt = tl.trans(w_n)
+                s_hi = S.to(tl.bfloat16)
+                ws = tl.dot(w_n, s_hi)
+            d = u_n - ws  # [BT, BV]
+            d_hi, d_lo = _split(d)
+            if not FUSE_OUT:
+                tl.store(hbuf_ptr + n * K * V + rk[:, None] * V + cv[None, :], S.to(hbuf_ptr.dtype.element_ty))
+                if not PRE:
+                    tl.store(dbuf_ptr + row[:, None] * V + cv[None, :], d)
+            kt = tl.trans(kd_n)
+            upd = tl.dot(kt, d_hi)
+            upd = tl.dot(kt, d_lo, upd)
+            S_next = S * gl_n[:, None] + upd
+            if FUSE_OUT:
+                o_n = tl.dot(qd_n, s_hi, o_n)
                 if SPLIT_S:
-                    s_hi, s_lo = _split(S)
-                    ws = tl.dot(s_hi, wt)
-                    ws = tl.dot(s_lo, wt, ws)
+                    o_n = tl.dot(qd_n, s_lo, o_n)
+                if not PRE:
+                    o_n = tl.dot(a_hi, d_hi, o_n)
+                    o_n = tl.dot(a_hi, d_lo, o_n)
+                    o_n = tl.dot(a_lo, d_hi, o_n)
+                tl.store(o_ptr + row[:, None] * s_ot + cv[None, :], o_n.to(o_ptr.dtype.element_ty),
+                         mask=(row < T)[:, None])
+            S = S_next
+        else:
+            u_t = tl.load(u_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
+            if FUSE_OUT:
+                qd_n = tl.load(qd_ptr + p_k)
+                if PRE:
+                    o_t = tl.load(au_ptr + row[None, :] * V + cv[:, None]).to(tl.float32)  # [BV, BT]
                 else:
-                    s_hi = S.to(tl.bfloat16)
-                    ws = tl.dot(s_hi, wt)
-                d = u_t - ws  # [BV, BT]
-                d_hi, d_lo = _split(d)
-                if not FUSE_OUT:
-                    tl.store(hbuf_ptr + n * K * V + rk[None, :] * V + cv[:, None], S.to(hbuf_ptr.dtype.element_ty))
-                    if not PRE:
-                        tl.store(dbuf_ptr + row[None, :] * V + cv[:, None], d)
-                upd = tl.dot(d_hi, kd_n)
-                upd = tl.dot(d_lo, kd_n, upd)
-                S_next = S * gl_n[None, :] + upd
-                if FUSE_OUT:
-                    qt = tl.trans(qd_n)
-                    o_t = tl.dot(s_hi, qt, o_t)
-                    if SPLIT_S:
-                        o_t = tl.dot(s_lo, qt, o_t)
-                    if not PRE:
-                        o_t = tl.dot(d_hi, a_hi, o_t)
-                        o_t = tl.dot(d_lo, a_hi, o_t)
-                        o_t = tl.dot(d_hi, a_lo, o_t)
-                    tl.store(o_ptr + row[None, :] * s_ot + cv[:, None], o_t.to(o_ptr.dtype.element_ty),
-                             mask=(row < T)[None, :])
-                S = S_next
+                    o_t = tl.zeros([BV, BT], dtype=tl.float32)
+                    p_a = aqk_ptr + row[None, :] * BT + ct[:, None]  # Aqk^T, [BT(j), BT(i)]
+                    a_hi = tl.load(p_a)
+                    a_lo = tl.load(p_a + lo_off)
+            wt = tl.trans(w_n)
+            if SPLIT_S:
+                s_hi, s_lo = _split(S)
+                ws = tl.dot(s_hi, wt)
+                ws = tl.dot(s_lo, wt, ws)
+            else:
+                s_hi = S.to(tl.bfloat16)
+                ws = tl.dot(s_hi, wt)
+            d = u_t - ws  # [BV, BT]
+            d_hi, d_lo = _split(d)
+            if not FUSE_OUT:
+                tl.store(hbuf_ptr + n * K * V + rk[None, :] * V + cv[:, None], S.to(hbuf_ptr.dtype.element_ty))
+                if not PRE:
+                    tl.store(dbuf_ptr + row[None, :] * V + cv[:, None], d)
+            upd = tl.dot(d_hi, kd_n)
+            upd = tl.dot(d_lo, kd_n, upd)
+            S_next = S * gl_n[None, :] + upd
+            if FUSE_OUT:
+                qt = tl.trans(qd_n)
+                o_t = tl.dot(s_hi, qt, o_t)
+                if SPLIT_S:
+                    o_t = tl.dot(s_lo, qt, o_t)
+                if not PRE:
+                    o_t = tl.dot(d_hi, a_hi, o_t)
+                    o_t = tl.dot(d_lo, a_hi, o_t)
+                    o_t = tl.dot(d_hi, a_lo, o_t)
+                tl.store(o_ptr + row[None, :] * s_ot + cv[:, None], o_t.to(o_ptr.dtype.element_ty),
+                         mask=(row < T)[None, :])
+            S = S_next
 
     if STORE_HT:
         tl.store(ht_ptr + state_off, S)
+
+
+# ------------------------------------------------------------------------------------------
+# scan_engine "wgmma" (session 10): the state pass and the read-out in one Gluon kernel, sm_90 only
+# ------------------------------------------------------------------------------------------
+WGMMA_BV = 64  # value columns per program: the wgmma M of its one warpgroup
+WGMMA_STAGES = 3  # chunks in flight in the TMA ring
+
+
+@gluon.jit
+def _kda_scan_wgmma(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H,
+                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NS: gl.constexpr,
+                    USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
+    """``_kda_scan_kernel`` with readout "pre", fused, scan_dot "mixed", for one (64 value columns,
+    batch*head), written so that no step moves the state through shared memory.
+
+    The state is held transposed, S^T [BV, K], as a wgmma accumulator of the program's one warpgroup. Its
+    bf16 copy is the register operand A of both products that read it: S^T w^T (the chain) and S^T qd^T
+    (the read-out). delta^T = u^T - S^T w^T is formed in registers and is the register operand of
+    S^T <- gl (.) S^T + delta^T kd, which accumulates into the state itself. A chunk's w, kd and qd (one
+    [3, BH, TP, K] buffer), u and au (one [2, BH, TP, V] buffer) and gl arrive by three TMA copies; o^T leaves through shared memory by TMA store (clipped at T). The read-out's
+    epilogue and the refill of the previous chunk's stage run while the state update is in flight. Same
+    roundings as the Triton scan: S to bf16 in its products, delta as a bf16 hi/lo pair, o rounded once."""
+    LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
+    LD: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    A_WS: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LD, k_width=2)
+    A_UPD: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LS, k_width=2)
+
+    i_v = gl.program_id(0)
+    i_bh = gl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    row0 = i_bh * TP
+    g_row0 = i_bh * NT
+    v0 = i_v * BV
+
+    # the w, kd, qd box is 4 deep (a power of two): its fourth slot lies past the tensor, which TMA fills with
+    # zeros without reading memory (and still counts in the transaction bytes)
+    wkq_s = gl.allocate_shared_memory(gl.bfloat16, [NS, 4, BT, K], wkq_desc.layout)
+    ua_s = gl.allocate_shared_memory(gl.bfloat16, [NS, 2, BT, BV], ua_desc.layout)
+    g_s = gl.allocate_shared_memory(gl.float32, [NS, 1, K], g_desc.layout)
+    o_s = gl.allocate_shared_memory(gl.bfloat16, [2, 1, BT, BV], o_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NS):
+        mbarrier.init(ready.index(i), count=1)
+    fence_async_shared()
+    nbytes: gl.constexpr = (4 * BT * K + 2 * BT * BV) * 2 + K * 4
+    for i in gl.static_range(NS):
+        more = i < NT
+        mbarrier.expect(ready.index(i), nbytes, pred=more)
+        tma.async_copy_global_to_shared(wkq_desc, [0, row0 + i * BT, 0], ready.index(i), wkq_s.index(i), pred=more)
+        tma.async_copy_global_to_shared(ua_desc, [0, row0 + i * BT, v0], ready.index(i), ua_s.index(i), pred=more)
+        tma.async_copy_global_to_shared(g_desc, [g_row0 + i, 0], ready.index(i), g_s.index(i), pred=more)
+
+    rv = gl.arange(0, BV, layout=gl.SliceLayout(1, LS))
+    ck = gl.arange(0, K, layout=gl.SliceLayout(0, LS))
+    st_off = (i_bh * K + ck[None, :]).to(gl.int64) * V + v0 + rv[:, None]  # S^T[v, k] = S[k, v0 + v]
+    if USE_H0:
+        S = gl.load(h0_ptr + st_off)
+    else:
+        S = gl.zeros([BV, K], gl.float32, layout=LS)
+    # The products' accumulators are carried and overwritten (use_acc=False): a fresh zero tensor per step would
+    # write accumulator registers while a wgmma is in flight, and ptxas would then serialise every wgmma.
+    ws = gl.zeros([BV, BT], gl.float32, layout=LD)
+    ot = gl.zeros([BV, BT], gl.float32, layout=LD)
+    for n in range(NT):
+        st = n % NS
+        mbarrier.wait(ready.index(st), (n // NS) & 1)
+        tiles = wkq_s.index(st).reshape([4 * BT, K])
+        w_t = tiles.slice(0, BT)
+        kd_t = tiles.slice(BT, BT)
+        qd_t = tiles.slice(2 * BT, BT)
+        ua_t = ua_s.index(st).reshape([2 * BT, BV])
+        s_a = gl.convert_layout(S.to(gl.bfloat16), A_WS)
+        # decayed before any wgmma is issued: S is the update's accumulator, and ptxas waits for every wgmma in
+        # flight before an accumulator register is written (offline sm_90: a wait 0 behind the read-out's product)
+        S = S * g_s.index(st).reshape([K]).load(gl.SliceLayout(0, LS))[None, :]
+        ws = warpgroup_mma(s_a, w_t.permute((1, 0)), ws, use_acc=False, is_async=True)
+        ot = warpgroup_mma(s_a, qd_t.permute((1, 0)), ot, use_acc=False, is_async=True)
+        u_t = ua_t.slice(0, BT).permute((1, 0)).load(LD).to(gl.float32)
+        ws = warpgroup_mma_wait(num_outstanding=1, deps=(ws,))
+        d = u_t - ws
+        d_hi = d.to(gl.bfloat16)
+        d_lo = (d - d_hi.to(gl.float32)).to(gl.bfloat16)
+        S = warpgroup_mma(gl.convert_layout(d_hi, A_UPD), kd_t, S, is_async=True)
+        S = warpgroup_mma(gl.convert_layout(d_lo, A_UPD), kd_t, S, is_async=True)
+        # while the update runs: o of this chunk (the read-out's product is the oldest group in flight) ...
+        au_t = ua_t.slice(BT, BT).permute((1, 0)).load(LD).to(gl.float32)
+        ot = warpgroup_mma_wait(num_outstanding=2, deps=(ot,))
+        ob = o_s.index(n % 2)
+        ob.reshape([BT, BV]).permute((1, 0)).store((ot + au_t).to(gl.bfloat16))
+        fence_async_shared()
+        tma.store_wait(pendings=0)  # the store of chunk n - 1 has read its buffer (the one written next step)
+        gl.thread_barrier()  # every warp's part of o is written, and every warp is done with chunk n - 1's stage
+        tma.async_copy_shared_to_global(o_desc, [i_b, n * BT, i_h * V + v0], ob)
+        # ... and the refill of chunk n - 1's stage with chunk n - 1 + NS
+        nxt = n - 1 + NS
+        if (n >= 1) & (nxt < NT):
+            ps = (n - 1) % NS
+            mbarrier.expect(ready.index(ps), nbytes)
+            tma.async_copy_global_to_shared(wkq_desc, [0, row0 + nxt * BT, 0], ready.index(ps), wkq_s.index(ps))
+            tma.async_copy_global_to_shared(ua_desc, [0, row0 + nxt * BT, v0], ready.index(ps), ua_s.index(ps))
+            tma.async_copy_global_to_shared(g_desc, [g_row0 + nxt, 0], ready.index(ps), g_s.index(ps))
+        S = warpgroup_mma_wait(num_outstanding=0, deps=(S,))
+    tma.store_wait(pendings=0)
+    for i in gl.static_range(NS):
+        mbarrier.invalidate(ready.index(i))
+    if STORE_HT:
+        gl.store(ht_ptr + st_off, S)
 
 
 # ------------------------------------------------------------------------------------------
@@ -1074,11 +1147,12 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     """Check a knob combination against a shape; return the launch plan or raise ValueError."""
     # knob dicts written before version 7 / 8 lack "pair", "solve_stages" and "u_store"
     knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "off_tile": "chunk", "diag_cols": "load",
-             "scan_form": "delta", **knobs}
+             "scan_engine": "triton", **knobs}
     # a name this file lacks would be ignored silently: version 9's scan_pair=True would time the default
     unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
-        raise ValueError(f"unknown knob(s) {unknown} (scan_pair and pair_merge were removed after session 6; "
+        raise ValueError(f"unknown knob(s) {unknown} (scan_pair and pair_merge were removed after session 6, "
+                         "scan_form after session 7, overlap and out_beside after session 8; session 9's scan_engine 'gluon' is gone; "
                          "kernels/notes/kda.md)")
     # combinations the CPU interpreter passes but the H200 computed wrongly: refused by name
     if knobs.get("subst") == "direct":
@@ -1119,12 +1193,6 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         raise ValueError(f"solve_stages={knobs.get('solve_stages')} is not served at BT=64 with solve_maxnreg=128 "
                          "(the solve spills 336-376 B per thread there on sm_90 at every stage count; pipelining "
                          "adds 16-32 KB of shared memory on top)")
-    # version 11's lookahead step is written for the state as S [K, BV] with the separate read-out
-    # o = qd' h + au (the fused and "aqk" read-outs would need delta_n in the step that forms delta_{n+1})
-    if knobs.get("scan_form") == "lookahead" and (knobs.get("readout") != "pre" or knobs.get("scan_layout") != "kv"
-                                                  or knobs.get("fuse_output")):
-        raise ValueError("scan_form='lookahead' is served with readout='pre', scan_layout='kv' and fuse_output=False "
-                         "only (the fused and 'aqk' read-outs are not written for it, nor the 'vk' layout)")
     for name, choices in SPACE.items():
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
@@ -1181,9 +1249,43 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "fuse": fuse, "split": split, "scan_stages": stages,
         "solve_stages": knobs["solve_stages"], "u_bf16": knobs["u_store"] == "bf16",
         "layout": 0 if knobs["scan_layout"] == "kv" else 1,
-        "LOOK": knobs["scan_form"] == "lookahead",
     }
 
+
+def _wgmma_scan_applies(q, K, V, plan, kn) -> bool:
+    """Where scan_engine "wgmma" runs: wgmma and TMA (Hopper), and the scan form it implements -- readout
+    "pre" (o = qd' S + au), the state rounded to bf16 in its products, u and au stored bf16 (TMA tiles);
+    K 32/64/128 (the state and its bf16 copy in one warpgroup's registers), V a multiple of 64 (the M of
+    its products), BT 32 (at BT 64 it spills on sm_90 and its ring needs 263 KB of shared memory). Elsewhere, including always on the CPU, the Triton scan of the other knobs runs."""
+    return (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9 and plan["PRE"] and not plan["split"]
+            and plan["u_bf16"] and kn["au"] == "bf16" and K in (32, 64, 128) and V % WGMMA_BV == 0
+            and plan["BT"] == 32)
+
+
+def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT):
+    """wkq: w, kd, qd as one [3, BH, TP, K] bf16 buffer; ua: u, au as one [2, BH, TP, V] (one TMA copy each)."""
+    BH = wkq.shape[1]
+    B = BH // H
+
+    def desc(t, width, block_w):
+        flat = t.view(t.shape[0], BH * TP, width)
+        block = [triton.next_power_of_2(t.shape[0]), BT, block_w]
+        return GluonDescriptor(flat, list(flat.shape), [BH * TP * width, width, 1], block,
+                               gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16))
+
+    g_flat = g_last.view(BH * NT, K)
+    g_desc = GluonDescriptor(g_flat, list(g_flat.shape), [K, 1], [1, K],
+                             gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+    # o [B, T, H, V] (contiguous: kda_chunked made it) as [B, T, H * V]: a tile never runs past its batch's T
+    o3 = o.view(B, T, H * V)
+    o_desc = GluonDescriptor(o3, list(o3.shape), [T * H * V, H * V, 1], [1, BT, WGMMA_BV],
+                             gl.NVMMASharedLayout.get_default_for([1, BT, WGMMA_BV], gl.bfloat16))
+    _kda_scan_wgmma[(V // WGMMA_BV, BH)](
+        desc(wkq, K, K), desc(ua, V, WGMMA_BV), g_desc, o_desc,
+        h0 if h0 is not None else g_last, final if final is not None else g_last, TP, NT, H,
+        K=K, V=V, BT=BT, BV=WGMMA_BV, NS=WGMMA_STAGES, USE_H0=h0 is not None, STORE_HT=final is not None,
+        num_warps=4,
+    )
 
 def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
     """KDA forward. q, k, g [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; returns (o, final_state)."""
@@ -1224,23 +1326,30 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             raise ValueError("T must be positive")
         return o, final
 
-    w = torch.empty((BH, TP, K), dtype=torch.bfloat16, device=dev)
-    kd = torch.empty_like(w)
-    qd = torch.empty_like(w)
+    wgmma = kn.get("scan_engine") == "wgmma" and _wgmma_scan_applies(q, K, V, plan, kn)
+    # scan_engine "wgmma": w, kd, qd (and u, au) as slices of one buffer, each fetched by one TMA copy
+    wkq = torch.empty((3, BH, TP, K), dtype=torch.bfloat16, device=dev) if wgmma else None
+    ua = torch.empty((2, BH, TP, V), dtype=torch.bfloat16, device=dev) if wgmma else None
+    if wgmma:
+        w, kd, qd = wkq[0], wkq[1], wkq[2]
+    else:
+        w = torch.empty((BH, TP, K), dtype=torch.bfloat16, device=dev)
+        kd = torch.empty_like(w)
+        qd = torch.empty_like(w)
     # u_store="bf16" (version 8): u in bf16, half the bytes of its write here and its read in the scan
-    u = torch.empty((BH, TP, V), dtype=torch.bfloat16 if plan["u_bf16"] else torch.float32, device=dev)
+    u = ua[0] if wgmma else torch.empty((BH, TP, V), dtype=torch.bfloat16 if plan["u_bf16"] else torch.float32, device=dev)
     aqk = torch.empty((2, BH, TP, BT), dtype=torch.bfloat16, device=dev)  # Aqk as bf16 hi, lo
     akk = torch.empty((BH, TP, BT), dtype=torch.float32, device=dev)
-    gl = torch.empty((BH, NT, K), dtype=torch.float32, device=dev)
+    g_last = torch.empty((BH, NT, K), dtype=torch.float32, device=dev)  # exp(G_last) per chunk
     # Aqk u (readout "pre"); au="bf16" (version 6) halves its write in the solve and its read in the
     # read-out, at one more bf16 rounding of o's intra-chunk part
     au_dtype = torch.bfloat16 if kn["au"] == "bf16" else torch.float32
-    au = torch.empty((BH, TP, V), dtype=au_dtype, device=dev) if plan["PRE"] else u
+    au = ua[1] if wgmma else torch.empty((BH, TP, V), dtype=au_dtype, device=dev) if plan["PRE"] else u
 
     try:
         prep_args = (
             q, k, v, g, beta,
-            w, u, kd, qd, aqk, akk, gl, au,
+            w, u, kd, qd, aqk, akk, g_last, au,
             float(scale), T, TP, NT, H, BH * TP * BT,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
@@ -1272,8 +1381,11 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=2, num_warps=kn["solve_warps"], num_stages=plan["solve_stages"],
                                        **solve_regs, **prep_meta)
         if debug is not None:
-            debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=gl, BT=BT, NT=NT, TP=TP,
+            debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=g_last, BT=BT, NT=NT, TP=TP,
                          pre=plan["PRE"], au=au if plan["PRE"] else None)
+        if wgmma:
+            _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT)
+            return o, final
         fuse = plan["fuse"]
         if fuse:
             hbuf, dbuf = o, o  # unused
@@ -1283,13 +1395,13 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             dbuf = o if plan["PRE"] else torch.empty((BH, TP, V), dtype=torch.float32, device=dev)
         BV = plan["BV"]
         _kda_scan_kernel[(triton.cdiv(V, BV), BH)](
-            w, u, kd, qd, aqk, gl, au,
+            w, u, kd, qd, aqk, g_last, au,
             h0 if h0 is not None else w, final if final is not None else w, o, hbuf, dbuf,
             T, TP, NT, H, BH * TP * BT,
             o.stride(0), o.stride(1), o.stride(2),
             K=K, V=V, BT=BT, BV=BV,
             LAYOUT=plan["layout"], FUSE_OUT=fuse, SPLIT_S=plan["split"],
-            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"], LOOK=plan["LOOK"],
+            USE_H0=h0 is not None, STORE_HT=final is not None, PRE=plan["PRE"],
             num_warps=kn["scan_warps"], num_stages=plan["scan_stages"],
         )
         if not fuse:
