@@ -4,7 +4,7 @@ promoted knobs and fla's chunk_kda in one run, judge timer (device us). Prints a
     source benchmarks/device_setup.sh; python3 benchmarks/dev_kda_wgmma.py          # on the H200
     PYTHONPATH=. python3 benchmarks/dev_kda_wgmma.py --offline                      # CPU: sm_90 compile facts
 
-Rows are override dicts on the family's defaults (KDA_WG_ROWS=name,...: only these). Every checked call also
+Rows are override dicts on the family's defaults (KDA_WG_ROWS=name,...: only these; KDA_WG_FLA=0: no fla). Every checked call also
 counts whether the Gluon kernel ran (``_wgmma_scan_launch``), so a silent fallback cannot pass as a result.
 """
 
@@ -260,6 +260,8 @@ def main() -> int:
         fla_fn = bl[0].fn if bl else None
     except Exception as err:  # noqa: BLE001
         res["fla"]["import"] = repr(err)
+    if os.environ.get("KDA_WG_FLA") == "0":  # fla's first call autotunes for ~75 s: skipped on request
+        fla_fn = None
     if fla_fn is not None and left() > 120:
         t = time.time()
         got = fla_fn(**x)
