@@ -146,6 +146,17 @@ Versions 12 (``overlap``: the scan launched beside a persistent, chunk-ordered s
 flags) and 12b (``out_beside``: the read-out launched beside the scan) ran on the H200 in session 8 and were
 removed with their knobs: both computed bit-identical outputs, but sharing the SMs slowed the scan (and the
 solve) by more than the overlap saved (kernels/notes/kda.md, "Versions 12 and 12b measured on the H200").
+
+``scan_engine="wgmma"`` (session 10) replaces stages 3 and 4 with one Gluon kernel, ``_kda_scan_wgmma``.
+- Layout: one warpgroup per (64 value columns, batch*head) holds S^T [64, K] as a wgmma accumulator.
+- Products: its bf16 copy is the register operand of S^T w^T and of the read-out S^T qd'^T. delta^T (a bf16
+  hi/lo pair in registers) is the register operand of the update, which accumulates into S^T in place.
+  Nothing of the state goes through shared memory.
+- Memory: each chunk's tiles arrive by TMA into a 4-stage ring, and o leaves by TMA store.
+- Where it runs: on Hopper where ``_wgmma_scan_applies`` (readout "pre", scan_dot "mixed", bf16 u and au,
+  K 32/64/128, V a multiple of 64, BT 32). Elsewhere the stages above run, always on the CPU.
+- Measured on the H200 (kernels/notes/kda.md, "Session 10"): 195-204 us at the headline, against 209 + 67 for
+  the scan and read-out it replaces.
 """
 
 import math
