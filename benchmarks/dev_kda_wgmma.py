@@ -249,8 +249,8 @@ def main() -> int:
             before = launches["n"]
             e = errors(run(ov, x), ref)
             ran = launches["n"] - before
-            us = bench(lambda ov=ov: run(ov, x))
-            res["time"][head][name] = {"us": us, "err": e, "wgmma_ran": ran, "kernels": kernels(lambda ov=ov: run(ov, x))}
+            us = bench(lambda ov=ov, x=x: run(ov, x))
+            res["time"][head][name] = {"us": us, "err": e, "wgmma_ran": ran, "kernels": kernels(lambda ov=ov, x=x: run(ov, x))}
         except Exception as err:  # noqa: BLE001
             res["time"][head][name] = {"error": f"{type(err).__name__}: {err}"[:1500]}
         log(head, name, res["time"][head][name])
@@ -266,7 +266,7 @@ def main() -> int:
         t = time.time()
         got = fla_fn(**x)
         torch.cuda.synchronize()
-        us, host = bench(lambda: fla_fn(**x), with_host=True)
+        us, host = bench(lambda x=x: fla_fn(**x), with_host=True)
         res["fla"][head] = {"us": us, "host_us": host, "err": errors(got, ref), "first_call_s": round(time.time() - t, 1)}
         log("fla", res["fla"][head])
     del x, ref
@@ -283,10 +283,10 @@ def main() -> int:
             xs = prob.make_inputs(case, device="cuda", seed=0)
             want = chunk_kda_reference(xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"], None, None, True, chunk_size=64)
             for name, ov in ROWS.items():
-                res["time"][label][name] = {"err": errors(run(ov, xs), want), "us": bench(lambda ov=ov: run(ov, xs))}
+                res["time"][label][name] = {"err": errors(run(ov, xs), want), "us": bench(lambda ov=ov, xs=xs: run(ov, xs))}
             if fla_fn is not None and left() > 30:
                 got = fla_fn(**xs)
-                us, host = bench(lambda: fla_fn(**xs), with_host=True)
+                us, host = bench(lambda xs=xs: fla_fn(**xs), with_host=True)
                 res["fla"][label] = {"us": us, "host_us": host, "err": errors(got, want)}
             del xs, want
             torch.cuda.empty_cache()

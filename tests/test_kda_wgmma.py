@@ -15,7 +15,6 @@ import json
 import pytest
 import torch
 from family_modules import compile_in_child
-
 from test_kda_chunked import FAMILY, FAMILY_PATH, PROBLEM, check, render
 
 PROMOTED = {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans"}

@@ -163,8 +163,8 @@ import math
 
 import torch
 import triton
-import triton.experimental.gluon as gluon
 import triton.language as tl
+from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
