@@ -62,13 +62,11 @@ def log(*args) -> None:
     print(f"[{time.time() - T0:6.1f}s]", *args, flush=True)
 
 
-def load_family(name="kda_chunked_wgmma"):
-    import importlib.util
+def load_family():
+    sys.path.insert(0, str(FAMILY.parents[2]))
+    from pytest_kopt.gate import load_module
 
-    spec = importlib.util.spec_from_file_location(name, FAMILY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(FAMILY)
 
 
 def offline() -> int:
