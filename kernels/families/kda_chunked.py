@@ -1043,9 +1043,11 @@ def _kda_scan_wgmma(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H
     bf16 copy is the register operand A of both products that read it: S^T w^T (the chain) and S^T qd^T
     (the read-out). delta^T = u^T - S^T w^T is formed in registers and is the register operand of
     S^T <- gl (.) S^T + delta^T kd, which accumulates into the state itself. A chunk's w, kd and qd (one
-    [3, BH, TP, K] buffer), u and au (one [2, BH, TP, V] buffer) and gl arrive by three TMA copies; o^T leaves through shared memory by TMA store (clipped at T). The read-out's
-    epilogue and the refill of the previous chunk's stage run while the state update is in flight. Same
-    roundings as the Triton scan: S to bf16 in its products, delta as a bf16 hi/lo pair, o rounded once."""
+    [3, BH, TP, K] buffer), u and au (one [2, BH, TP, V] buffer) and gl arrive by three TMA copies; o^T
+    leaves through shared memory by TMA store (clipped at T). The read-out's epilogue and the refill of the
+    previous chunk's stage run while the state update is in flight. Roundings as in the Triton scan: S to
+    bf16 in its products, delta as a bf16 hi/lo pair (~16 bits; hi truncated here, rounded there), o
+    rounded once."""
     LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
     LD: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     A_WS: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LD, k_width=2)
@@ -1081,7 +1083,7 @@ def _kda_scan_wgmma(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H
     ck = gl.arange(0, K, layout=gl.SliceLayout(0, LS))
     st_off = (i_bh * K + ck[None, :]).to(gl.int64) * V + v0 + rv[:, None]  # S^T[v, k] = S[k, v0 + v]
     if USE_H0:
-        S = gl.load(h0_ptr + st_off)
+        S = gl.load(h0_ptr + st_off).to(gl.float32)
     else:
         S = gl.zeros([BV, K], gl.float32, layout=LS)
     # w's product's accumulator is carried and overwritten (use_acc=False): a fresh zero tensor per step would
@@ -1300,7 +1302,8 @@ def _wgmma_scan_applies(q, K, V, plan, kn) -> bool:
     """Where scan_engine "wgmma" runs: wgmma and TMA (Hopper), and the scan form it implements -- readout
     "pre" (o = qd' S + au), the state rounded to bf16 in its products, u and au stored bf16 (TMA tiles);
     K 32/64/128 (the state and its bf16 copy in one warpgroup's registers), V a multiple of 64 (the M of
-    its products), BT 32 (at BT 64 it spills on sm_90 and its ring needs 263 KB of shared memory). Elsewhere, including always on the CPU, the Triton scan of the other knobs runs."""
+    its products), BT 32 (at BT 64 it spills on sm_90 and its ring outgrows shared memory). Elsewhere,
+    including always on the CPU, the Triton scan of the other knobs runs."""
     return (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9 and plan["PRE"] and not plan["split"]
             and plan["u_bf16"] and kn["au"] == "bf16" and K in (32, 64, 128) and V % WGMMA_BV == 0
             and plan["BT"] == 32)
@@ -1330,6 +1333,7 @@ def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT):
         K=K, V=V, BT=BT, BV=WGMMA_BV, NS=WGMMA_STAGES, USE_H0=h0 is not None, STORE_HT=final is not None,
         num_warps=4,
     )
+
 
 def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
     """KDA forward. q, k, g [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; returns (o, final_state)."""
