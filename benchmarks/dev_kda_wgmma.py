@@ -27,9 +27,9 @@ PROMOTED = {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight
 ROWS = {
     "promoted": PROMOTED,
     "wgmma": {**PROMOTED, "scan_engine": "wgmma"},
-    # the TMA ring's depth (the family's WGMMA_STAGES, set for the row's calls)
-    "wgmma_ns2": {**PROMOTED, "scan_engine": "wgmma", "_stages": 2},
-    "wgmma_ns4": {**PROMOTED, "scan_engine": "wgmma", "_stages": 4},
+    # the TMA ring's depth (knob scan_ring; the row "wgmma" takes the family's default)
+    "wgmma_ring3": {**PROMOTED, "scan_engine": "wgmma", "scan_ring": 3},
+    "wgmma_ring5": {**PROMOTED, "scan_engine": "wgmma", "scan_ring": 5},
 }
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}
@@ -102,7 +102,7 @@ def offline() -> int:
                "TP": "i32", "NT": "i32", "H": "i32",
                "K": "constexpr", "V": "constexpr", "BT": "constexpr", "BV": "constexpr", "NS": "constexpr",
                "USE_H0": "constexpr", "STORE_HT": "constexpr"}
-        cx = {"K": K, "V": 128, "BT": BT, "BV": bv, "NS": fam.WGMMA_STAGES, "USE_H0": True, "STORE_HT": True}
+        cx = {"K": K, "V": 128, "BT": BT, "BV": bv, "NS": fam.KNOBS["scan_ring"], "USE_H0": True, "STORE_HT": True}
         c = triton.compile(GluonASTSource(fam._kda_scan_wgmma, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": 4})
         with tempfile.TemporaryDirectory() as tmp:
@@ -176,11 +176,8 @@ def main() -> int:
     fam._wgmma_scan_launch = counted
     res = {"env": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}, "checks": {}, "time": {}, "fla": {}}
 
-    default_stages = fam.WGMMA_STAGES
-
     def run(ov, x):
         kn = {**fam.KNOBS, **ov}
-        fam.WGMMA_STAGES = kn.pop("_stages", default_stages)
         return fam.kda_chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], x.get("scale"), x["initial_state"],
                                x["output_final_state"], kn)
 

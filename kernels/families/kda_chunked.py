@@ -152,7 +152,7 @@ solve) by more than the overlap saved (kernels/notes/kda.md, "Versions 12 and 12
 - Products: its bf16 copy is the register operand of S^T w^T and of the read-out S^T qd'^T. delta^T (a bf16
   hi/lo pair in registers) is the register operand of the update, which accumulates into S^T in place.
   Nothing of the state goes through shared memory.
-- Memory: each chunk's tiles arrive by TMA into a 4-stage ring, and o leaves by TMA store.
+- Memory: each chunk's tiles arrive by TMA into a ring of ``scan_ring`` stages, and o leaves by TMA store.
 - Where it runs: on Hopper where ``_wgmma_scan_applies`` (readout "pre", scan_dot "mixed", bf16 u and au,
   K 32/64/128, V a multiple of 64, BT 32). Elsewhere the stages above run, always on the CPU.
 - Measured on the H200 (kernels/notes/kda.md, "Session 10"): 178 us at the headline with the 4-stage ring, against
@@ -207,6 +207,7 @@ KNOBS = {
     "off_tile": "chunk",
     "diag_cols": "load",
     "scan_engine": "triton",
+    "scan_ring": 4,
 }
 # kopt:knobs-end
 SPACE = {
@@ -250,6 +251,10 @@ SPACE = {
     # held transposed as a wgmma accumulator, 64 value columns per warpgroup), where it applies -- a Hopper GPU,
     # readout "pre", scan_dot "mixed", bf16 u and au, K 32/64/128, V a multiple of 64 -- else the Triton scan
     "scan_engine": ["triton", "wgmma"],
+    # session 10: chunks in the "wgmma" engine's TMA ring (one is consumed while the rest are in flight); dev rows
+    # on the H200: 4 against 3, headline 621.3 against 644.0 us; 2 was far slower (831.6); 5 unmeasured (210 KB of
+    # shared memory at K 128). Unused by the Triton scan.
+    "scan_ring": [3, 4, 5],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
 # (when, then) pair mirrors one of _plan's checks below, which stay the authority;
@@ -278,8 +283,10 @@ REQUIRES = [
 # 12b (the read-out beside the scan) were right but slower (740-910 and 737 us against 716-725) and were removed.
 # Session 10: the promoted knobs (568beb4b / 65248d91) with the state pass and read-out as one Gluon wgmma kernel
 # (dev rows, results/h200-2026-11-30e: headline 666.8 us against 719.4, fla not in that run).
+# The loop then promoted that (2534b9a6, 607.4 us on its geomean against 690.5) and the same with a 4-deep ring
+# (6cae3b5c, 590.5 us). Next: the ring 5 deep (fits at K 128: 210 KB of shared memory; unmeasured).
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma"}]
+              "scan_engine": "wgmma", "scan_ring": 5}]
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
@@ -1029,7 +1036,6 @@ def _kda_scan_kernel(
 # scan_engine "wgmma" (session 10): the state pass and the read-out in one Gluon kernel, sm_90 only
 # ------------------------------------------------------------------------------------------
 WGMMA_BV = 64  # value columns per program: the wgmma M of its one warpgroup
-WGMMA_STAGES = 4  # chunks in the TMA ring (3 in flight: session 10 dev rows, 4 against 3: headline 621.3 against 644.0 us)
 
 
 @gluon.jit
@@ -1193,7 +1199,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     """Check a knob combination against a shape; return the launch plan or raise ValueError."""
     # knob dicts written before version 7 / 8 lack "pair", "solve_stages" and "u_store"
     knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "off_tile": "chunk", "diag_cols": "load",
-             "scan_engine": "triton", **knobs}
+             "scan_engine": "triton", "scan_ring": 4, **knobs}
     # a name this file lacks would be ignored silently: version 9's scan_pair=True would time the default
     unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
@@ -1309,7 +1315,7 @@ def _wgmma_scan_applies(q, K, V, plan, kn) -> bool:
             and plan["BT"] == 32)
 
 
-def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT):
+def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, ring):
     """wkq: w, kd, qd as one [3, BH, TP, K] bf16 buffer; ua: u, au as one [2, BH, TP, V] (one TMA copy each)."""
     BH = wkq.shape[1]
     B = BH // H
@@ -1330,7 +1336,7 @@ def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT):
     _kda_scan_wgmma[(V // WGMMA_BV, BH)](
         desc(wkq, K, K), desc(ua, V, WGMMA_BV), g_desc, o_desc,
         h0 if h0 is not None else g_last, final if final is not None else g_last, TP, NT, H,
-        K=K, V=V, BT=BT, BV=WGMMA_BV, NS=WGMMA_STAGES, USE_H0=h0 is not None, STORE_HT=final is not None,
+        K=K, V=V, BT=BT, BV=WGMMA_BV, NS=ring, USE_H0=h0 is not None, STORE_HT=final is not None,
         num_warps=4,
     )
 
@@ -1432,7 +1438,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=g_last, BT=BT, NT=NT, TP=TP,
                          pre=plan["PRE"], au=au if plan["PRE"] else None)
         if wgmma:
-            _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT)
+            _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, kn.get("scan_ring", 4))
             return o, final
         fuse = plan["fuse"]
         if fuse:
