@@ -37,7 +37,7 @@ def test_wgmma_engine_falls_back_to_the_triton_scan_off_hopper(tmp_path, case):
     check(module.kernel, x, case)
 
 
-def test_wgmma_engine_applies_only_where_its_kernel_serves(tmp_path):
+def test_wgmma_engine_applies_only_where_its_kernel_serves(tmp_path, monkeypatch):
     """Where the Gluon kernel runs is a function of the shape and knobs alone (plus a Hopper GPU): the
     scan form it implements, K 32/64/128, V a multiple of 64, BT 32; a CPU tensor never."""
     fam = render({**FAMILY.knobs, **PROMOTED, "scan_engine": "wgmma"}, tmp_path)
@@ -46,22 +46,19 @@ def test_wgmma_engine_applies_only_where_its_kernel_serves(tmp_path):
         is_cuda = True
         device = "cuda:0"
 
+    def applies(K, V, kn, tensor=None):
+        return fam._wgmma_scan_applies(FakeCuda() if tensor is None else tensor, K, V, fam._plan(K, V, kn), kn)
+
     knobs = {**fam.KNOBS, **PROMOTED, "scan_engine": "wgmma"}
-    cap = torch.cuda.get_device_capability
-    try:
-        torch.cuda.get_device_capability = lambda device=None: (9, 0)
-        assert fam._wgmma_scan_applies(FakeCuda(), 128, 128, fam._plan(128, 128, knobs), knobs)
-        assert fam._wgmma_scan_applies(FakeCuda(), 32, 64, fam._plan(32, 64, knobs), knobs)
-        for K, V, over in ((16, 64, {}), (256, 128, {}), (128, 32, {}), (128, 128, {"BT": 64, "solve_warps": 8, "off_tile": "chunk"}),
-                           (128, 128, {"u_store": "fp32"}), (128, 128, {"au": "fp32"}), (128, 128, {"readout": "aqk"})):
-            kn = {**knobs, **over}
-            assert not fam._wgmma_scan_applies(FakeCuda(), K, V, fam._plan(K, V, kn), kn), (K, V, over)
-        torch.cuda.get_device_capability = lambda device=None: (8, 0)
-        assert not fam._wgmma_scan_applies(FakeCuda(), 128, 128, fam._plan(128, 128, knobs), knobs)
-    finally:
-        torch.cuda.get_device_capability = cap
-    cpu = torch.empty(1)
-    assert not fam._wgmma_scan_applies(cpu, 128, 128, fam._plan(128, 128, knobs), knobs)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert applies(128, 128, knobs) and applies(32, 64, knobs)
+    refused = [(16, 64, {}), (256, 128, {}), (128, 32, {}), (128, 128, {"BT": 64, "solve_warps": 8, "off_tile": "chunk"}),
+               (128, 128, {"u_store": "fp32"}), (128, 128, {"au": "fp32"}), (128, 128, {"readout": "aqk"})]
+    for K, V, over in refused:
+        assert not applies(K, V, {**knobs, **over}), (K, V, over)
+    assert not applies(128, 128, knobs, tensor=torch.empty(1))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert not applies(128, 128, knobs)
 
 
 _COMPILE = r"""
