@@ -6,6 +6,7 @@
 # Jobs:
 #   timer-check             benchmarks/check_timer_gpu.py
 #   kda-dev | mla-dev       benchmarks/dev_kda_chunked.py / dev_mla.py (flash-linear-attention importable)
+#   kda-wgmma-dev           benchmarks/dev_kda_wgmma.py (KDA_WG_ROWS, KDA_WG_FLA=0 as in its docstring)
 #   loop:PROBLEM:RUN:BUDGET  the search loop on PROBLEM in results/runs/RUN (resumed if it exists),
 #                           up to BUDGET tool calls, judge in quick mode, best promoted to kernels/best/
 #                           (flash-linear-attention is NOT importable here: its first call autotunes
@@ -19,6 +20,13 @@ set -u
 # the plugin is loaded through its entry point where the package is installed, by -p elsewhere
 PLUGIN="-p pytest_kopt.plugin"
 python3 -c 'import importlib.metadata as m, sys; sys.exit(0 if m.entry_points(group="pytest11", name="kopt") else 1)' && PLUGIN=""
+# the loop and the benchmarks import the carried wheels (jsonlines, optuna, pytest-benchmark 5): without them a
+# loop dies at start-up with an ImportError after the machine's start-up time is already spent (session 10, call 7)
+wheels_ok() {
+  python3 -c 'import jsonlines, optuna, pytest_benchmark' 2>/dev/null && return 0
+  echo "=== $job skipped: jsonlines / optuna / pytest-benchmark not importable -- carry=[\".whl\"] and source benchmarks/device_setup.sh first"
+  return 1
+}
 while [ $# -ge 2 ]; do
   job=$1; secs=$2; shift 2
   echo "=== $(date -u +%H:%M:%S) gpu=${CUDA_VISIBLE_DEVICES:-all} job=$job limit=${secs}s"
@@ -27,9 +35,12 @@ while [ $# -ge 2 ]; do
       timeout -k 30 "$secs" python3 benchmarks/check_timer_gpu.py ;;
     kda-dev)
       PYTHONPATH=$KOPT_FLA_PATH:$PYTHONPATH KDA_DEV_BUDGET_S=$((secs - 20)) timeout -k 30 "$secs" python3 benchmarks/dev_kda_chunked.py ;;
+    kda-wgmma-dev)
+      PYTHONPATH=$KOPT_FLA_PATH:$PYTHONPATH KDA_WG_BUDGET_S=$((secs - 20)) timeout -k 30 "$secs" python3 benchmarks/dev_kda_wgmma.py ;;
     mla-dev)
       timeout -k 30 "$secs" python3 benchmarks/dev_mla.py ;;
     loop:*)
+      wheels_ok || continue
       IFS=: read -r _ problem run budget <<<"$job"
       resume=""
       [ -f "results/runs/$run/events.jsonl" ] && resume="--kopt-resume"
@@ -38,6 +49,7 @@ while [ $# -ge 2 ]; do
         --kopt-eval-timeout="${KOPT_EVAL_TIMEOUT:-900}" \
         --kopt-run-dir="results/runs/$run" $resume ;;
     bench:*)
+      wheels_ok || continue
       expr=${job#bench:}
       # SIGINT at the limit; benchmarks/conftest.py also rewrites the JSON after every test, so even a
       # session killed outright keeps the tests that finished (call 4 of session 5 lost its JSON)
