@@ -30,6 +30,9 @@ ROWS = {
     # the TMA ring's depth (knob scan_ring; the row "wgmma" takes the family's default)
     "wgmma_ring3": {**PROMOTED, "scan_engine": "wgmma", "scan_ring": 3},
     "wgmma_ring5": {**PROMOTED, "scan_engine": "wgmma", "scan_ring": 5},
+    # the warp-specialised form (a loader and a storer warp beside the compute warpgroup; never run yet)
+    "wgmma_ws": {**PROMOTED, "scan_engine": "wgmma_ws"},
+    "wgmma_ws_ring5": {**PROMOTED, "scan_engine": "wgmma_ws", "scan_ring": 5},
 }
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}
@@ -96,14 +99,15 @@ def offline() -> int:
         layout = fam.gl.NVMMASharedLayout.get_default_for([1, r, w], fam.gl.bfloat16)
         return f"tensordesc<bf16[1, {r}, {w}],{layout!r}>"
 
-    for K, BT in ((128, 32), (64, 32), (32, 32), (128, 64)):
+    for name, K, BT in [("_kda_scan_wgmma", K, BT) for K, BT in ((128, 32), (64, 32), (32, 32), (128, 64))] + [
+            ("_kda_scan_wgmma_ws", 128, 32)]:
         bv = fam.WGMMA_BV
         sig = {"wkq_desc": desc3(4, BT, K), "ua_desc": desc3(2, BT, bv), "g_desc": gdesc(K), "o_desc": odesc(BT, bv), "h0_ptr": "*fp32", "ht_ptr": "*fp32",
                "TP": "i32", "NT": "i32", "H": "i32",
                "K": "constexpr", "V": "constexpr", "BT": "constexpr", "BV": "constexpr", "NS": "constexpr",
                "USE_H0": "constexpr", "STORE_HT": "constexpr"}
         cx = {"K": K, "V": 128, "BT": BT, "BV": bv, "NS": fam.KNOBS["scan_ring"], "USE_H0": True, "STORE_HT": True}
-        c = triton.compile(GluonASTSource(fam._kda_scan_wgmma, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
+        c = triton.compile(GluonASTSource(getattr(fam, name), sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": 4})
         with tempfile.TemporaryDirectory() as tmp:
             ptx = Path(tmp) / "k.ptx"
@@ -111,7 +115,7 @@ def offline() -> int:
             notes = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
                                    capture_output=True, text=True, check=False).stderr
         dump = Path(os.environ["KDA_WG_DUMP"]) if os.environ.get("KDA_WG_DUMP") else None  # SASS, PTX, TTGIR
-        _, loop, _ = regions(sass_of(c, dump, f"kda-wgmma-K{K}-BT{BT}"))
+        _, loop, _ = regions(sass_of(c, dump, f"{name}-K{K}-BT{BT}"))
         lc, _ = counts(loop)
         order = []
         for _, x in loop:
@@ -123,7 +127,7 @@ def offline() -> int:
                     order.append([k, 1])
         regs = next((line.split("Used ")[1].split(" registers")[0] for line in notes.splitlines() if "Used " in line), "?")
         spill = "0 bytes spill stores" not in notes
-        print(f"K {K} BT {BT}: {regs} registers, spills {spill}, shared {c.metadata.shared} B, C7515 {'C7515' in notes}; "
+        print(f"{name} K {K} BT {BT}: {regs} registers, spills {spill}, shared {c.metadata.shared} B, C7515 {'C7515' in notes}; "
               f"loop {lc['total']} instr/warp, HGMMA {lc.get('HGMMA', 0)}, waits {lc.get('WG.DEPBAR(wait)', 0)}, "
               f"BAR {lc.get('BAR.SYNC', 0)}")
         print("   " + " -> ".join(f"{k}x{m}" for k, m in order))
@@ -199,39 +203,43 @@ def main() -> int:
         return [(e.name.split("(")[0][-20:], round(float(e.time_range.elapsed_us()), 1)) for e in p.events()
                 if "kda" in e.name and e.device_type == DeviceType.CUDA]
 
-    # ---- 1. correctness: small and odd shapes vs the float64 recurrence, two calls on fresh inputs each --
-    wg = ROWS.get("wgmma", {**PROMOTED, "scan_engine": "wgmma"})
-    for case, applies in CHECKS:
-        label = prob.describe(case)
+    # ---- 1. correctness: small and odd shapes vs the float64 recurrence, two calls on fresh inputs each, for
+    # every Gluon engine among the rows ("wgmma" when none is) --------------------------------------------
+    engines = {ov["scan_engine"] for ov in ROWS.values() if ov.get("scan_engine", "triton") != "triton"} or {"wgmma"}
+    for engine in sorted(engines):
+        wg = {**PROMOTED, "scan_engine": engine}
+        for case, applies in CHECKS:
+            label = f"{engine} {prob.describe(case)}"
+            try:
+                for seed in (1, 2):
+                    x = prob.make_inputs(case, device="cuda", seed=seed)
+                    want = naive_recurrent_kda(**x)
+                    before = launches["n"]
+                    got = run(wg, x)
+                    torch.cuda.synchronize()
+                    ran = launches["n"] - before
+                    e = errors(got, want)
+                    e_tri = errors(run(PROMOTED, x), want)
+                    res["checks"][f"{label} seed{seed}"] = {"wgmma_ran": ran, "expected": int(applies), "err": e,
+                                                            "triton_err": e_tri}
+                    log(label, seed, "ran" if ran else "fallback", e, "triton", e_tri)
+            except Exception as err:  # noqa: BLE001
+                res["checks"][label] = {"error": f"{type(err).__name__}: {err}"[:1500]}
+                log(label, "ERROR", res["checks"][label])
+        # hostile gates (-3e4 resets, -10 runs) at a mid shape
         try:
-            for seed in (1, 2):
-                x = prob.make_inputs(case, device="cuda", seed=seed)
-                want = naive_recurrent_kda(**x)
-                before = launches["n"]
-                got = run(wg, x)
-                torch.cuda.synchronize()
-                ran = launches["n"] - before
-                e = errors(got, want)
-                e_tri = errors(run(PROMOTED, x), want)
-                res["checks"][f"{label} seed{seed}"] = {"wgmma_ran": ran, "expected": int(applies), "err": e, "triton_err": e_tri}
-                log(label, seed, "ran" if ran else "fallback", e, "triton", e_tri)
+            case = {"B": 1, "T": 1024, "H": 4, "K": 128, "V": 128, "initial_state": True, "output_final_state": True}
+            x = prob.make_inputs(case, device="cuda", seed=6)
+            g = x["g"].clone()
+            g[:, 3::4, ::2] = -3.0e4
+            g[:, 100:160, 1::2] = -10.0
+            x = {**x, "g": g}
+            want = naive_recurrent_kda(**x)
+            res["checks"][f"{engine} hostile"] = {"err": errors(run(wg, x), want), "triton_err": errors(run(PROMOTED, x), want)}
+            log(engine, "hostile", res["checks"][f"{engine} hostile"])
         except Exception as err:  # noqa: BLE001
-            res["checks"][label] = {"error": f"{type(err).__name__}: {err}"[:1500]}
-            log(label, "ERROR", res["checks"][label])
-    # hostile gates (-3e4 resets, -10 runs) at a mid shape
-    try:
-        case = {"B": 1, "T": 1024, "H": 4, "K": 128, "V": 128, "initial_state": True, "output_final_state": True}
-        x = prob.make_inputs(case, device="cuda", seed=6)
-        g = x["g"].clone()
-        g[:, 3::4, ::2] = -3.0e4
-        g[:, 100:160, 1::2] = -10.0
-        x = {**x, "g": g}
-        want = naive_recurrent_kda(**x)
-        res["checks"]["hostile"] = {"err": errors(run(wg, x), want), "triton_err": errors(run(PROMOTED, x), want)}
-        log("hostile", res["checks"]["hostile"])
-    except Exception as err:  # noqa: BLE001
-        res["checks"]["hostile"] = {"error": f"{type(err).__name__}: {err}"[:1500]}
-        log("hostile ERROR", res["checks"]["hostile"])
+            res["checks"][f"{engine} hostile"] = {"error": f"{type(err).__name__}: {err}"[:1500]}
+            log(engine, "hostile ERROR", res["checks"][f"{engine} hostile"])
     Path(OUT, "dev_kda_wgmma.json").write_text(json.dumps(res, indent=1))
 
     # ---- 2. time: the headline, each row, per-kernel split; then fla --------------------------------

@@ -157,6 +157,10 @@ solve) by more than the overlap saved (kernels/notes/kda.md, "Versions 12 and 12
   K 32/64/128, V a multiple of 64, BT 32). Elsewhere the stages above run, always on the CPU.
 - Measured on the H200 (kernels/notes/kda.md, "Session 10"): 178 us at the headline with the 4-stage ring, against
   209 + 67 for the scan and read-out it replaces.
+- ``scan_engine="wgmma_ws"``, prepared in session 10 and never run on a GPU, is the same kernel warp-specialised
+  (``_kda_scan_wgmma_ws``): one loader warp and one storer warp issue every TMA operation, so that the compute
+  warpgroup's step loses the refill, the o store and one barrier (offline sm_90: 368 instructions per warp per step
+  against 440).
 """
 
 import math
@@ -249,8 +253,9 @@ SPACE = {
     "diag_cols": ["load", "trans"],
     # session 10: "wgmma" runs the state pass and the read-out as one Gluon kernel, _kda_scan_wgmma (the state
     # held transposed as a wgmma accumulator, 64 value columns per warpgroup), where it applies -- a Hopper GPU,
-    # readout "pre", scan_dot "mixed", bf16 u and au, K 32/64/128, V a multiple of 64 -- else the Triton scan
-    "scan_engine": ["triton", "wgmma"],
+    # readout "pre", scan_dot "mixed", bf16 u and au, K 32/64/128, V a multiple of 64 -- else the Triton scan;
+    # "wgmma_ws" the same warp-specialised, _kda_scan_wgmma_ws (compiled for sm_90, never run on a GPU yet)
+    "scan_engine": ["triton", "wgmma", "wgmma_ws"],
     # session 10: chunks in the "wgmma" engine's TMA ring (one is consumed while the rest are in flight); dev rows
     # on the H200: 4 against 3, headline 621.3 against 644.0 us; 2 was far slower (831.6); 5 unmeasured (210 KB of
     # shared memory at K 128). Unused by the Triton scan.
@@ -1144,6 +1149,119 @@ def _kda_scan_wgmma(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H
         gl.store(ht_ptr + st_off, S)
 
 
+@gluon.jit
+def _ws_compute(wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free, h0_ptr, ht_ptr, i_bh, v0, NT,
+                K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NS: gl.constexpr,
+                USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
+    """scan_engine "wgmma_ws", the compute warpgroup: ``_kda_scan_wgmma``'s step, with every TMA operation
+    left to the loader and storer warps (it only waits for a chunk, hands back its stage, and hands over o)."""
+    LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
+    LD: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    A_WS: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LD, k_width=2)
+    A_UPD: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LS, k_width=2)
+    rv = gl.arange(0, BV, layout=gl.SliceLayout(1, LS))
+    ck = gl.arange(0, K, layout=gl.SliceLayout(0, LS))
+    st_off = (i_bh * K + ck[None, :]).to(gl.int64) * V + v0 + rv[:, None]
+    if USE_H0:
+        S = gl.load(h0_ptr + st_off).to(gl.float32)
+    else:
+        S = gl.zeros([BV, K], gl.float32, layout=LS)
+    ws = gl.zeros([BV, BT], gl.float32, layout=LD)
+    for n in range(NT):
+        st = n % NS
+        mbarrier.wait(ready.index(st), (n // NS) & 1)
+        tiles = wkq_s.index(st).reshape([4 * BT, K])
+        ua_t = ua_s.index(st).reshape([2 * BT, BV])
+        ot = ua_t.slice(BT, BT).permute((1, 0)).load(LD).to(gl.float32)
+        s_a = gl.convert_layout(S.to(gl.bfloat16), A_WS)
+        S = S * g_s.index(st).reshape([K]).load(gl.SliceLayout(0, LS))[None, :]
+        ws = warpgroup_mma(s_a, tiles.slice(0, BT).permute((1, 0)), ws, use_acc=False, is_async=True)
+        ot = warpgroup_mma(s_a, tiles.slice(2 * BT, BT).permute((1, 0)), ot, is_async=True)
+        u_t = ua_t.slice(0, BT).permute((1, 0)).load(LD).to(gl.float32)
+        ws = warpgroup_mma_wait(num_outstanding=1, deps=(ws,))
+        d = u_t - ws
+        d_hi_f = (d.to(gl.int32, bitcast=True) & -65536).to(gl.float32, bitcast=True)
+        S = warpgroup_mma(gl.convert_layout(d_hi_f.to(gl.bfloat16), A_UPD), tiles.slice(BT, BT), S, is_async=True)
+        S = warpgroup_mma(gl.convert_layout((d - d_hi_f).to(gl.bfloat16), A_UPD), tiles.slice(BT, BT), S, is_async=True)
+        ot = warpgroup_mma_wait(num_outstanding=2, deps=(ot,))
+        ob = n % 2
+        mbarrier.wait(o_free.index(ob), ((n // 2) & 1) ^ 1)  # the store of chunk n - 2 has read this buffer
+        o_s.index(ob).reshape([BT, BV]).permute((1, 0)).store(ot.to(gl.bfloat16))
+        fence_async_shared()
+        mbarrier.arrive(o_ready.index(ob), count=1)
+        S = warpgroup_mma_wait(num_outstanding=0, deps=(S,))
+        fence_async_shared()  # this stage's generic-proxy reads are ordered before the loader's next TMA write
+        mbarrier.arrive(empty.index(st), count=1)
+    if STORE_HT:
+        gl.store(ht_ptr + st_off, S)
+
+
+@gluon.jit
+def _ws_loader(wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free,
+               row0, g_row0, v0, o_row, o_col, NT, BT: gl.constexpr, NS: gl.constexpr):
+    """scan_engine "wgmma_ws", the loader warp: chunk n's tiles into stage n % NS once the compute warpgroup
+    has handed that stage back."""
+    nbytes: gl.constexpr = wkq_desc.block_type.nbytes + ua_desc.block_type.nbytes + g_desc.block_type.nbytes
+    for n in range(NT):
+        st = n % NS
+        mbarrier.wait(empty.index(st), ((n // NS) & 1) ^ 1)  # barriers start with phase 1 complete: no wait at first
+        mbarrier.expect(ready.index(st), nbytes)
+        tma.async_copy_global_to_shared(wkq_desc, [0, row0 + n * BT, 0], ready.index(st), wkq_s.index(st))
+        tma.async_copy_global_to_shared(ua_desc, [0, row0 + n * BT, v0], ready.index(st), ua_s.index(st))
+        tma.async_copy_global_to_shared(g_desc, [g_row0 + n, 0], ready.index(st), g_s.index(st))
+
+
+@gluon.jit
+def _ws_storer(wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free,
+               row0, g_row0, v0, o_row, o_col, NT, BT: gl.constexpr, NS: gl.constexpr):
+    """scan_engine "wgmma_ws", the storer warp: o of chunk n from its buffer by TMA store; a buffer is handed
+    back once its store has read it (one store left in flight)."""
+    for n in range(NT):
+        ob = n % 2
+        mbarrier.wait(o_ready.index(ob), (n // 2) & 1)
+        tma.async_copy_shared_to_global(o_desc, [o_row, n * BT, o_col], o_s.index(ob))
+        tma.store_wait(pendings=1)
+        mbarrier.arrive(o_free.index((n + 1) % 2), count=1, pred=n >= 1)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _kda_scan_wgmma_ws(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H,
+                       K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NS: gl.constexpr,
+                       USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
+    """``_kda_scan_wgmma`` warp-specialised (scan_engine "wgmma_ws", session 10, prepared and compiled for
+    sm_90 only, not run on a GPU): one loader warp issues the TMA loads, one storer warp the o stores, and
+    the compute warpgroup neither issues nor waits for any of them but through mbarriers -- ready / empty
+    per ring stage, o_ready / o_free per o buffer. Aimed at what ncu showed of the one-warpgroup kernel:
+    its refill, o store and their CTA barriers on the state's chain."""
+    i_v = gl.program_id(0)
+    i_bh = gl.program_id(1)
+    v0 = i_v * BV
+    wkq_s = gl.allocate_shared_memory(gl.bfloat16, [NS, 4, BT, K], wkq_desc.layout)
+    ua_s = gl.allocate_shared_memory(gl.bfloat16, [NS, 2, BT, BV], ua_desc.layout)
+    g_s = gl.allocate_shared_memory(gl.float32, [NS, 1, K], g_desc.layout)
+    o_s = gl.allocate_shared_memory(gl.bfloat16, [2, 1, BT, BV], o_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    o_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    o_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NS):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(o_ready.index(i), count=1)
+        mbarrier.init(o_free.index(i), count=1)
+    fence_async_shared()
+    worker_args = (wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free,
+                   i_bh * TP, i_bh * NT, v0, i_bh // H, (i_bh % H) * V + v0, NT, BT, NS)
+    gl.warp_specialize([
+        (_ws_compute, (wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free, h0_ptr, ht_ptr, i_bh, v0, NT,
+                       K, V, BT, BV, NS, USE_H0, STORE_HT)),
+        (_ws_loader, worker_args),
+        (_ws_storer, worker_args),
+    ], [1, 1], [24, 24])
+
+
 # ------------------------------------------------------------------------------------------
 # Stage 3 (unfused read-out): o = qd h + Aqk delta, every chunk at once
 # ------------------------------------------------------------------------------------------
@@ -1305,7 +1423,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
 
 
 def _wgmma_scan_applies(q, K, V, plan, kn) -> bool:
-    """Where scan_engine "wgmma" runs: wgmma and TMA (Hopper), and the scan form it implements -- readout
+    """Where scan_engine "wgmma" (and "wgmma_ws") runs: wgmma and TMA (Hopper), and the scan form it implements -- readout
     "pre" (o = qd' S + au), the state rounded to bf16 in its products, u and au stored bf16 (TMA tiles);
     K 32/64/128 (the state and its bf16 copy in one warpgroup's registers), V a multiple of 64 (the M of
     its products), BT 32 (at BT 64 it spills on sm_90 and its ring outgrows shared memory). Elsewhere,
@@ -1315,7 +1433,7 @@ def _wgmma_scan_applies(q, K, V, plan, kn) -> bool:
             and plan["BT"] == 32)
 
 
-def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, ring):
+def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, ring, warp_specialised):
     """wkq: w, kd, qd as one [3, BH, TP, K] bf16 buffer; ua: u, au as one [2, BH, TP, V] (one TMA copy each)."""
     BH = wkq.shape[1]
     B = BH // H
@@ -1333,7 +1451,8 @@ def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, ri
     o3 = o.view(B, T, H * V)
     o_desc = GluonDescriptor(o3, list(o3.shape), [T * H * V, H * V, 1], [1, BT, WGMMA_BV],
                              gl.NVMMASharedLayout.get_default_for([1, BT, WGMMA_BV], gl.bfloat16))
-    _kda_scan_wgmma[(V // WGMMA_BV, BH)](
+    scan = _kda_scan_wgmma_ws if warp_specialised else _kda_scan_wgmma
+    scan[(V // WGMMA_BV, BH)](
         desc(wkq, K, K), desc(ua, V, WGMMA_BV), g_desc, o_desc,
         h0 if h0 is not None else g_last, final if final is not None else g_last, TP, NT, H,
         K=K, V=V, BT=BT, BV=WGMMA_BV, NS=ring, USE_H0=h0 is not None, STORE_HT=final is not None,
@@ -1380,7 +1499,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             raise ValueError("T must be positive")
         return o, final
 
-    wgmma = kn.get("scan_engine") == "wgmma" and _wgmma_scan_applies(q, K, V, plan, kn)
+    wgmma = kn.get("scan_engine") in ("wgmma", "wgmma_ws") and _wgmma_scan_applies(q, K, V, plan, kn)
     # scan_engine "wgmma": w, kd, qd (and u, au) as slices of one buffer, each fetched by one TMA copy
     wkq = torch.empty((3, BH, TP, K), dtype=torch.bfloat16, device=dev) if wgmma else None
     ua = torch.empty((2, BH, TP, V), dtype=torch.bfloat16, device=dev) if wgmma else None
@@ -1438,7 +1557,8 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=g_last, BT=BT, NT=NT, TP=TP,
                          pre=plan["PRE"], au=au if plan["PRE"] else None)
         if wgmma:
-            _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, kn.get("scan_ring", 4))
+            _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, kn.get("scan_ring", 4),
+                               kn["scan_engine"] == "wgmma_ws")
             return o, final
         fuse = plan["fuse"]
         if fuse:
