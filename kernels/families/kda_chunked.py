@@ -1044,6 +1044,36 @@ WGMMA_BV = 64  # value columns per program: the wgmma M of its one warpgroup
 
 
 @gluon.jit
+def _wgmma_chunk(S, ws, wkq_stage, ua_stage, g_stage, LS: gl.constexpr, LD: gl.constexpr,
+                 K: gl.constexpr, BT: gl.constexpr):
+    """One chunk of the wgmma state pass, shared by both engines: returns the update of S^T still in flight
+    (the caller waits for it), w's product, and o^T = au^T + S^T qd^T (complete)."""
+    A_WS: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LD, k_width=2)
+    A_UPD: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LS, k_width=2)
+    tiles = wkq_stage.reshape([4 * BT, K])
+    ua_t = ua_stage.reshape([2 * BT, ua_stage.shape[2]])
+    # Accumulator registers are written only here, before any wgmma is issued (ptxas waits for every wgmma in
+    # flight before one is written; offline sm_90: a wait 0 behind the read-out's product): the state is
+    # decayed, and the read-out's accumulator starts at au^T, so that o^T = au^T + S^T qd^T needs no add.
+    ot = ua_t.slice(BT, BT).permute((1, 0)).load(LD).to(gl.float32)
+    s_a = gl.convert_layout(S.to(gl.bfloat16), A_WS)
+    S = S * g_stage.reshape([K]).load(gl.SliceLayout(0, LS))[None, :]
+    ws = warpgroup_mma(s_a, tiles.slice(0, BT).permute((1, 0)), ws, use_acc=False, is_async=True)
+    ot = warpgroup_mma(s_a, tiles.slice(2 * BT, BT).permute((1, 0)), ot, is_async=True)
+    u_t = ua_t.slice(0, BT).permute((1, 0)).load(LD).to(gl.float32)
+    ws = warpgroup_mma_wait(num_outstanding=1, deps=(ws,))
+    d = u_t - ws
+    # delta's hi/lo pair: hi truncated to bf16 by masking (exact, no round trip through bf16), lo the rounded rest
+    d_hi_f = (d.to(gl.int32, bitcast=True) & -65536).to(gl.float32, bitcast=True)
+    kd_t = tiles.slice(BT, BT)
+    S = warpgroup_mma(gl.convert_layout(d_hi_f.to(gl.bfloat16), A_UPD), kd_t, S, is_async=True)
+    S = warpgroup_mma(gl.convert_layout((d - d_hi_f).to(gl.bfloat16), A_UPD), kd_t, S, is_async=True)
+    # the read-out's product is the oldest group in flight: o is ready while the update still runs
+    ot = warpgroup_mma_wait(num_outstanding=2, deps=(ot,))
+    return S, ws, ot
+
+
+@gluon.jit
 def _kda_scan_wgmma(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H,
                     K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NS: gl.constexpr,
                     USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
@@ -1061,8 +1091,6 @@ def _kda_scan_wgmma(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H
     rounded once."""
     LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
     LD: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
-    A_WS: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LD, k_width=2)
-    A_UPD: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LS, k_width=2)
 
     i_v = gl.program_id(0)
     i_bh = gl.program_id(1)
@@ -1103,30 +1131,8 @@ def _kda_scan_wgmma(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H
     for n in range(NT):
         st = n % NS
         mbarrier.wait(ready.index(st), (n // NS) & 1)
-        tiles = wkq_s.index(st).reshape([4 * BT, K])
-        w_t = tiles.slice(0, BT)
-        kd_t = tiles.slice(BT, BT)
-        qd_t = tiles.slice(2 * BT, BT)
-        ua_t = ua_s.index(st).reshape([2 * BT, BV])
-        # Accumulator registers are written only here, before any wgmma is issued (ptxas waits for every wgmma in
-        # flight before one is written; offline sm_90: a wait 0 behind the read-out's product): the state is
-        # decayed, and the read-out's accumulator starts at au^T, so that o^T = au^T + S^T qd^T needs no add.
-        ot = ua_t.slice(BT, BT).permute((1, 0)).load(LD).to(gl.float32)
-        s_a = gl.convert_layout(S.to(gl.bfloat16), A_WS)
-        S = S * g_s.index(st).reshape([K]).load(gl.SliceLayout(0, LS))[None, :]
-        ws = warpgroup_mma(s_a, w_t.permute((1, 0)), ws, use_acc=False, is_async=True)
-        ot = warpgroup_mma(s_a, qd_t.permute((1, 0)), ot, is_async=True)
-        u_t = ua_t.slice(0, BT).permute((1, 0)).load(LD).to(gl.float32)
-        ws = warpgroup_mma_wait(num_outstanding=1, deps=(ws,))
-        d = u_t - ws
-        # delta's hi/lo pair: hi truncated to bf16 by masking (exact, no round trip through bf16), lo the rounded rest
-        d_hi_f = (d.to(gl.int32, bitcast=True) & -65536).to(gl.float32, bitcast=True)
-        d_hi = d_hi_f.to(gl.bfloat16)
-        d_lo = (d - d_hi_f).to(gl.bfloat16)
-        S = warpgroup_mma(gl.convert_layout(d_hi, A_UPD), kd_t, S, is_async=True)
-        S = warpgroup_mma(gl.convert_layout(d_lo, A_UPD), kd_t, S, is_async=True)
-        # while the update runs: o of this chunk (the read-out's product is the oldest group in flight) ...
-        ot = warpgroup_mma_wait(num_outstanding=2, deps=(ot,))
+        S, ws, ot = _wgmma_chunk(S, ws, wkq_s.index(st), ua_s.index(st), g_s.index(st), LS, LD, K, BT)
+        # ... while the update runs: o of this chunk ...
         ob = o_s.index(n % 2)
         ob.reshape([BT, BV]).permute((1, 0)).store(ot.to(gl.bfloat16))
         fence_async_shared()
@@ -1157,8 +1163,6 @@ def _ws_compute(wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free, h0_ptr, ht
     left to the loader and storer warps (it only waits for a chunk, hands back its stage, and hands over o)."""
     LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
     LD: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
-    A_WS: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LD, k_width=2)
-    A_UPD: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LS, k_width=2)
     rv = gl.arange(0, BV, layout=gl.SliceLayout(1, LS))
     ck = gl.arange(0, K, layout=gl.SliceLayout(0, LS))
     st_off = (i_bh * K + ck[None, :]).to(gl.int64) * V + v0 + rv[:, None]
@@ -1170,20 +1174,7 @@ def _ws_compute(wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free, h0_ptr, ht
     for n in range(NT):
         st = n % NS
         mbarrier.wait(ready.index(st), (n // NS) & 1)
-        tiles = wkq_s.index(st).reshape([4 * BT, K])
-        ua_t = ua_s.index(st).reshape([2 * BT, BV])
-        ot = ua_t.slice(BT, BT).permute((1, 0)).load(LD).to(gl.float32)
-        s_a = gl.convert_layout(S.to(gl.bfloat16), A_WS)
-        S = S * g_s.index(st).reshape([K]).load(gl.SliceLayout(0, LS))[None, :]
-        ws = warpgroup_mma(s_a, tiles.slice(0, BT).permute((1, 0)), ws, use_acc=False, is_async=True)
-        ot = warpgroup_mma(s_a, tiles.slice(2 * BT, BT).permute((1, 0)), ot, is_async=True)
-        u_t = ua_t.slice(0, BT).permute((1, 0)).load(LD).to(gl.float32)
-        ws = warpgroup_mma_wait(num_outstanding=1, deps=(ws,))
-        d = u_t - ws
-        d_hi_f = (d.to(gl.int32, bitcast=True) & -65536).to(gl.float32, bitcast=True)
-        S = warpgroup_mma(gl.convert_layout(d_hi_f.to(gl.bfloat16), A_UPD), tiles.slice(BT, BT), S, is_async=True)
-        S = warpgroup_mma(gl.convert_layout((d - d_hi_f).to(gl.bfloat16), A_UPD), tiles.slice(BT, BT), S, is_async=True)
-        ot = warpgroup_mma_wait(num_outstanding=2, deps=(ot,))
+        S, ws, ot = _wgmma_chunk(S, ws, wkq_s.index(st), ua_s.index(st), g_s.index(st), LS, LD, K, BT)
         ob = n % 2
         mbarrier.wait(o_free.index(ob), ((n // 2) & 1) ^ 1)  # the store of chunk n - 2 has read this buffer
         o_s.index(ob).reshape([BT, BV]).permute((1, 0)).store(ot.to(gl.bfloat16))
