@@ -7,6 +7,7 @@ import ast
 import pytest
 
 from pytest_kopt.families import FAMILIES_DIR, FamilyError, load_family, parse_family, render
+from pytest_kopt.judge.policy import check_source
 from pytest_kopt.tools import candidate_id
 
 FAMILY = '''"""doc"""
@@ -120,6 +121,9 @@ def test_repository_families_follow_the_contract(name):
     assert fam.render({}) == fam.source
     for knobs in [{}, *fam.try_early]:  # what the search measures first is never refused by the family itself
         assert fam.refusal(knobs) is None, (name, knobs, fam.refusal(knobs))
+        # nor by the judge's policy (session 11: an import form the policy refused failed every rendered candidate)
+        report = check_source(fam.render(knobs))
+        assert report.ok, (name, knobs, report.reasons)
     first_other = next((k for k in fam.combinations() if k != fam.knobs), None)
     if first_other is None:
         return  # a single-point space: nothing else to render

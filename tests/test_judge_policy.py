@@ -130,11 +130,24 @@ def kernel(x, y, alpha):
 @pytest.mark.parametrize("line, ok", [
     ("from triton.tools.tensor_descriptor import TensorDescriptor\n", True),
     ("import triton.tools.tensor_descriptor\n", True),
-    ("from triton.tools import tensor_descriptor\n", False),
+    ("from triton.tools import tensor_descriptor\n", True),  # the allowed module itself, imported by name
+    ("from triton.tools import tensor_descriptor, disasm\n", False),
     ("from triton.tools.disasm import get_sass\n", False),
     ("import triton.tools\n", False),
 ])
 def test_only_the_host_descriptor_is_allowed_from_triton_tools(line: str, ok: bool) -> None:
+    report = check_source(candidate("return x", line))
+    assert report.ok == ok, report.reasons
+
+
+@pytest.mark.parametrize("line, ok", [
+    ("from triton.experimental import gluon\n", True),
+    ("import triton.experimental.gluon as gluon\n", True),
+    ("from triton.experimental.gluon import language as gl\n", True),
+    ("import triton.experimental\n", False),
+    ("from triton.experimental import gluon, proton\n", False),
+])
+def test_gluon_imports_in_either_form(line: str, ok: bool) -> None:
     report = check_source(candidate("return x", line))
     assert report.ok == ok, report.reasons
 

@@ -157,10 +157,11 @@ solve) by more than the overlap saved (kernels/notes/kda.md, "Versions 12 and 12
   K 32/64/128, V a multiple of 64, BT 32). Elsewhere the stages above run, always on the CPU.
 - Measured on the H200 (kernels/notes/kda.md, "Session 10"): 178 us at the headline with the 4-stage ring, against
   209 + 67 for the scan and read-out it replaces.
-- ``scan_engine="wgmma_ws"``, prepared in session 10 and never run on a GPU, is the same kernel warp-specialised
+- ``scan_engine="wgmma_ws"`` (prepared in session 10, first run in session 11) is the same kernel warp-specialised
   (``_kda_scan_wgmma_ws``): one loader warp and one storer warp issue every TMA operation, so that the compute
   warpgroup's step loses the refill, the o store and one barrier (offline sm_90: 368 instructions per warp per step
-  against 440).
+  against 440). On the H200 it matched the one-warpgroup kernel's errors at every checked shape and took the scan
+  from 177.2 to 163.4 us at the headline (kernels/notes/kda.md, "Session 11").
 """
 
 import math
@@ -254,11 +255,12 @@ SPACE = {
     # session 10: "wgmma" runs the state pass and the read-out as one Gluon kernel, _kda_scan_wgmma (the state
     # held transposed as a wgmma accumulator, 64 value columns per warpgroup), where it applies -- a Hopper GPU,
     # readout "pre", scan_dot "mixed", bf16 u and au, K 32/64/128, V a multiple of 64 -- else the Triton scan;
-    # "wgmma_ws" the same warp-specialised, _kda_scan_wgmma_ws (compiled for sm_90, never run on a GPU yet)
+    # "wgmma_ws" the same warp-specialised, _kda_scan_wgmma_ws (a loader and a storer warp; session 11: right on the
+    # H200 at every checked shape, scan 163.4 against 177.2 us at the headline)
     "scan_engine": ["triton", "wgmma", "wgmma_ws"],
     # session 10: chunks in the "wgmma" engine's TMA ring (one is consumed while the rest are in flight); dev rows
-    # on the H200: 4 against 3, headline 621.3 against 644.0 us; 2 was far slower (831.6); 5 unmeasured (210 KB of
-    # shared memory at K 128). Unused by the Triton scan.
+    # on the H200: 4 against 3, headline 621.3 against 644.0 us; 2 was far slower (831.6); 5 (210 KB of shared
+    # memory at K 128) no faster in session 11 (624.6 against 619.1). Unused by the Triton scan.
     "scan_ring": [3, 4, 5],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
@@ -289,9 +291,11 @@ REQUIRES = [
 # Session 10: the promoted knobs (568beb4b / 65248d91) with the state pass and read-out as one Gluon wgmma kernel
 # (dev rows, results/h200-2026-11-30e: headline 666.8 us against 719.4, fla not in that run).
 # The loop then promoted that (2534b9a6, 607.4 us on its geomean against 690.5) and the same with a 4-deep ring
-# (6cae3b5c, 590.5 us). Next: the ring 5 deep (fits at K 128: 210 KB of shared memory; unmeasured).
+# (6cae3b5c, 590.5 us). Session 11 (dev rows, results/h200-2026-11-30f/call1): the warp-specialised engine
+# 605.4 us at the headline against 619.1 (scan 163.4 against 177.2), 1988.7 against 2018.5 at B2 T16384, no slower
+# elsewhere; the ring 5 deep was no faster with either engine (624.6 / 608.9).
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma", "scan_ring": 5}]
+              "scan_engine": "wgmma_ws"}]
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}

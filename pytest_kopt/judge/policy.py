@@ -177,6 +177,9 @@ class _Checker(ast.NodeVisitor):
             return
         module = node.module or ""
         reason = _import_reason(module)
+        # ``from triton.experimental import gluon`` imports the allowed submodule, not its parent's names
+        if reason and node.names and all(f"{module}.{alias.name}" in ALLOWED_IMPORTS for alias in node.names):
+            reason = None
         for alias in node.names:
             if reason is None and alias.name != "*":
                 neutral = _is_neutral(module)
