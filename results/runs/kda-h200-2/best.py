@@ -146,14 +146,30 @@ Versions 12 (``overlap``: the scan launched beside a persistent, chunk-ordered s
 flags) and 12b (``out_beside``: the read-out launched beside the scan) ran on the H200 in session 8 and were
 removed with their knobs: both computed bit-identical outputs, but sharing the SMs slowed the scan (and the
 solve) by more than the overlap saved (kernels/notes/kda.md, "Versions 12 and 12b measured on the H200").
+
+``scan_engine="wgmma"`` (session 10) replaces stages 3 and 4 with one Gluon kernel, ``_kda_scan_wgmma``.
+- Layout: one warpgroup per (64 value columns, batch*head) holds S^T [64, K] as a wgmma accumulator.
+- Products: its bf16 copy is the register operand of S^T w^T and of the read-out S^T qd'^T. delta^T (a bf16
+  hi/lo pair in registers) is the register operand of the update, which accumulates into S^T in place.
+  Nothing of the state goes through shared memory.
+- Memory: each chunk's tiles arrive by TMA into a ring of ``scan_ring`` stages, and o leaves by TMA store.
+- Where it runs: on Hopper where ``_wgmma_scan_applies`` (readout "pre", scan_dot "mixed", bf16 u and au,
+  K 32/64/128, V a multiple of 64, BT 32). Elsewhere the stages above run, always on the CPU.
+- Measured on the H200 (kernels/notes/kda.md, "Session 10"): 178 us at the headline with the 4-stage ring, against
+  209 + 67 for the scan and read-out it replaces.
+- ``scan_engine="wgmma_ws"`` (prepared in session 10, first run in session 11) is the same kernel warp-specialised
+  (``_kda_scan_wgmma_ws``): one loader warp and one storer warp issue every TMA operation, so that the compute
+  warpgroup's step loses the refill, the o store and one barrier (offline sm_90: 368 instructions per warp per step
+  against 440). On the H200 it matched the one-warpgroup kernel's errors at every checked shape and took the scan
+  from 177.2 to 163.4 us at the headline (kernels/notes/kda.md, "Session 11").
 """
 
 import math
 
 import torch
 import triton
-import triton.experimental.gluon as gluon
 import triton.language as tl
+from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
@@ -165,7 +181,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 # kopt:knobs-begin
-KNOBS = {'BT': 32, 'BC': 16, 'BK': 32, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 4, 'solve_warps': 4, 'block_maxnreg': 128, 'solve_maxnreg': 128, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma'}
+KNOBS = {'BT': 32, 'BC': 16, 'BK': 32, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 4, 'solve_warps': 4, 'block_maxnreg': 128, 'solve_maxnreg': 128, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4}
 # kopt:knobs-end
 SPACE = {
     "BT": [32, 64],
@@ -206,8 +222,14 @@ SPACE = {
     "diag_cols": ["load", "trans"],
     # session 10: "wgmma" runs the state pass and the read-out as one Gluon kernel, _kda_scan_wgmma (the state
     # held transposed as a wgmma accumulator, 64 value columns per warpgroup), where it applies -- a Hopper GPU,
-    # readout "pre", scan_dot "mixed", bf16 u and au, K 32/64/128, V a multiple of 64 -- else the Triton scan
-    "scan_engine": ["triton", "wgmma"],
+    # readout "pre", scan_dot "mixed", bf16 u and au, K 32/64/128, V a multiple of 64 -- else the Triton scan;
+    # "wgmma_ws" the same warp-specialised, _kda_scan_wgmma_ws (a loader and a storer warp; session 11: right on the
+    # H200 at every checked shape, scan 163.4 against 177.2 us at the headline)
+    "scan_engine": ["triton", "wgmma", "wgmma_ws"],
+    # session 10: chunks in the "wgmma" engine's TMA ring (one is consumed while the rest are in flight); dev rows
+    # on the H200: 4 against 3, headline 621.3 against 644.0 us; 2 was far slower (831.6); 5 (210 KB of shared
+    # memory at K 128) no faster in session 11 (624.6 against 619.1). Unused by the Triton scan.
+    "scan_ring": [3, 4, 5],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
 # (when, then) pair mirrors one of _plan's checks below, which stay the authority;
@@ -236,8 +258,12 @@ REQUIRES = [
 # 12b (the read-out beside the scan) were right but slower (740-910 and 737 us against 716-725) and were removed.
 # Session 10: the promoted knobs (568beb4b / 65248d91) with the state pass and read-out as one Gluon wgmma kernel
 # (dev rows, results/h200-2026-11-30e: headline 666.8 us against 719.4, fla not in that run).
+# The loop then promoted that (2534b9a6, 607.4 us on its geomean against 690.5) and the same with a 4-deep ring
+# (6cae3b5c, 590.5 us). Session 11 (dev rows, results/h200-2026-11-30f/call1): the warp-specialised engine
+# 605.4 us at the headline against 619.1 (scan 163.4 against 177.2), 1988.7 against 2018.5 at B2 T16384, no slower
+# elsewhere; the ring 5 deep was no faster with either engine (624.6 / 608.9).
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma"}]
+              "scan_engine": "wgmma_ws"}]
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
@@ -987,7 +1013,36 @@ def _kda_scan_kernel(
 # scan_engine "wgmma" (session 10): the state pass and the read-out in one Gluon kernel, sm_90 only
 # ------------------------------------------------------------------------------------------
 WGMMA_BV = 64  # value columns per program: the wgmma M of its one warpgroup
-WGMMA_STAGES = 4  # chunks in the TMA ring (3 in flight: session 10 dev rows, 4 against 3: headline 621.3 against 644.0 us)
+
+
+@gluon.jit
+def _wgmma_chunk(S, ws, wkq_stage, ua_stage, g_stage, LS: gl.constexpr, LD: gl.constexpr,
+                 K: gl.constexpr, BT: gl.constexpr):
+    """One chunk of the wgmma state pass, shared by both engines: returns the update of S^T still in flight
+    (the caller waits for it), w's product, and o^T = au^T + S^T qd^T (complete)."""
+    A_WS: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LD, k_width=2)
+    A_UPD: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LS, k_width=2)
+    tiles = wkq_stage.reshape([4 * BT, K])
+    ua_t = ua_stage.reshape([2 * BT, ua_stage.shape[2]])
+    # Accumulator registers are written only here, before any wgmma is issued (ptxas waits for every wgmma in
+    # flight before one is written; offline sm_90: a wait 0 behind the read-out's product): the state is
+    # decayed, and the read-out's accumulator starts at au^T, so that o^T = au^T + S^T qd^T needs no add.
+    ot = ua_t.slice(BT, BT).permute((1, 0)).load(LD).to(gl.float32)
+    s_a = gl.convert_layout(S.to(gl.bfloat16), A_WS)
+    S = S * g_stage.reshape([K]).load(gl.SliceLayout(0, LS))[None, :]
+    ws = warpgroup_mma(s_a, tiles.slice(0, BT).permute((1, 0)), ws, use_acc=False, is_async=True)
+    ot = warpgroup_mma(s_a, tiles.slice(2 * BT, BT).permute((1, 0)), ot, is_async=True)
+    u_t = ua_t.slice(0, BT).permute((1, 0)).load(LD).to(gl.float32)
+    ws = warpgroup_mma_wait(num_outstanding=1, deps=(ws,))
+    d = u_t - ws
+    # delta's hi/lo pair: hi truncated to bf16 by masking (exact, no round trip through bf16), lo the rounded rest
+    d_hi_f = (d.to(gl.int32, bitcast=True) & -65536).to(gl.float32, bitcast=True)
+    kd_t = tiles.slice(BT, BT)
+    S = warpgroup_mma(gl.convert_layout(d_hi_f.to(gl.bfloat16), A_UPD), kd_t, S, is_async=True)
+    S = warpgroup_mma(gl.convert_layout((d - d_hi_f).to(gl.bfloat16), A_UPD), kd_t, S, is_async=True)
+    # the read-out's product is the oldest group in flight: o is ready while the update still runs
+    ot = warpgroup_mma_wait(num_outstanding=2, deps=(ot,))
+    return S, ws, ot
 
 
 @gluon.jit
@@ -1001,13 +1056,13 @@ def _kda_scan_wgmma(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H
     bf16 copy is the register operand A of both products that read it: S^T w^T (the chain) and S^T qd^T
     (the read-out). delta^T = u^T - S^T w^T is formed in registers and is the register operand of
     S^T <- gl (.) S^T + delta^T kd, which accumulates into the state itself. A chunk's w, kd and qd (one
-    [3, BH, TP, K] buffer), u and au (one [2, BH, TP, V] buffer) and gl arrive by three TMA copies; o^T leaves through shared memory by TMA store (clipped at T). The read-out's
-    epilogue and the refill of the previous chunk's stage run while the state update is in flight. Same
-    roundings as the Triton scan: S to bf16 in its products, delta as a bf16 hi/lo pair, o rounded once."""
+    [3, BH, TP, K] buffer), u and au (one [2, BH, TP, V] buffer) and gl arrive by three TMA copies; o^T
+    leaves through shared memory by TMA store (clipped at T). The read-out's epilogue and the refill of the
+    previous chunk's stage run while the state update is in flight. Roundings as in the Triton scan: S to
+    bf16 in its products, delta as a bf16 hi/lo pair (~16 bits; hi truncated here, rounded there), o
+    rounded once."""
     LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
     LD: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
-    A_WS: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LD, k_width=2)
-    A_UPD: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LS, k_width=2)
 
     i_v = gl.program_id(0)
     i_bh = gl.program_id(1)
@@ -1039,7 +1094,7 @@ def _kda_scan_wgmma(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H
     ck = gl.arange(0, K, layout=gl.SliceLayout(0, LS))
     st_off = (i_bh * K + ck[None, :]).to(gl.int64) * V + v0 + rv[:, None]  # S^T[v, k] = S[k, v0 + v]
     if USE_H0:
-        S = gl.load(h0_ptr + st_off)
+        S = gl.load(h0_ptr + st_off).to(gl.float32)
     else:
         S = gl.zeros([BV, K], gl.float32, layout=LS)
     # w's product's accumulator is carried and overwritten (use_acc=False): a fresh zero tensor per step would
@@ -1048,30 +1103,8 @@ def _kda_scan_wgmma(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H
     for n in range(NT):
         st = n % NS
         mbarrier.wait(ready.index(st), (n // NS) & 1)
-        tiles = wkq_s.index(st).reshape([4 * BT, K])
-        w_t = tiles.slice(0, BT)
-        kd_t = tiles.slice(BT, BT)
-        qd_t = tiles.slice(2 * BT, BT)
-        ua_t = ua_s.index(st).reshape([2 * BT, BV])
-        # Accumulator registers are written only here, before any wgmma is issued (ptxas waits for every wgmma in
-        # flight before one is written; offline sm_90: a wait 0 behind the read-out's product): the state is
-        # decayed, and the read-out's accumulator starts at au^T, so that o^T = au^T + S^T qd^T needs no add.
-        ot = ua_t.slice(BT, BT).permute((1, 0)).load(LD).to(gl.float32)
-        s_a = gl.convert_layout(S.to(gl.bfloat16), A_WS)
-        S = S * g_s.index(st).reshape([K]).load(gl.SliceLayout(0, LS))[None, :]
-        ws = warpgroup_mma(s_a, w_t.permute((1, 0)), ws, use_acc=False, is_async=True)
-        ot = warpgroup_mma(s_a, qd_t.permute((1, 0)), ot, is_async=True)
-        u_t = ua_t.slice(0, BT).permute((1, 0)).load(LD).to(gl.float32)
-        ws = warpgroup_mma_wait(num_outstanding=1, deps=(ws,))
-        d = u_t - ws
-        # delta's hi/lo pair: hi truncated to bf16 by masking (exact, no round trip through bf16), lo the rounded rest
-        d_hi_f = (d.to(gl.int32, bitcast=True) & -65536).to(gl.float32, bitcast=True)
-        d_hi = d_hi_f.to(gl.bfloat16)
-        d_lo = (d - d_hi_f).to(gl.bfloat16)
-        S = warpgroup_mma(gl.convert_layout(d_hi, A_UPD), kd_t, S, is_async=True)
-        S = warpgroup_mma(gl.convert_layout(d_lo, A_UPD), kd_t, S, is_async=True)
-        # while the update runs: o of this chunk (the read-out's product is the oldest group in flight) ...
-        ot = warpgroup_mma_wait(num_outstanding=2, deps=(ot,))
+        S, ws, ot = _wgmma_chunk(S, ws, wkq_s.index(st), ua_s.index(st), g_s.index(st), LS, LD, K, BT)
+        # ... while the update runs: o of this chunk ...
         ob = o_s.index(n % 2)
         ob.reshape([BT, BV]).permute((1, 0)).store(ot.to(gl.bfloat16))
         fence_async_shared()
@@ -1092,6 +1125,104 @@ def _kda_scan_wgmma(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H
         mbarrier.invalidate(ready.index(i))
     if STORE_HT:
         gl.store(ht_ptr + st_off, S)
+
+
+@gluon.jit
+def _ws_compute(wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free, h0_ptr, ht_ptr, i_bh, v0, NT,
+                K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NS: gl.constexpr,
+                USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
+    """scan_engine "wgmma_ws", the compute warpgroup: ``_kda_scan_wgmma``'s step, with every TMA operation
+    left to the loader and storer warps (it only waits for a chunk, hands back its stage, and hands over o)."""
+    LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
+    LD: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    rv = gl.arange(0, BV, layout=gl.SliceLayout(1, LS))
+    ck = gl.arange(0, K, layout=gl.SliceLayout(0, LS))
+    st_off = (i_bh * K + ck[None, :]).to(gl.int64) * V + v0 + rv[:, None]
+    if USE_H0:
+        S = gl.load(h0_ptr + st_off).to(gl.float32)
+    else:
+        S = gl.zeros([BV, K], gl.float32, layout=LS)
+    ws = gl.zeros([BV, BT], gl.float32, layout=LD)
+    for n in range(NT):
+        st = n % NS
+        mbarrier.wait(ready.index(st), (n // NS) & 1)
+        S, ws, ot = _wgmma_chunk(S, ws, wkq_s.index(st), ua_s.index(st), g_s.index(st), LS, LD, K, BT)
+        ob = n % 2
+        mbarrier.wait(o_free.index(ob), ((n // 2) & 1) ^ 1)  # the store of chunk n - 2 has read this buffer
+        o_s.index(ob).reshape([BT, BV]).permute((1, 0)).store(ot.to(gl.bfloat16))
+        fence_async_shared()
+        mbarrier.arrive(o_ready.index(ob), count=1)
+        S = warpgroup_mma_wait(num_outstanding=0, deps=(S,))
+        fence_async_shared()  # this stage's generic-proxy reads are ordered before the loader's next TMA write
+        mbarrier.arrive(empty.index(st), count=1)
+    if STORE_HT:
+        gl.store(ht_ptr + st_off, S)
+
+
+@gluon.jit
+def _ws_loader(wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free,
+               row0, g_row0, v0, o_row, o_col, NT, BT: gl.constexpr, NS: gl.constexpr):
+    """scan_engine "wgmma_ws", the loader warp: chunk n's tiles into stage n % NS once the compute warpgroup
+    has handed that stage back."""
+    nbytes: gl.constexpr = wkq_desc.block_type.nbytes + ua_desc.block_type.nbytes + g_desc.block_type.nbytes
+    for n in range(NT):
+        st = n % NS
+        mbarrier.wait(empty.index(st), ((n // NS) & 1) ^ 1)  # barriers start with phase 1 complete: no wait at first
+        mbarrier.expect(ready.index(st), nbytes)
+        tma.async_copy_global_to_shared(wkq_desc, [0, row0 + n * BT, 0], ready.index(st), wkq_s.index(st))
+        tma.async_copy_global_to_shared(ua_desc, [0, row0 + n * BT, v0], ready.index(st), ua_s.index(st))
+        tma.async_copy_global_to_shared(g_desc, [g_row0 + n, 0], ready.index(st), g_s.index(st))
+
+
+@gluon.jit
+def _ws_storer(wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free,
+               row0, g_row0, v0, o_row, o_col, NT, BT: gl.constexpr, NS: gl.constexpr):
+    """scan_engine "wgmma_ws", the storer warp: o of chunk n from its buffer by TMA store; a buffer is handed
+    back once its store has read it (one store left in flight)."""
+    for n in range(NT):
+        ob = n % 2
+        mbarrier.wait(o_ready.index(ob), (n // 2) & 1)
+        tma.async_copy_shared_to_global(o_desc, [o_row, n * BT, o_col], o_s.index(ob))
+        tma.store_wait(pendings=1)
+        mbarrier.arrive(o_free.index((n + 1) % 2), count=1, pred=n >= 1)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _kda_scan_wgmma_ws(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H,
+                       K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NS: gl.constexpr,
+                       USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
+    """``_kda_scan_wgmma`` warp-specialised (scan_engine "wgmma_ws", session 10, prepared and compiled for
+    sm_90 only, not run on a GPU): one loader warp issues the TMA loads, one storer warp the o stores, and
+    the compute warpgroup neither issues nor waits for any of them but through mbarriers -- ready / empty
+    per ring stage, o_ready / o_free per o buffer. Aimed at what ncu showed of the one-warpgroup kernel:
+    its refill, o store and their CTA barriers on the state's chain."""
+    i_v = gl.program_id(0)
+    i_bh = gl.program_id(1)
+    v0 = i_v * BV
+    wkq_s = gl.allocate_shared_memory(gl.bfloat16, [NS, 4, BT, K], wkq_desc.layout)
+    ua_s = gl.allocate_shared_memory(gl.bfloat16, [NS, 2, BT, BV], ua_desc.layout)
+    g_s = gl.allocate_shared_memory(gl.float32, [NS, 1, K], g_desc.layout)
+    o_s = gl.allocate_shared_memory(gl.bfloat16, [2, 1, BT, BV], o_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    o_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    o_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NS):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(o_ready.index(i), count=1)
+        mbarrier.init(o_free.index(i), count=1)
+    fence_async_shared()
+    worker_args = (wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free,
+                   i_bh * TP, i_bh * NT, v0, i_bh // H, (i_bh % H) * V + v0, NT, BT, NS)
+    gl.warp_specialize([
+        (_ws_compute, (wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free, h0_ptr, ht_ptr, i_bh, v0, NT,
+                       K, V, BT, BV, NS, USE_H0, STORE_HT)),
+        (_ws_loader, worker_args),
+        (_ws_storer, worker_args),
+    ], [1, 1], [24, 24])
 
 
 # ------------------------------------------------------------------------------------------
@@ -1149,7 +1280,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     """Check a knob combination against a shape; return the launch plan or raise ValueError."""
     # knob dicts written before version 7 / 8 lack "pair", "solve_stages" and "u_store"
     knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "off_tile": "chunk", "diag_cols": "load",
-             "scan_engine": "triton", **knobs}
+             "scan_engine": "triton", "scan_ring": 4, **knobs}
     # a name this file lacks would be ignored silently: version 9's scan_pair=True would time the default
     unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
@@ -1255,16 +1386,17 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
 
 
 def _wgmma_scan_applies(q, K, V, plan, kn) -> bool:
-    """Where scan_engine "wgmma" runs: wgmma and TMA (Hopper), and the scan form it implements -- readout
+    """Where scan_engine "wgmma" (and "wgmma_ws") runs: wgmma and TMA (Hopper), and the scan form it implements -- readout
     "pre" (o = qd' S + au), the state rounded to bf16 in its products, u and au stored bf16 (TMA tiles);
     K 32/64/128 (the state and its bf16 copy in one warpgroup's registers), V a multiple of 64 (the M of
-    its products), BT 32 (at BT 64 it spills on sm_90 and its ring needs 263 KB of shared memory). Elsewhere, including always on the CPU, the Triton scan of the other knobs runs."""
+    its products), BT 32 (at BT 64 it spills on sm_90 and its ring outgrows shared memory). Elsewhere,
+    including always on the CPU, the Triton scan of the other knobs runs."""
     return (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9 and plan["PRE"] and not plan["split"]
             and plan["u_bf16"] and kn["au"] == "bf16" and K in (32, 64, 128) and V % WGMMA_BV == 0
             and plan["BT"] == 32)
 
 
-def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT):
+def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, ring, warp_specialised):
     """wkq: w, kd, qd as one [3, BH, TP, K] bf16 buffer; ua: u, au as one [2, BH, TP, V] (one TMA copy each)."""
     BH = wkq.shape[1]
     B = BH // H
@@ -1282,12 +1414,14 @@ def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT):
     o3 = o.view(B, T, H * V)
     o_desc = GluonDescriptor(o3, list(o3.shape), [T * H * V, H * V, 1], [1, BT, WGMMA_BV],
                              gl.NVMMASharedLayout.get_default_for([1, BT, WGMMA_BV], gl.bfloat16))
-    _kda_scan_wgmma[(V // WGMMA_BV, BH)](
+    scan = _kda_scan_wgmma_ws if warp_specialised else _kda_scan_wgmma
+    scan[(V // WGMMA_BV, BH)](
         desc(wkq, K, K), desc(ua, V, WGMMA_BV), g_desc, o_desc,
         h0 if h0 is not None else g_last, final if final is not None else g_last, TP, NT, H,
-        K=K, V=V, BT=BT, BV=WGMMA_BV, NS=WGMMA_STAGES, USE_H0=h0 is not None, STORE_HT=final is not None,
+        K=K, V=V, BT=BT, BV=WGMMA_BV, NS=ring, USE_H0=h0 is not None, STORE_HT=final is not None,
         num_warps=4,
     )
+
 
 def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
     """KDA forward. q, k, g [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; returns (o, final_state)."""
@@ -1328,7 +1462,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             raise ValueError("T must be positive")
         return o, final
 
-    wgmma = kn.get("scan_engine") == "wgmma" and _wgmma_scan_applies(q, K, V, plan, kn)
+    wgmma = kn.get("scan_engine") in ("wgmma", "wgmma_ws") and _wgmma_scan_applies(q, K, V, plan, kn)
     # scan_engine "wgmma": w, kd, qd (and u, au) as slices of one buffer, each fetched by one TMA copy
     wkq = torch.empty((3, BH, TP, K), dtype=torch.bfloat16, device=dev) if wgmma else None
     ua = torch.empty((2, BH, TP, V), dtype=torch.bfloat16, device=dev) if wgmma else None
@@ -1386,7 +1520,8 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=g_last, BT=BT, NT=NT, TP=TP,
                          pre=plan["PRE"], au=au if plan["PRE"] else None)
         if wgmma:
-            _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT)
+            _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, kn.get("scan_ring", 4),
+                               kn["scan_engine"] == "wgmma_ws")
             return o, final
         fuse = plan["fuse"]
         if fuse:
