@@ -33,6 +33,8 @@ ROWS = {
     # the warp-specialised form (a loader and a storer warp beside the compute warpgroup; never run yet)
     "wgmma_ws": {**PROMOTED, "scan_engine": "wgmma_ws"},
     "wgmma_ws_ring5": {**PROMOTED, "scan_engine": "wgmma_ws", "scan_ring": 5},
+    # session 11: the guarded diagonal blocks see gates raised to at least -30 (knob diag_floor)
+    "ws_floor": {**PROMOTED, "scan_engine": "wgmma_ws", "diag_floor": 30},
 }
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}

@@ -149,7 +149,7 @@ def build_all(fam, knobs: dict, shape: dict) -> dict:
                  LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
                  TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
                  CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"],
-                 OFFW=plan["OFFW"], DIAG_TRANS=plan["DIAG_TRANS"])
+                 OFFW=plan["OFFW"], DIAG_TRANS=plan["DIAG_TRANS"], FLOOR=plan["FLOOR"])
     rows_grid = (NT if plan["CHUNK"] else NT * (BT // plan["BC"])) * BH
     out = {}
     out["rows"] = (compile_kernel(fam._kda_prep_kernel, prep, {**pmeta, "STAGE": 1}, kn["block_warps"], 1,
@@ -331,7 +331,8 @@ def source_line(src: list[str], func: str, pattern: str) -> int:
 
 def pairwise_fraction(shape: dict, plan: dict, seed: int = 0) -> float:
     """Fraction of (row block, key tile) pairs of the problem's inputs whose diagonal block goes
-    pairwise in ``_block_row`` (span over the block, first row's gate left out, > LIMIT)."""
+    pairwise in ``_block_row`` (span over the block, first row's gate left out, > LIMIT; gates raised to
+    FLOOR first where ``diag_floor`` is on)."""
     from pytest_kopt.problems.kda import KDAProblem
 
     case = {**shape, "initial_state": False, "output_final_state": True}
@@ -341,6 +342,8 @@ def pairwise_fraction(shape: dict, plan: dict, seed: int = 0) -> float:
     if plan["LIMIT"] < 0:
         return 1.0
     nb = T // BC
+    if plan.get("FLOOR", 0.0) < 0:  # diag_floor: the guard sees the gates raised to at least FLOOR
+        g = g.clamp(min=plan["FLOOR"])
     gb = g[:, : nb * BC].reshape(B, nb, BC, H, K)[:, :, 1:].sum(2)  # [B, nb, H, K], rows 1.. of each block
     span = (-gb).reshape(B, nb, H, K // BK, BK).amax(-1)
     return float((span > plan["LIMIT"]).double().mean())

@@ -346,7 +346,7 @@ for stage in ([0] if kn["fuse_prep"] else [1, 2]):
           DK=plan["DK"], LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
           TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
           CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"], STAGE=stage,
-          OFFW=plan["OFFW"], DIAG_TRANS=plan["DIAG_TRANS"]),
+          OFFW=plan["OFFW"], DIAG_TRANS=plan["DIAG_TRANS"], FLOOR=plan["FLOOR"]),
           kn["solve_warps"] if stage == 2 else kn["block_warps"], 1 if stage == 1 else plan["solve_stages"])
     if stage != 1 and plan["solve_stages"] > 1:  # version 8: the solve's key / value tiles prefetched
         assert "cp.async" in c.asm["ptx"], "solve_stages > 1 should pipeline the solve's loads"
@@ -369,9 +369,10 @@ print("compiled for sm_90")
 
 @pytest.mark.parametrize("override", [{}, {"subst": "rows", "scan_warps": 2}, {"block_prog": "chunk", "out_bv": 128},
                                       {"fuse_prep": True, "au": "bf16", "out_bv": 128, "fuse_output": True, "scan_warps": 4},
-                                      {"pair": "split"}, {"solve_stages": 3, "u_store": "bf16"}],
+                                      {"pair": "split"}, {"solve_stages": 3, "u_store": "bf16"},
+                                      {"off_tile": "tight", "diag_cols": "trans", "diag_floor": 30}],
                          ids=["default", "v4_rows_scan_w2", "v5_chunk_out128", "v6_fused_prep_au_bf16", "v7_split",
-                              "v8_stages3_u_bf16"])
+                              "v8_stages3_u_bf16", "s11_diag_floor"])
 def test_default_knobs_compile_for_hopper(override):
     """The default knobs (and version 4's block-row inverses, early solve loads and 2-warp scan)
     compile for sm_90 (no GPU needed) within the shared-memory limit."""
@@ -759,3 +760,39 @@ def test_requires_matches_what_plan_refuses(family):
         knobs[name] = next(c for c in FAMILY.space[name] if c not in allowed)
         with pytest.raises(ValueError):
             family._plan(128, 128, knobs)
+
+
+# session 11: diag_floor -- a guarded diagonal block sees its gates raised to at least -diag_floor
+FLOOR = {"diag_floor": 30, "off_tile": "tight", "diag_cols": "trans"}
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_diag_floor_hostile_gates(tmp_path, kind):
+    """diag_floor 30 on every hostile gate kind: the outputs pass, and the raw Aqk / Akk stay as close
+    to the float64 ones as without the floor (a decay it changes is below e^-30 either way). On the
+    resets the scratch differs from the unfloored one: those blocks now take the factored path."""
+    case = {"B": 1, "T": 45, "H": 2, "K": 64, "V": 16, "initial_state": True, "output_final_state": True}
+    x = hostile_inputs(kind, case, seed=83)
+    module = render({**FAMILY.knobs, **FLOOR}, tmp_path)
+    check(module.kernel, x, case)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], True)
+    want = aqk_akk_float64(x, 32)
+    err, raw = {}, {}
+    for floor in (0, 30):
+        d = {}
+        module.kda_chunked(*args, {**FAMILY.knobs, **FLOOR, "diag_floor": floor, "subst": "extract", "solve_warps": 8},
+                           debug=d)
+        aqk = d["aqk"][0].double() + d["aqk"][1].double()
+        assert torch.isfinite(aqk).all() and torch.isfinite(d["akk"]).all(), floor
+        raw[floor] = (aqk, d["akk"].double())
+        err[floor] = [(aqk - want["aqk"]).abs().max().item(), (d["akk"].double() - want["akk"]).abs().max().item()]
+    assert all(f <= max(2 * n, 1e-5) for f, n in zip(err[30], err[0])), (kind, err)
+    if kind == "resets":
+        assert not all(torch.equal(a, b) for a, b in zip(raw[0], raw[30])), "the floor changed no block's path"
+
+
+def test_diag_floor_on_the_problems_gates(tmp_path):
+    """The problem's own gates (resets, strong runs) at a length with several chunks, bf16, K != V."""
+    case = {"B": 2, "T": 100, "H": 2, "K": 32, "V": 64, "initial_state": False, "output_final_state": True}
+    module = render({**FAMILY.knobs, **FLOOR}, tmp_path)
+    check(module.kernel, inputs(case, seed=17), case)
