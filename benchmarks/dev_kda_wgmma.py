@@ -35,6 +35,9 @@ ROWS = {
     "wgmma_ws_ring5": {**PROMOTED, "scan_engine": "wgmma_ws", "scan_ring": 5},
     # session 11: the guarded diagonal blocks see gates raised to at least -30 (knob diag_floor)
     "ws_floor": {**PROMOTED, "scan_engine": "wgmma_ws", "diag_floor": 30},
+    # ... with 2-warp block rows (offline sm_90: 9007 warp-instructions per program against 12 423 at 4 warps)
+    "ws_floor_w2": {**PROMOTED, "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 168},
+    "ws_floor_w2_128": {**PROMOTED, "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 128},
 }
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}
