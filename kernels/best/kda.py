@@ -181,7 +181,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 # kopt:knobs-begin
-KNOBS = {'BT': 32, 'BC': 16, 'BK': 32, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 4, 'solve_warps': 4, 'block_maxnreg': 128, 'solve_maxnreg': 128, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30}
+KNOBS = {'BT': 32, 'BC': 16, 'BK': 32, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 2, 'solve_warps': 4, 'block_maxnreg': 128, 'solve_maxnreg': 128, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30}
 # kopt:knobs-end
 SPACE = {
     "BT": [32, 64],
@@ -266,12 +266,13 @@ REQUIRES = [
 # (6cae3b5c, 590.5 us). Session 11 (dev rows, results/h200-2026-11-30f/call1): the warp-specialised engine
 # 605.4 us at the headline against 619.1 (scan 163.4 against 177.2), 1988.7 against 2018.5 at B2 T16384, no slower
 # elsewhere; the ring 5 deep was no faster with either engine (624.6 / 608.9).
-# The loop promoted that (ebacd585, 582.2 us against 590.5). Next: diag_floor 30 on it (offline sm_90: block rows
-# 14 511 -> 12 423 warp-instructions per program, the pairwise fallback on 0.9 % of tiles instead of 14.1 %).
+# The loop promoted that (ebacd585, 582.2 us against 590.5), then diag_floor 30 on it (05126c2c, 534.0; dev rows: block
+# rows 276.6 -> 236.3 us, offline 14 511 -> 12 423 warp-instructions per program). Dev rows on top of that (call 4):
+# 2-warp block rows 195.9 us at 168 registers, 196.7 at 128, against 234.1 at 4 warps; headline 523.6 / 524.5 / 559.6.
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30},
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 168},
              {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws"}]
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 128}]
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
