@@ -411,6 +411,16 @@ def aqk_akk_float64(x, BT):
     return {"aqk": aqk.reshape(B * H, N * BT, BT), "akk": akk.reshape(B * H, N * BT, BT)}
 
 
+def raw_scratch(module, args, knobs, want):
+    """The Aqk (hi + lo) and Akk a run with ``knobs`` leaves in its scratch (subst "extract", so Akk is raw),
+    checked finite, and their largest absolute errors against the float64 ``want``."""
+    d = {}
+    module.kda_chunked(*args, {**knobs, "subst": "extract", "solve_warps": 8}, debug=d)
+    aqk, akk = d["aqk"][0].double() + d["aqk"][1].double(), d["akk"].double()
+    assert torch.isfinite(aqk).all() and torch.isfinite(akk).all(), knobs
+    return (aqk, akk), [(aqk - want["aqk"]).abs().max().item(), (akk - want["akk"]).abs().max().item()]
+
+
 @pytest.mark.parametrize("subst", ["extract", "rows"])
 def test_chunk_block_rows_match_row_programs(family, subst):
     """block_prog="chunk" writes the scratch "row" writes (Aqk hi + lo, Akk with or without the
@@ -527,13 +537,7 @@ def test_split_pair_hostile_gates(tmp_path, kind):
     for forced in (False, True):  # forced: every diagonal block takes the fallback (guard limit -1)
         if forced:
             module._GUARD_LIMIT = {name: -1.0 for name in module._GUARD_LIMIT}
-        err = {}
-        for pair in ("full", "split"):
-            d = {}
-            module.kda_chunked(*args, {**FAMILY.knobs, "pair": pair, "subst": "extract", "solve_warps": 8}, debug=d)
-            aqk = d["aqk"][0].double() + d["aqk"][1].double()
-            assert torch.isfinite(aqk).all() and torch.isfinite(d["akk"]).all(), pair
-            err[pair] = [(aqk - want["aqk"]).abs().max().item(), (d["akk"].double() - want["akk"]).abs().max().item()]
+        err = {pair: raw_scratch(module, args, {**FAMILY.knobs, "pair": pair}, want)[1] for pair in ("full", "split")}
         assert all(s <= max(2 * f, 1e-5) for s, f in zip(err["split"], err["full"])), (kind, forced, err)
     check(module.kernel, x, case)  # still forced: the split fallback on every block
 
@@ -777,15 +781,9 @@ def test_diag_floor_hostile_gates(tmp_path, kind):
     check(module.kernel, x, case)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], True)
     want = aqk_akk_float64(x, 32)
-    err, raw = {}, {}
+    raw, err = {}, {}
     for floor in (0, 30):
-        d = {}
-        module.kda_chunked(*args, {**FAMILY.knobs, **FLOOR, "diag_floor": floor, "subst": "extract", "solve_warps": 8},
-                           debug=d)
-        aqk = d["aqk"][0].double() + d["aqk"][1].double()
-        assert torch.isfinite(aqk).all() and torch.isfinite(d["akk"]).all(), floor
-        raw[floor] = (aqk, d["akk"].double())
-        err[floor] = [(aqk - want["aqk"]).abs().max().item(), (d["akk"].double() - want["akk"]).abs().max().item()]
+        raw[floor], err[floor] = raw_scratch(module, args, {**FAMILY.knobs, **FLOOR, "diag_floor": floor}, want)
     assert all(f <= max(2 * n, 1e-5) for f, n in zip(err[30], err[0])), (kind, err)
     if kind == "resets":
         assert not all(torch.equal(a, b) for a, b in zip(raw[0], raw[30])), "the floor changed no block's path"
