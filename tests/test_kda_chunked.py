@@ -346,7 +346,7 @@ for stage in ([0] if kn["fuse_prep"] else [1, 2]):
           DK=plan["DK"], LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
           TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
           CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"], STAGE=stage,
-          OFFW=plan["OFFW"], DIAG_TRANS=plan["DIAG_TRANS"], FLOOR=plan["FLOOR"]),
+          OFFW=plan["OFFW"], DIAG_TRANS=plan["DIAG_TRANS"], FLOOR=plan["FLOOR"], SUFFIX64=plan["SUFFIX64"]),
           kn["solve_warps"] if stage == 2 else kn["block_warps"], 1 if stage == 1 else plan["solve_stages"])
     if stage != 1 and plan["solve_stages"] > 1:  # version 8: the solve's key / value tiles prefetched
         assert "cp.async" in c.asm["ptx"], "solve_stages > 1 should pipeline the solve's loads"
@@ -370,9 +370,10 @@ print("compiled for sm_90")
 @pytest.mark.parametrize("override", [{}, {"subst": "rows", "scan_warps": 2}, {"block_prog": "chunk", "out_bv": 128},
                                       {"fuse_prep": True, "au": "bf16", "out_bv": 128, "fuse_output": True, "scan_warps": 4},
                                       {"pair": "split"}, {"solve_stages": 3, "u_store": "bf16"},
-                                      {"off_tile": "tight", "diag_cols": "trans", "diag_floor": 30}],
+                                      {"off_tile": "tight", "diag_cols": "trans", "diag_floor": 30, "block_warps": 2,
+                                       "kd_sum": "f64"}],
                          ids=["default", "v4_rows_scan_w2", "v5_chunk_out128", "v6_fused_prep_au_bf16", "v7_split",
-                              "v8_stages3_u_bf16", "s11_diag_floor"])
+                              "v8_stages3_u_bf16", "s11_floor_w2_kd_f64"])
 def test_default_knobs_compile_for_hopper(override):
     """The default knobs (and version 4's block-row inverses, early solve loads and 2-warp scan)
     compile for sm_90 (no GPU needed) within the shared-memory limit."""
@@ -794,3 +795,26 @@ def test_diag_floor_on_the_problems_gates(tmp_path):
     case = {"B": 2, "T": 100, "H": 2, "K": 32, "V": 64, "initial_state": False, "output_final_state": True}
     module = render({**FAMILY.knobs, **FLOOR}, tmp_path)
     check(module.kernel, inputs(case, seed=17), case)
+
+
+# session 11: kd_sum "f64" -- the solve's kd decay from the forward tile's float64 running sum
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_kd_sum_f64_hostile_gates(tmp_path, kind):
+    """kd_sum "f64" on every hostile gate kind, with a short last chunk: the outputs pass, and kd, qd, w and gl
+    stay within one bf16 step of the largest element of the row-reversed form's (both sum the same gates exactly
+    enough; on the CPU they agree to float32 rounding)."""
+    case = {"B": 1, "T": 45, "H": 2, "K": 64, "V": 16, "initial_state": True, "output_final_state": True}
+    x = hostile_inputs(kind, case, seed=85)
+    knobs = {**FAMILY.knobs, **FLOOR, "kd_sum": "f64"}
+    module = render(knobs, tmp_path)
+    check(module.kernel, x, case)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], True)
+    tiles = {}
+    for kd_sum in ("reversed", "f64"):
+        d = {}
+        module.kda_chunked(*args, {**knobs, "kd_sum": kd_sum}, debug=d)
+        tiles[kd_sum] = {name: d[name].float() for name in ("kd", "qd", "w", "gl")}
+    for name, want in tiles["reversed"].items():
+        got = tiles["f64"][name]
+        assert torch.isfinite(got).all(), name
+        assert (got - want).abs().max().item() <= 2.0 ** -8 * max(want.abs().max().item(), 1e-30), (kind, name)

@@ -168,6 +168,9 @@ sum, so that a reset (-1000) inside a diagonal block no longer fails the guard a
 fallback (14.1 % -> 0.9 % of (block, key tile) pairs on the problem's gates at the headline). A decay over steps
 (j, i] changes only when one of their gates is below -30, and then it is below e^-30 = 9.4e-14 before and after.
 On the H200 the block rows went from 276.6 to 236.3 us at the headline, and with 2 warps per program to 196.7.
+
+``kd_sum="f64"`` (session 11, prepared, not run on a GPU): the solve forms kd's decay exp(G_last - G_j) as total minus
+prefix of the forward key tile's float64 running sum, instead of loading g and k again in reversed row order.
 """
 
 import math
@@ -220,6 +223,7 @@ KNOBS = {
     "scan_engine": "triton",
     "scan_ring": 4,
     "diag_floor": 0,
+    "kd_sum": "reversed",
 }
 # kopt:knobs-end
 SPACE = {
@@ -273,6 +277,10 @@ SPACE = {
     # they are). At 30 a reset (-1000) stops sending its block to the pairwise fallback: 14.1 % -> 0.9 % of (block,
     # key tile) pairs on the problem's gates at the headline. The decay it changes is below e^-30 = 9.4e-14 either way.
     "diag_floor": [0, 30],
+    # session 11 (prepared, not run on a GPU): how the solve forms kd's decay exp(G_last - G_j). "reversed": a second,
+    # row-reversed load of g and k per key tile and a forward running sum over it; "f64": total minus prefix of the
+    # forward tile in float64 (exact for any gates), so each key tile loads g and k once
+    "kd_sum": ["reversed", "f64"],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
 # (when, then) pair mirrors one of _plan's checks below, which stay the authority;
@@ -309,9 +317,13 @@ REQUIRES = [
 # rows 276.6 -> 236.3 us, offline 14 511 -> 12 423 warp-instructions per program). Dev rows on top of that (call 4):
 # 2-warp block rows 195.9 us at 168 registers, 196.7 at 128, against 234.1 at 4 warps; headline 523.6 / 524.5 / 559.6.
 # The loop measured both: 496.2 (168) and 492.4 (128, 2df5bead, promoted). The entry below is 2df5bead's knobs, so
-# that the next session's loop times the promoted kernel first on the re-rendered family.
+# that the next session's loop times the promoted kernel first on the re-rendered family; then the same with kd_sum
+# "f64" (prepared, unmeasured; offline sm_90: solve 15 404 -> 14 244 warp-instructions and 80 -> 56 KB loaded per
+# program, 14 KB of spill traffic against 4.6).
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 128}]
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 128},
+             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 128, "kd_sum": "f64"}]
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
@@ -722,11 +734,13 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
               scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt,
               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
               BVP: tl.constexpr, LOG_NC: tl.constexpr, MERGE: tl.constexpr, TF32: tl.constexpr,
-              PRE: tl.constexpr, SUBST: tl.constexpr, HOIST: tl.constexpr):
+              PRE: tl.constexpr, SUBST: tl.constexpr, HOIST: tl.constexpr, SUFFIX64: tl.constexpr = False):
     """A = (I + Akk)^-1 diag(beta) for one chunk, then w = A (exp(G) k), u = A v and the
     pre-decayed tiles kd, qd, gl of the scan (pointers at the chunk's first row).  With PRE the
     read-out's intra-chunk part is folded in here: qd holds qd - Aqk w (bf16, w as stored) and
-    au = Aqk u (float32), so that the scan's read-out is o = qd S + au."""
+    au = Aqk u (float32), so that the scan's read-out is o = qd S + au.  SUFFIX64 (``kd_sum="f64"``):
+    kd's decay exp(G_last - G_j) comes from the forward tile's float64 running sum (total minus
+    prefix, exact in float64 for any gates) instead of a second, row-reversed load of g and k."""
     rt = tl.arange(0, BT)
     ct = tl.arange(0, BT)
     rt_ok = t0 + rt < T
@@ -810,12 +824,21 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
         g_a = tl.load(g_ptr + rt[:, None] * s_gt + ck[None, :], mask=m, other=0.0).to(tl.float32)
         k_a = tl.load(k_ptr + rt[:, None] * s_kt + ck[None, :], mask=m, other=0.0).to(tl.float32)
         q_a = tl.load(q_ptr + rt[:, None] * s_qt + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        if HOIST == 2:  # the reversed rows with the forward ones: one round trip per key tile
+        if HOIST == 2 and not SUFFIX64:  # the reversed rows with the forward ones: one round trip per key tile
             gs = tl.load(g_ptr + (BT - rt)[:, None] * s_gt + ck[None, :], mask=m_shift[:, None], other=0.0).to(tl.float32)
             k_r = tl.load(k_ptr + (BT - 1 - rt)[:, None] * s_kt + ck[None, :], mask=m_rev[:, None], other=0.0)
-        dec = tl.exp(tl.cumsum(g_a, axis=0))  # exp(G_i) <= 1
-        w_t = tl.dot(a_wy, (k_a * dec).to(tl.bfloat16)).to(tl.bfloat16)
         p_t = rt[:, None] * K + ck[None, :]
+        if SUFFIX64:  # kd and gl first, so that the float64 sums are dead before the products
+            g64 = tl.cumsum(g_a.to(tl.float64), axis=0)  # G_i, exact: no long float32 sum to cancel
+            tot = tl.sum(g_a.to(tl.float64), axis=0)  # G_last
+            dec = tl.exp(g64.to(tl.float32))  # exp(G_i) <= 1
+            # exp(G_last - G_j): G_last - G_j in float64, then one rounding to float32
+            kd_t = k_a * tl.exp((tot[None, :] - g64).to(tl.float32))
+            tl.store(kd_ptr + p_t, kd_t.to(kd_ptr.dtype.element_ty))
+            tl.store(gl_ptr + ck, tl.exp(tot.to(tl.float32)))
+        else:
+            dec = tl.exp(tl.cumsum(g_a, axis=0))  # exp(G_i) <= 1
+        w_t = tl.dot(a_wy, (k_a * dec).to(tl.bfloat16)).to(tl.bfloat16)
         tl.store(w_ptr + p_t, w_t)
         qd_t = q_a * (dec * scale)
         if PRE:
@@ -824,13 +847,14 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
             aw = tl.dot(aq_lo, w_t, aw)
             qd_t = qd_t - aw
         tl.store(qd_ptr + p_t, qd_t.to(qd_ptr.dtype.element_ty))
-        tl.store(gl_ptr + ck, tl.exp(tl.sum(g_a, axis=0)))
-        # exp(G_last - G_j) = exp(sum_{t > j} g_t): a forward sum of g[BT-1], g[BT-2], ...
-        if HOIST < 2:
-            gs = tl.load(g_ptr + (BT - rt)[:, None] * s_gt + ck[None, :], mask=m_shift[:, None], other=0.0).to(tl.float32)
-            k_r = tl.load(k_ptr + (BT - 1 - rt)[:, None] * s_kt + ck[None, :], mask=m_rev[:, None], other=0.0).to(tl.float32)
-        kd_r = k_r.to(tl.float32) * tl.exp(tl.cumsum(gs, axis=0))
-        tl.store(kd_ptr + (BT - 1 - rt)[:, None] * K + ck[None, :], kd_r.to(kd_ptr.dtype.element_ty))
+        if not SUFFIX64:
+            tl.store(gl_ptr + ck, tl.exp(tl.sum(g_a, axis=0)))
+            # exp(G_last - G_j) = exp(sum_{t > j} g_t): a forward sum of g[BT-1], g[BT-2], ...
+            if HOIST < 2:
+                gs = tl.load(g_ptr + (BT - rt)[:, None] * s_gt + ck[None, :], mask=m_shift[:, None], other=0.0).to(tl.float32)
+                k_r = tl.load(k_ptr + (BT - 1 - rt)[:, None] * s_kt + ck[None, :], mask=m_rev[:, None], other=0.0).to(tl.float32)
+            kd_r = k_r.to(tl.float32) * tl.exp(tl.cumsum(gs, axis=0))
+            tl.store(kd_ptr + (BT - 1 - rt)[:, None] * K + ck[None, :], kd_r.to(kd_ptr.dtype.element_ty))
     for vs in range(0, V, BVP):
         cv = vs + tl.arange(0, BVP)
         v_a = tl.load(v_ptr + rt[:, None] * s_vt + cv[None, :], mask=rt_ok[:, None], other=0.0)
@@ -863,7 +887,7 @@ def _kda_prep_kernel(
     LOG_NC: tl.constexpr, RECENTRE: tl.constexpr, LIMIT: tl.constexpr, MERGE: tl.constexpr,
     TF32: tl.constexpr, PRE: tl.constexpr, SUBST: tl.constexpr, STAGE: tl.constexpr, LOG_BC: tl.constexpr,
     HOIST: tl.constexpr, CHUNK: tl.constexpr, SB: tl.constexpr = 0, LOG_NS: tl.constexpr = 0, DKS: tl.constexpr = 1,
-    OFFW: tl.constexpr = 0, DIAG_TRANS: tl.constexpr = False, FLOOR: tl.constexpr = 0.0,
+    OFFW: tl.constexpr = 0, DIAG_TRANS: tl.constexpr = False, FLOOR: tl.constexpr = 0.0, SUFFIX64: tl.constexpr = False,
 ):
     """STAGE 0: everything for one chunk (block rows, then the solve); 1: one block row of
     one chunk (grid NT * NC), or with CHUNK all block rows of one chunk (grid NT); 2: the solve
@@ -915,7 +939,8 @@ def _kda_prep_kernel(
     if STAGE != 1:
         _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr, akk_ptr, gl_ptr,
                   aqk_ptr, au_ptr, lo_off,
-                  scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt, K, V, BT, BC, BKP, BVP, LOG_NC, MERGE, TF32, PRE, SUBST, HOIST)
+                  scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt, K, V, BT, BC, BKP, BVP, LOG_NC, MERGE, TF32, PRE, SUBST, HOIST,
+                  SUFFIX64)
 
 
 # ------------------------------------------------------------------------------------------
@@ -1335,7 +1360,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     """Check a knob combination against a shape; return the launch plan or raise ValueError."""
     # knob dicts written before a knob existed lack it: each gets the value that keeps the code it had
     knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "off_tile": "chunk", "diag_cols": "load",
-             "scan_engine": "triton", "scan_ring": 4, "diag_floor": 0, **knobs}
+             "scan_engine": "triton", "scan_ring": 4, "diag_floor": 0, "kd_sum": "reversed", **knobs}
     # a name this file lacks would be ignored silently: version 9's scan_pair=True would time the default
     unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
@@ -1421,6 +1446,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "OFFW": BT - BC if knobs["off_tile"] == "tight" else BT,
         "DIAG_TRANS": knobs["diag_cols"] == "trans",
         "FLOOR": -float(knobs["diag_floor"]),
+        "SUFFIX64": knobs["kd_sum"] == "f64",
         "OUT_BV": min(V, knobs["out_bv"] or BV),
         "LOG_NC": int(math.log2(BT // BC)),
         "RECENTRE": _RECENTRE_CODE[knobs["recentre"]], "LIMIT": limit,
@@ -1554,7 +1580,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
             TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
             CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"], OFFW=plan["OFFW"],
-            DIAG_TRANS=plan["DIAG_TRANS"], FLOOR=plan["FLOOR"],
+            DIAG_TRANS=plan["DIAG_TRANS"], FLOOR=plan["FLOOR"], SUFFIX64=plan["SUFFIX64"],
         )
         # block_maxnreg / solve_maxnreg: cap the registers per thread (ptxas spills the rest to
         # L1-backed local memory) so that more programs are resident: at 128, 4 block-row
