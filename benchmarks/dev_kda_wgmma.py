@@ -38,6 +38,9 @@ ROWS = {
     # ... with 2-warp block rows (offline sm_90: 9007 warp-instructions per program against 12 423 at 4 warps)
     "ws_floor_w2": {**PROMOTED, "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 168},
     "ws_floor_w2_128": {**PROMOTED, "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 128},
+    # ... (the loop's best, 2df5bead) with kd_sum "f64": the solve's kd decay without the row-reversed reloads
+    "w2_128_kd64": {**PROMOTED, "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 128,
+                    "kd_sum": "f64"},
 }
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}
