@@ -42,6 +42,15 @@ ROWS = {
     "w2_128_kd64": {**PROMOTED, "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 128,
                     "kd_sum": "f64"},
 }
+# session 12: the loop's best (2df5bead) as the base; scan_bv 128 = two compute warpgroups per scan program
+BEST = {**PROMOTED, "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 128}
+ROWS.update({
+    "best": BEST,
+    "kd64": {**BEST, "kd_sum": "f64"},
+    "kd64_bv128": {**BEST, "kd_sum": "f64", "scan_bv": 128},
+    "kd64_auto": {**BEST, "kd_sum": "f64", "scan_bv": "auto"},
+    "kd64_solve0": {**BEST, "kd_sum": "f64", "solve_maxnreg": 0},
+})
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}
 HEADLINE = {"B": 1, "T": 8192, "H": 16, "K": 128, "V": 128, "initial_state": False, "output_final_state": True}
@@ -213,9 +222,11 @@ def main() -> int:
 
     # ---- 1. correctness: small and odd shapes vs the float64 recurrence, two calls on fresh inputs each, for
     # every Gluon engine among the rows ("wgmma" when none is) --------------------------------------------
-    engines = {ov["scan_engine"] for ov in ROWS.values() if ov.get("scan_engine", "triton") != "triton"} or {"wgmma"}
-    for engine in sorted(engines):
-        wg = {**PROMOTED, "scan_engine": engine}
+    engines = {(ov["scan_engine"], ov.get("scan_bv", 64)) for ov in ROWS.values()
+               if ov.get("scan_engine", "triton") != "triton" and ov.get("scan_bv", 64) != "auto"} or {("wgmma", 64)}
+    for engine, scan_bv in sorted(engines):
+        wg = {**PROMOTED, "scan_engine": engine, "scan_bv": scan_bv}
+        engine = f"{engine}" if scan_bv == 64 else f"{engine}_bv{scan_bv}"
         for case, applies in CHECKS:
             label = f"{engine} {prob.describe(case)}"
             try:
@@ -294,7 +305,8 @@ def main() -> int:
             xs = prob.make_inputs(case, device="cuda", seed=0)
             want = chunk_kda_reference(xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"], None, None, True, chunk_size=64)
             for name, ov in ROWS.items():
-                res["time"][label][name] = {"err": errors(run(ov, xs), want), "us": bench(lambda ov=ov, xs=xs: run(ov, xs))}
+                res["time"][label][name] = {"err": errors(run(ov, xs), want), "us": bench(lambda ov=ov, xs=xs: run(ov, xs)),
+                                            "kernels": kernels(lambda ov=ov, xs=xs: run(ov, xs))}
             if fla_fn is not None and left() > 30:
                 got = fla_fn(**xs)
                 us, host = bench(lambda xs=xs: fla_fn(**xs), with_host=True)

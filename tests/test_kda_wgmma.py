@@ -62,8 +62,26 @@ def test_wgmma_engine_applies_only_where_its_kernel_serves(tmp_path, monkeypatch
     assert not applies(128, 128, knobs)
 
 
+def test_scan_bv_picks_two_warpgroups_only_where_they_serve(tmp_path):
+    """scan_bv: 128 needs V a multiple of 128; "auto" takes it only where 64-wide programs would outnumber the
+    SMs (one program per SM), e.g. B1 T8192 H96 on the H200's 132 SMs but not the headline's 16 heads; the
+    ring is lowered until the program fits sm_90's shared memory."""
+    fam = render({**FAMILY.knobs, **PROMOTED, "scan_engine": "wgmma_ws", "scan_bv": "auto"}, tmp_path)
+    assert fam._wgmma_scan_bv(128, 16, 128, 132) == 128
+    assert fam._wgmma_scan_bv(128, 16, 64, 132) == 64  # V 64: one warpgroup covers it
+    assert fam._wgmma_scan_bv(64, 96, 128, 132) == 64
+    assert fam._wgmma_scan_bv("auto", 96, 128, 132) == 128  # 192 programs at 64
+    assert fam._wgmma_scan_bv("auto", 16, 128, 132) == 64  # 32 programs at 64
+    assert fam._wgmma_scan_bv("auto", 66, 128, 132) == 64 and fam._wgmma_scan_bv("auto", 67, 128, 132) == 128
+    assert fam._wgmma_scan_ring(5, 128, 32, 64) == 5  # 174 KB at ring 4, 215 KB at 5
+    assert fam._wgmma_scan_ring(5, 128, 32, 128) == 4 and fam._wgmma_scan_ring(3, 128, 32, 128) == 3
+    assert fam._wgmma_scan_ring(5, 64, 32, 128) == 5
+    with pytest.raises(ValueError, match="scan_bv"):
+        fam._plan(128, 128, {**fam.KNOBS, "scan_bv": 256})
+
+
 _COMPILE = r"""
-import importlib.util, json, subprocess, sys, tempfile
+import importlib.util, json, re, subprocess, sys, tempfile
 from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
@@ -82,10 +100,12 @@ def desc(shape, dtype="bf16", layout=None):  # a host descriptor argument, typed
 
 
 out = {}
-runs = [("_kda_scan_wgmma", K, NS) for K, NS in ((128, 5), (128, 3), (32, 4))]  # the deepest ring must still fit
-runs += [("_kda_scan_wgmma_ws", K, NS) for K, NS in ((128, 5), (32, 4))]
-for name, K, NS in runs:
-    BT, BV = 32, fam.WGMMA_BV
+runs = [("_kda_scan_wgmma", K, NS, 64) for K, NS in ((128, 5), (128, 3), (32, 4))]  # the deepest ring must still fit
+runs += [("_kda_scan_wgmma_ws", K, NS, 64) for K, NS in ((128, 5), (32, 4))]
+# scan_bv 128: two compute warpgroups; the launch lowers the ring to what fits (4 at K 128)
+runs += [("_kda_scan_wgmma_ws", K, fam._wgmma_scan_ring(5, K, 32, 128), 128) for K in (128, 64)]
+for name, K, NS, BV in runs:
+    BT = 32
     sig = {"wkq_desc": desc([4, BT, K]), "ua_desc": desc([2, BT, BV]),
            "g_desc": desc([1, K], "fp32", gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)),
            "o_desc": desc([1, BT, BV]), "h0_ptr": "*fp32", "ht_ptr": "*fp32", "TP": "i32", "NT": "i32", "H": "i32",
@@ -93,14 +113,17 @@ for name, K, NS in runs:
            "USE_H0": "constexpr", "STORE_HT": "constexpr"}
     cx = {"K": K, "V": 128, "BT": BT, "BV": BV, "NS": NS, "USE_H0": True, "STORE_HT": True}
     c = triton.compile(GluonASTSource(getattr(fam, name), sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 4})
+                       options={"num_warps": BV // 16})
     ptx = c.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "k.ptx").write_text(ptx)
         notes = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(Path(tmp) / "k.ptx"), "-o", str(Path(tmp) / "k.cubin")],
                                capture_output=True, text=True).stderr
-    out[f"{name} K{K} ring {NS}"] = {"shared": c.metadata.shared, "waits": ptx.count("wgmma.wait_group"), "wgmma": ptx.count("wgmma.mma_async"),
+    out[f"{name} K{K} ring {NS} BV{BV}"] = {"shared": c.metadata.shared, "waits": ptx.count("wgmma.wait_group"), "wgmma": ptx.count("wgmma.mma_async"),
               "serialised": "C7515" in notes, "spills": "0 bytes spill stores, 0 bytes spill loads" not in notes,
+              # the compute partition hands a stage back (and o over) with one thread's arrive: only after a barrier of
+              # all its warps -- both warpgroups at BV 128
+              "barrier_arrives": len(re.findall(rf"bar\.sync\s+0, {BV * 2};\s+(?://[^\n]*\s+)?@%p\d+ mbarrier\.arrive\.shared::cta", ptx)),
               "notes": notes[-400:]}
 print(json.dumps(out))
 """
@@ -118,3 +141,5 @@ def test_wgmma_scan_compiles_for_hopper_without_spills_or_serialised_wgmma(tmp_p
         assert info["wgmma"] == 2 * k // 16 + 2 * 32 // 16, (K, info["wgmma"])
         assert info["waits"] == 3, (K, info["waits"])
         assert info["shared"] <= 232448, (K, info["shared"])
+        if "_ws " in K:  # the empty and o_ready hand-overs
+            assert info["barrier_arrives"] == 2, (K, info["barrier_arrives"])
