@@ -50,6 +50,11 @@ ROWS.update({
     "kd64_bv128": {**BEST, "kd_sum": "f64", "scan_bv": 128},
     "kd64_auto": {**BEST, "kd_sum": "f64", "scan_bv": "auto"},
     "kd64_solve0": {**BEST, "kd_sum": "f64", "solve_maxnreg": 0},
+    # ... kd_sum "f32" (one float32 running sum of floored gates) and the block rows' inverse on tensor cores
+    "kd32": {**BEST, "kd_sum": "f32"},
+    "kd32_inv": {**BEST, "kd_sum": "f32", "inv_dot": "bf16x3"},
+    "kd32_inv168": {**BEST, "kd_sum": "f32", "inv_dot": "bf16x3", "block_maxnreg": 168},
+    "kd32_inv_auto": {**BEST, "kd_sum": "f32", "inv_dot": "bf16x3", "scan_bv": "auto"},
 })
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}
