@@ -55,6 +55,14 @@ ROWS.update({
     "kd32_inv": {**BEST, "kd_sum": "f32", "inv_dot": "bf16x3"},
     "kd32_inv168": {**BEST, "kd_sum": "f32", "inv_dot": "bf16x3", "block_maxnreg": 168},
     "kd32_inv_auto": {**BEST, "kd_sum": "f32", "inv_dot": "bf16x3", "scan_bv": "auto"},
+    # ... with 1-warp block rows and / or 2-warp solves
+    "w1_128": {**BEST, "kd_sum": "f32", "inv_dot": "bf16x3", "block_warps": 1, "block_maxnreg": 128},
+    "w1_168": {**BEST, "kd_sum": "f32", "inv_dot": "bf16x3", "block_warps": 1, "block_maxnreg": 168},
+    "w1_0": {**BEST, "kd_sum": "f32", "inv_dot": "bf16x3", "block_warps": 1, "block_maxnreg": 0},
+    "s2_168": {**BEST, "kd_sum": "f32", "inv_dot": "bf16x3", "solve_warps": 2, "solve_maxnreg": 168},
+    "s2_0": {**BEST, "kd_sum": "f32", "inv_dot": "bf16x3", "solve_warps": 2, "solve_maxnreg": 0},
+    "w1_168_s2_168": {**BEST, "kd_sum": "f32", "inv_dot": "bf16x3", "block_warps": 1, "block_maxnreg": 168,
+                      "solve_warps": 2, "solve_maxnreg": 168},
 })
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}

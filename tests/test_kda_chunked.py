@@ -154,7 +154,7 @@ def test_hostile_gates_every_recentre(tmp_path, block_prog):
 
 
 # values that ``_plan`` serves only together with others (the rest at their defaults)
-COMPANIONS = {("solve_warps", 4): {"subst": "rows", "BT": 32}, ("scan_warps", 1): {"scan_layout": "vk"},
+COMPANIONS = {("solve_warps", 4): {"subst": "rows", "BT": 32}, ("solve_warps", 2): {"subst": "rows", "BT": 32}, ("scan_warps", 1): {"scan_layout": "vk"},
               ("BT", 64): {"solve_warps": 8}, ("subst", "extract"): {"solve_warps": 8}}
 
 

@@ -162,6 +162,15 @@ solve) by more than the overlap saved (kernels/notes/kda.md, "Versions 12 and 12
   warpgroup's step loses the refill, the o store and one barrier (offline sm_90: 368 instructions per warp per step
   against 440). On the H200 it matched the one-warpgroup kernel's errors at every checked shape and took the scan
   from 177.2 to 163.4 us at the headline (kernels/notes/kda.md, "Session 11").
+
+``diag_floor`` (session 11): with 30, ``_block_row`` raises the gates it loads to at least -30 before its running
+sum, so that a reset (-1000) inside a diagonal block no longer fails the guard and sends the block to the pairwise
+fallback (14.1 % -> 0.9 % of (block, key tile) pairs on the problem's gates at the headline). A decay over steps
+(j, i] changes only when one of their gates is below -30, and then it is below e^-30 = 9.4e-14 before and after.
+On the H200 the block rows went from 276.6 to 236.3 us at the headline, and with 2 warps per program to 196.7.
+
+``kd_sum="f64"`` (session 11, prepared, not run on a GPU): the solve forms kd's decay exp(G_last - G_j) as total minus
+prefix of the forward key tile's float64 running sum, instead of loading g and k again in reversed row order.
 """
 
 import math
@@ -181,7 +190,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 # kopt:knobs-begin
-KNOBS = {'BT': 32, 'BC': 16, 'BK': 32, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 2, 'solve_warps': 4, 'block_maxnreg': 128, 'solve_maxnreg': 128, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30}
+KNOBS = {'BT': 32, 'BC': 16, 'BK': 32, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 2, 'solve_warps': 4, 'block_maxnreg': 128, 'solve_maxnreg': 128, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'f32', 'scan_bv': 64, 'inv_dot': 'ieee'}
 # kopt:knobs-end
 SPACE = {
     "BT": [32, 64],
@@ -234,6 +243,20 @@ SPACE = {
     # they are). At 30 a reset (-1000) stops sending its block to the pairwise fallback: 14.1 % -> 0.9 % of (block,
     # key tile) pairs on the problem's gates at the headline. The decay it changes is below e^-30 = 9.4e-14 either way.
     "diag_floor": [0, 30],
+    # session 11 (prepared, not run on a GPU): how the solve forms kd's decay exp(G_last - G_j). "reversed": a second,
+    # row-reversed load of g and k per key tile and a forward running sum over it; "f64": total minus prefix of the
+    # forward tile in float64 (exact for any gates), so each key tile loads g and k once
+    "kd_sum": ["reversed", "f64", "f32"],
+    # session 12 (prepared, not run on a GPU): value columns per program of the "wgmma" engines. 64: one compute
+    # warpgroup; 128: two (8 warps, M = 128), sharing each chunk's w, kd, qd tiles -- half the programs, so one wave
+    # where 64 needs two (B*H*V/64 above the SM count: H96, B4 H64) at twice the tensor-core work per SM; "auto":
+    # 128 where 64 would need more programs than the GPU has SMs, else 64
+    "scan_bv": [64, 128, "auto"],
+    # session 12 (prepared, not run on a GPU): the products of subst "rows"' diagonal-block inverse in the block rows:
+    # "ieee" float32 FMA (as before); "bf16x3" three bf16 tensor-core products each (~16 bits). Nsight Compute
+    # (session 12, headline): the block rows are bound by L1 / shared memory (84 %), and the FMA products made 26 % of
+    # their shared-memory wavefronts; offline sm_90, bf16x3: 199 -> 101 KB of shared-memory loads per program
+    "inv_dot": ["ieee", "bf16x3"],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
 # (when, then) pair mirrors one of _plan's checks below, which stay the authority;
@@ -269,10 +292,33 @@ REQUIRES = [
 # The loop promoted that (ebacd585, 582.2 us against 590.5), then diag_floor 30 on it (05126c2c, 534.0; dev rows: block
 # rows 276.6 -> 236.3 us, offline 14 511 -> 12 423 warp-instructions per program). Dev rows on top of that (call 4):
 # 2-warp block rows 195.9 us at 168 registers, 196.7 at 128, against 234.1 at 4 warps; headline 523.6 / 524.5 / 559.6.
+# The loop measured both: 496.2 (168) and 492.4 (128, 2df5bead, promoted). The entry below is 2df5bead's knobs, so
+# that the next session's loop times the promoted kernel first on the re-rendered family; then the same with kd_sum
+# "f64" (prepared, unmeasured; offline sm_90: solve 15 404 -> 14 244 warp-instructions and 80 -> 56 KB loaded per
+# program, 14 KB of spill traffic against 4.6).
+# Session 12 (results/h200-2026-11-30g): the dev rows measured kd_sum "f64" slower (solve 167.9 against 157.8 us at the
+# headline; uncapped 184.5), and scan_bv 128 / "auto" faster only at B1 T8192 H96 (scan 327 against 361 us). Nsight
+# Compute then showed both preparation launches bound by L1 / shared memory (84 / 81 %), the solve's two running sums
+# at 39 % of its stall samples and the block rows' FMA inverse at 26 % of their shared-memory wavefronts. Entries 2-4:
+# kd_sum "f32" (one float32 running sum of gates floored at -30; offline: solve 15 300 -> 12 308 warp-instructions, no
+# spill), then inv_dot "bf16x3" (block rows: 199 -> 101 KB of shared-memory loads per program), at 128 and 168
+# registers (168: no spill, 6 programs per SM).
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 168},
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 128},
              {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 128}]
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 128, "kd_sum": "f32"},
+             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 128, "kd_sum": "f32",
+              "inv_dot": "bf16x3"},
+             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "block_warps": 2, "block_maxnreg": 168, "kd_sum": "f32",
+              "inv_dot": "bf16x3"}]
+
+# kd_sum "f32": the solve raises the gates it loads to at least -_KD_FLOOR, so that every running sum it forms is
+# at most 30 BT in size and G_last - G_j, a float32 difference, is within ~1e-4 nats of the sum it stands for (kd is
+# stored in bf16: 3.9e-3 relative). A decay over steps whose gates include one below -30 is below e^-30 = 9.4e-14
+# before and after.
+_KD_FLOOR = tl.constexpr(30.0)
 
 # Factored diagonal blocks: the largest per-channel decay span (in nats) a block may have.
 _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
@@ -418,6 +464,19 @@ def _dot3(a, b, acc):
 
 
 @triton.jit
+def _inv_dot(a, b, INV: tl.constexpr):
+    """a @ b for the diagonal blocks' inverse (``inv_dot``): 0 float32 FMA ("ieee"); 1 three bf16 tensor-core
+    products (``_dot3``, ~16 bits). The FMA form reads each operand element from shared memory once per output
+    row or column it meets (session 12, Nsight Compute: 26 % of the block rows' shared-memory wavefronts for 6
+    products of 16 x 16); a tensor-core product reads it about once. One tf32 product per step was tried on the
+    CPU with the GPU's operand rounding emulated: its inverses were 2^-9.3 off, as far as one bf16 product's."""
+    if INV == 0:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return _dot3(a, b, tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32))
+
+
+@triton.jit
 def _dotp(a, b, acc, TF32: tl.constexpr):
     """acc + a @ b for float32 operands that need more than bf16: one tf32 tensor-core product
     (10 explicit mantissa bits per operand, half the bf16 rate) when TF32, else ``_dot3``."""
@@ -433,7 +492,8 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
                K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr,
                RECENTRE: tl.constexpr, LIMIT: tl.constexpr, TF32: tl.constexpr, SUBST: tl.constexpr,
                LOG_BC: tl.constexpr, SB: tl.constexpr = 0, LOG_NS: tl.constexpr = 0, DKS: tl.constexpr = 1,
-               OFFW: tl.constexpr = 0, DIAG_TRANS: tl.constexpr = False, FLOOR: tl.constexpr = 0.0):
+               OFFW: tl.constexpr = 0, DIAG_TRANS: tl.constexpr = False, FLOOR: tl.constexpr = 0.0,
+               INV: tl.constexpr = 0):
     """Rows bi*BC .. bi*BC+BC-1 of one chunk's Aqk (scaled; hi and lo bf16 halves) and Akk
     (beta-scaled, strictly lower, float32), all BT columns, written to aqk_ptr / akk_ptr
     (pointers at the chunk's first row; the lo half of Aqk sits lo_off elements after).
@@ -445,7 +505,8 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
     load of g and k and a second running sum.  FLOOR (``diag_floor``, < 0 when on): the block's gates
     are raised to at least FLOOR before its running sum, so that a reset (-1000) no longer pushes the
     diagonal block past the guard.  A decay over steps i..j changes only if one of their gates is below
-    FLOOR, and then it is below e^FLOOR both before and after."""
+    FLOOR, and then it is below e^FLOOR both before and after.  INV (``inv_dot``): how the products of
+    the diagonal block's inverse are taken (``_inv_dot``)."""
     W: tl.constexpr = OFFW
     r = bi * BC
     ct = tl.arange(0, BT)
@@ -547,8 +608,8 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
         n_c = akk_d
         x_c = eye_c - n_c
         for _ in tl.static_range(LOG_BC - 1):
-            n_c = tl.dot(n_c, n_c, input_precision="ieee")
-            x_c = tl.dot(x_c, eye_c + n_c, input_precision="ieee")
+            n_c = _inv_dot(n_c, n_c, INV)
+            x_c = _inv_dot(x_c, eye_c + n_c, INV)
         tl.store(akk_ptr + p_row + r + cc[None, :], x_c)
     else:
         tl.store(akk_ptr + p_row + r + cc[None, :], akk_d)
@@ -683,11 +744,14 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
               scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt,
               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
               BVP: tl.constexpr, LOG_NC: tl.constexpr, MERGE: tl.constexpr, TF32: tl.constexpr,
-              PRE: tl.constexpr, SUBST: tl.constexpr, HOIST: tl.constexpr):
+              PRE: tl.constexpr, SUBST: tl.constexpr, HOIST: tl.constexpr, KD_SUM: tl.constexpr = 0):
     """A = (I + Akk)^-1 diag(beta) for one chunk, then w = A (exp(G) k), u = A v and the
     pre-decayed tiles kd, qd, gl of the scan (pointers at the chunk's first row).  With PRE the
     read-out's intra-chunk part is folded in here: qd holds qd - Aqk w (bf16, w as stored) and
-    au = Aqk u (float32), so that the scan's read-out is o = qd S + au."""
+    au = Aqk u (float32), so that the scan's read-out is o = qd S + au.  KD_SUM 1 (``kd_sum="f64"``):
+    kd's decay exp(G_last - G_j) comes from the forward tile's float64 running sum (total minus
+    prefix, exact in float64 for any gates) instead of a second, row-reversed load of g and k;
+    KD_SUM 2 (``"f32"``): the same in float32 on gates raised to at least -30 (see ``_KD_FLOOR``)."""
     rt = tl.arange(0, BT)
     ct = tl.arange(0, BT)
     rt_ok = t0 + rt < T
@@ -771,12 +835,29 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
         g_a = tl.load(g_ptr + rt[:, None] * s_gt + ck[None, :], mask=m, other=0.0).to(tl.float32)
         k_a = tl.load(k_ptr + rt[:, None] * s_kt + ck[None, :], mask=m, other=0.0).to(tl.float32)
         q_a = tl.load(q_ptr + rt[:, None] * s_qt + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        if HOIST == 2:  # the reversed rows with the forward ones: one round trip per key tile
+        if HOIST == 2 and KD_SUM == 0:  # the reversed rows with the forward ones: one round trip per key tile
             gs = tl.load(g_ptr + (BT - rt)[:, None] * s_gt + ck[None, :], mask=m_shift[:, None], other=0.0).to(tl.float32)
             k_r = tl.load(k_ptr + (BT - 1 - rt)[:, None] * s_kt + ck[None, :], mask=m_rev[:, None], other=0.0)
-        dec = tl.exp(tl.cumsum(g_a, axis=0))  # exp(G_i) <= 1
-        w_t = tl.dot(a_wy, (k_a * dec).to(tl.bfloat16)).to(tl.bfloat16)
         p_t = rt[:, None] * K + ck[None, :]
+        if KD_SUM == 1:  # kd and gl first, so that the float64 sums are dead before the products
+            g64 = tl.cumsum(g_a.to(tl.float64), axis=0)  # G_i, exact: no long float32 sum to cancel
+            tot = tl.sum(g_a.to(tl.float64), axis=0)  # G_last
+            dec = tl.exp(g64.to(tl.float32))  # exp(G_i) <= 1
+            # exp(G_last - G_j): G_last - G_j in float64, then one rounding to float32
+            kd_t = k_a * tl.exp((tot[None, :] - g64).to(tl.float32))
+            tl.store(kd_ptr + p_t, kd_t.to(kd_ptr.dtype.element_ty))
+            tl.store(gl_ptr + ck, tl.exp(tot.to(tl.float32)))
+        elif KD_SUM == 2:  # one float32 running sum of floored gates serves exp(G_i) and exp(G_last - G_j)
+            g_f = tl.maximum(g_a, -_KD_FLOOR)
+            g32 = tl.cumsum(g_f, axis=0)
+            tot32 = tl.sum(g_f, axis=0)
+            dec = tl.exp(g32)
+            kd_t = k_a * tl.exp(tot32[None, :] - g32)
+            tl.store(kd_ptr + p_t, kd_t.to(kd_ptr.dtype.element_ty))
+            tl.store(gl_ptr + ck, tl.exp(tot32))
+        else:
+            dec = tl.exp(tl.cumsum(g_a, axis=0))  # exp(G_i) <= 1
+        w_t = tl.dot(a_wy, (k_a * dec).to(tl.bfloat16)).to(tl.bfloat16)
         tl.store(w_ptr + p_t, w_t)
         qd_t = q_a * (dec * scale)
         if PRE:
@@ -785,13 +866,14 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
             aw = tl.dot(aq_lo, w_t, aw)
             qd_t = qd_t - aw
         tl.store(qd_ptr + p_t, qd_t.to(qd_ptr.dtype.element_ty))
-        tl.store(gl_ptr + ck, tl.exp(tl.sum(g_a, axis=0)))
-        # exp(G_last - G_j) = exp(sum_{t > j} g_t): a forward sum of g[BT-1], g[BT-2], ...
-        if HOIST < 2:
-            gs = tl.load(g_ptr + (BT - rt)[:, None] * s_gt + ck[None, :], mask=m_shift[:, None], other=0.0).to(tl.float32)
-            k_r = tl.load(k_ptr + (BT - 1 - rt)[:, None] * s_kt + ck[None, :], mask=m_rev[:, None], other=0.0).to(tl.float32)
-        kd_r = k_r.to(tl.float32) * tl.exp(tl.cumsum(gs, axis=0))
-        tl.store(kd_ptr + (BT - 1 - rt)[:, None] * K + ck[None, :], kd_r.to(kd_ptr.dtype.element_ty))
+        if KD_SUM == 0:
+            tl.store(gl_ptr + ck, tl.exp(tl.sum(g_a, axis=0)))
+            # exp(G_last - G_j) = exp(sum_{t > j} g_t): a forward sum of g[BT-1], g[BT-2], ...
+            if HOIST < 2:
+                gs = tl.load(g_ptr + (BT - rt)[:, None] * s_gt + ck[None, :], mask=m_shift[:, None], other=0.0).to(tl.float32)
+                k_r = tl.load(k_ptr + (BT - 1 - rt)[:, None] * s_kt + ck[None, :], mask=m_rev[:, None], other=0.0).to(tl.float32)
+            kd_r = k_r.to(tl.float32) * tl.exp(tl.cumsum(gs, axis=0))
+            tl.store(kd_ptr + (BT - 1 - rt)[:, None] * K + ck[None, :], kd_r.to(kd_ptr.dtype.element_ty))
     for vs in range(0, V, BVP):
         cv = vs + tl.arange(0, BVP)
         v_a = tl.load(v_ptr + rt[:, None] * s_vt + cv[None, :], mask=rt_ok[:, None], other=0.0)
@@ -824,7 +906,7 @@ def _kda_prep_kernel(
     LOG_NC: tl.constexpr, RECENTRE: tl.constexpr, LIMIT: tl.constexpr, MERGE: tl.constexpr,
     TF32: tl.constexpr, PRE: tl.constexpr, SUBST: tl.constexpr, STAGE: tl.constexpr, LOG_BC: tl.constexpr,
     HOIST: tl.constexpr, CHUNK: tl.constexpr, SB: tl.constexpr = 0, LOG_NS: tl.constexpr = 0, DKS: tl.constexpr = 1,
-    OFFW: tl.constexpr = 0, DIAG_TRANS: tl.constexpr = False, FLOOR: tl.constexpr = 0.0,
+    OFFW: tl.constexpr = 0, DIAG_TRANS: tl.constexpr = False, FLOOR: tl.constexpr = 0.0, KD_SUM: tl.constexpr = 0, INV: tl.constexpr = 0,
 ):
     """STAGE 0: everything for one chunk (block rows, then the solve); 1: one block row of
     one chunk (grid NT * NC), or with CHUNK all block rows of one chunk (grid NT); 2: the solve
@@ -864,7 +946,7 @@ def _kda_prep_kernel(
         for b in range(NC):
             _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, b, lo_off,
                        s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC, SB, LOG_NS, DKS,
-                       OFFW, DIAG_TRANS, FLOOR)
+                       OFFW, DIAG_TRANS, FLOOR, INV)
         tl.debug_barrier()  # the block rows were written by other threads of this program
     if STAGE == 1 and CHUNK:
         _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, lo_off,
@@ -872,11 +954,12 @@ def _kda_prep_kernel(
     if STAGE == 1 and not CHUNK:
         _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi, lo_off,
                    s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC, SB, LOG_NS, DKS,
-                       OFFW, DIAG_TRANS, FLOOR)
+                       OFFW, DIAG_TRANS, FLOOR, INV)
     if STAGE != 1:
         _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr, akk_ptr, gl_ptr,
                   aqk_ptr, au_ptr, lo_off,
-                  scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt, K, V, BT, BC, BKP, BVP, LOG_NC, MERGE, TF32, PRE, SUBST, HOIST)
+                  scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt, K, V, BT, BC, BKP, BVP, LOG_NC, MERGE, TF32, PRE, SUBST, HOIST,
+                  KD_SUM)
 
 
 # ------------------------------------------------------------------------------------------
@@ -1077,8 +1160,8 @@ def _kda_scan_wgmma(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H
     previous chunk's stage run while the state update is in flight. Roundings as in the Triton scan: S to
     bf16 in its products, delta as a bf16 hi/lo pair (~16 bits; hi truncated here, rounded there), o
     rounded once."""
-    LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
-    LD: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BV // 16, 1], instr_shape=[16, K, 16])
+    LD: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BV // 16, 1], instr_shape=[16, BT, 16])
 
     i_v = gl.program_id(0)
     i_bh = gl.program_id(1)
@@ -1149,8 +1232,8 @@ def _ws_compute(wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free, h0_ptr, ht
                 USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
     """scan_engine "wgmma_ws", the compute warpgroup: ``_kda_scan_wgmma``'s step, with every TMA operation
     left to the loader and storer warps (it only waits for a chunk, hands back its stage, and hands over o)."""
-    LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
-    LD: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BV // 16, 1], instr_shape=[16, K, 16])
+    LD: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BV // 16, 1], instr_shape=[16, BT, 16])
     rv = gl.arange(0, BV, layout=gl.SliceLayout(1, LS))
     ck = gl.arange(0, K, layout=gl.SliceLayout(0, LS))
     st_off = (i_bh * K + ck[None, :]).to(gl.int64) * V + v0 + rv[:, None]
@@ -1294,9 +1377,11 @@ def _pow2(x: int) -> bool:
 
 def _plan(K: int, V: int, knobs: dict) -> dict:
     """Check a knob combination against a shape; return the launch plan or raise ValueError."""
-    # knob dicts written before version 7 / 8 lack "pair", "solve_stages" and "u_store"
+    # knob dicts written before a knob existed lack it: each gets the value that keeps the code it had
     knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "off_tile": "chunk", "diag_cols": "load",
-             "scan_engine": "triton", "scan_ring": 4, **knobs}
+             "scan_engine": "triton", "scan_ring": 4, "diag_floor": 0, "kd_sum": "reversed", "scan_bv": 64,
+             "inv_dot": "ieee",
+             **knobs}
     # a name this file lacks would be ignored silently: version 9's scan_pair=True would time the default
     unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
@@ -1381,7 +1466,9 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "DKS": max(1, min(bk, _SPLIT_ELEMS // (BC * min(_SPLIT_SB, BC)))),
         "OFFW": BT - BC if knobs["off_tile"] == "tight" else BT,
         "DIAG_TRANS": knobs["diag_cols"] == "trans",
-        "FLOOR": -float(knobs.get("diag_floor", 0)),
+        "FLOOR": -float(knobs["diag_floor"]),
+        "KD_SUM": {"reversed": 0, "f64": 1, "f32": 2}[knobs["kd_sum"]],
+        "INV": {"ieee": 0, "bf16x3": 1}[knobs["inv_dot"]],
         "OUT_BV": min(V, knobs["out_bv"] or BV),
         "LOG_NC": int(math.log2(BT // BC)),
         "RECENTRE": _RECENTRE_CODE[knobs["recentre"]], "LIMIT": limit,
@@ -1413,10 +1500,32 @@ def _wgmma_scan_applies(q, K, V, plan, kn) -> bool:
             and plan["BT"] == 32)
 
 
-def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, ring, warp_specialised):
-    """wkq: w, kd, qd as one [3, BH, TP, K] bf16 buffer; ua: u, au as one [2, BH, TP, V] (one TMA copy each)."""
+def _wgmma_scan_bv(scan_bv, BH: int, V: int, sm_count: int) -> int:
+    """The value columns per program of the "wgmma" engines: 128 (two compute warpgroups) where asked for, or
+    with "auto" where 64 would need more programs than the GPU has SMs (one program per SM: its ring fills the
+    shared memory); 64 where V is not a multiple of 128."""
+    if V % 128 != 0:
+        return WGMMA_BV
+    if scan_bv == "auto":
+        return 128 if BH * (V // WGMMA_BV) > sm_count else WGMMA_BV
+    return int(scan_bv)
+
+
+def _wgmma_scan_ring(ring: int, K: int, BT: int, BV: int) -> int:
+    """The ring's depth, lowered until the program's shared memory fits sm_90's 227 KB (BV 128 at K 128: 4)."""
+    def smem(ns):
+        return ns * (4 * BT * K * 2 + 2 * BT * BV * 2 + K * 4) + 2 * BT * BV * 2 + 1024
+    while ring > 2 and smem(ring) > 232448:
+        ring -= 1
+    return ring
+
+
+def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, ring, warp_specialised, BV=WGMMA_BV):
+    """wkq: w, kd, qd as one [3, BH, TP, K] bf16 buffer; ua: u, au as one [2, BH, TP, V] (one TMA copy each).
+    BV: value columns per program (64 or 128: one or two compute warpgroups)."""
     BH = wkq.shape[1]
     B = BH // H
+    ring = _wgmma_scan_ring(ring, K, BT, BV)
 
     def desc(t, width, block_w):
         flat = t.view(t.shape[0], BH * TP, width)
@@ -1429,14 +1538,14 @@ def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, ri
                              gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
     # o [B, T, H, V] (contiguous: kda_chunked made it) as [B, T, H * V]: a tile never runs past its batch's T
     o3 = o.view(B, T, H * V)
-    o_desc = GluonDescriptor(o3, list(o3.shape), [T * H * V, H * V, 1], [1, BT, WGMMA_BV],
-                             gl.NVMMASharedLayout.get_default_for([1, BT, WGMMA_BV], gl.bfloat16))
+    o_desc = GluonDescriptor(o3, list(o3.shape), [T * H * V, H * V, 1], [1, BT, BV],
+                             gl.NVMMASharedLayout.get_default_for([1, BT, BV], gl.bfloat16))
     scan = _kda_scan_wgmma_ws if warp_specialised else _kda_scan_wgmma
-    scan[(V // WGMMA_BV, BH)](
-        desc(wkq, K, K), desc(ua, V, WGMMA_BV), g_desc, o_desc,
+    scan[(V // BV, BH)](
+        desc(wkq, K, K), desc(ua, V, BV), g_desc, o_desc,
         h0 if h0 is not None else g_last, final if final is not None else g_last, TP, NT, H,
-        K=K, V=V, BT=BT, BV=WGMMA_BV, NS=ring, USE_H0=h0 is not None, STORE_HT=final is not None,
-        num_warps=4,
+        K=K, V=V, BT=BT, BV=BV, NS=ring, USE_H0=h0 is not None, STORE_HT=final is not None,
+        num_warps=BV // 16,
     )
 
 
@@ -1515,7 +1624,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
             TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
             CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"], OFFW=plan["OFFW"],
-            DIAG_TRANS=plan["DIAG_TRANS"], FLOOR=plan["FLOOR"],
+            DIAG_TRANS=plan["DIAG_TRANS"], FLOOR=plan["FLOOR"], KD_SUM=plan["KD_SUM"], INV=plan["INV"],
         )
         # block_maxnreg / solve_maxnreg: cap the registers per thread (ptxas spills the rest to
         # L1-backed local memory) so that more programs are resident: at 128, 4 block-row
@@ -1537,8 +1646,9 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=g_last, BT=BT, NT=NT, TP=TP,
                          pre=plan["PRE"], au=au if plan["PRE"] else None)
         if wgmma:
+            sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
             _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, kn.get("scan_ring", 4),
-                               kn["scan_engine"] == "wgmma_ws")
+                               kn["scan_engine"] == "wgmma_ws", _wgmma_scan_bv(kn.get("scan_bv", 64), BH, V, sm_count))
             return o, final
         fuse = plan["fuse"]
         if fuse:
