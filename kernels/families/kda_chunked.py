@@ -169,8 +169,20 @@ fallback (14.1 % -> 0.9 % of (block, key tile) pairs on the problem's gates at t
 (j, i] changes only when one of their gates is below -30, and then it is below e^-30 = 9.4e-14 before and after.
 On the H200 the block rows went from 276.6 to 236.3 us at the headline, and with 2 warps per program to 196.7.
 
-``kd_sum="f64"`` (session 11, prepared, not run on a GPU): the solve forms kd's decay exp(G_last - G_j) as total minus
-prefix of the forward key tile's float64 running sum, instead of loading g and k again in reversed row order.
+``kd_sum="f64"`` (session 11): the solve forms kd's decay exp(G_last - G_j) as total minus prefix of the forward key
+tile's float64 running sum, instead of loading g and k again in reversed row order. Slower on the H200 (session 12:
+solve 167.9 against 157.8 us at the headline).
+
+Session 12 (kernels/notes/kda.md, "Session 12"; Nsight Compute: both preparation launches bound by L1 / shared memory):
+- ``kd_sum="f32"``: one float32 running sum of gates floored at -30 (``_KD_FLOOR``) serves exp(G_i) and
+  exp(G_last - G_j); solve 159.0 -> 136.1 us at the headline.
+- ``inv_dot="bf16x3"``: the block rows' diagonal-block inverse by bf16 hi/lo tensor-core products instead of float32
+  FMA ones (``_inv_dot``); block rows 196.0 -> 180.2 us.
+- ``block_warps=1`` and ``solve_warps=2``: no cross-warp exchange in the running sums and reductions. With both, at 168
+  registers, the loop's best (f380f090, 1.27x fla at the headline, 1.30-1.38x at fla's other shapes).
+- ``scan_bv`` 128 / "auto": the wgmma scans with two compute warpgroups (M = 128). Right on the H200, but a step costs
+  ~1.6x the one-warpgroup step; faster only where 64-wide programs need two waves (B1 T8192 H96: scan 327-333 against
+  361 us).
 """
 
 import math
@@ -344,18 +356,17 @@ REQUIRES = [
 # loop promoted the first (311374a5, 466.7 us on its geomean) and has not measured the second. The entries now: that
 # (kd_sum "f32" + inv_dot "bf16x3") at 2 block warps, then 1-warp block rows and 2-warp solves (offline: block rows 9135 ->
 # 7357 warp-instructions per program and 101 -> 42 KB of shared-memory loads; solve 12 308 -> 9578 and 276 -> 171 KB).
+# Dev rows (call 4): both together 485.3 / 2019.7 / 2587.8 us at the headline / H96 / B4 H64 against 486.4 / 2103.6 /
+# 2699.7; the loop promoted them (f380f090, 434.5 us on its geomean against 466.7). The entries now: f380f090's knobs
+# (timed first on the re-rendered family), then the same with the 1-warp block rows uncapped -- in call 4 those rows
+# (beside a 4-warp solve) were the fastest block rows at all six shapes: 170.7 against 188.3 us at the headline, 912.8
+# against 923.2 at H96, 52.8 against 54.8 at B8 T1024 H8 D64, where f380f090 is 0.4 us short of 1.3x fla.
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3",
-              "block_warps": 2, "block_maxnreg": 128},
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3", "solve_warps": 2,
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 168},
              {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3",
-              "block_warps": 1, "block_maxnreg": 168},
-             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3",
-              "block_warps": 2, "block_maxnreg": 128, "solve_warps": 2, "solve_maxnreg": 168},
-             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3",
-              "block_warps": 1, "block_maxnreg": 168, "solve_warps": 2, "solve_maxnreg": 168}]
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3", "solve_warps": 2,
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 0}]
 
 # kd_sum "f32": the solve raises the gates it loads to at least -_KD_FLOOR, so that every running sum it forms is
 # at most 30 BT in size and G_last - G_j, a float32 difference, is within ~1e-4 nats of the sum it stands for (kd is
