@@ -296,15 +296,15 @@ SPACE = {
     # row-reversed load of g and k per key tile and a forward running sum over it; "f64": total minus prefix of the
     # forward tile in float64 (exact for any gates), so each key tile loads g and k once
     "kd_sum": ["reversed", "f64", "f32"],
-    # session 12 (prepared, not run on a GPU): value columns per program of the "wgmma" engines. 64: one compute
-    # warpgroup; 128: two (8 warps, M = 128), sharing each chunk's w, kd, qd tiles -- half the programs, so one wave
-    # where 64 needs two (B*H*V/64 above the SM count: H96, B4 H64) at twice the tensor-core work per SM; "auto":
-    # 128 where 64 would need more programs than the GPU has SMs, else 64
+    # session 12: value columns per program of the "wgmma" engines. 64: one compute warpgroup; 128: two (8 warps,
+    # M = 128), sharing each chunk's w, kd, qd tiles -- half the programs; "auto": 128 where 64 would need more programs
+    # than the GPU has SMs, else 64. H200: right, but a 128-wide step costs ~1.6x a 64-wide one (the tensor cores near
+    # their rate), so only B1 T8192 H96 gained (scan 327-333 against 361 us); headline 261 against 163
     "scan_bv": [64, 128, "auto"],
-    # session 12 (prepared, not run on a GPU): the products of subst "rows"' diagonal-block inverse in the block rows:
-    # "ieee" float32 FMA (as before); "bf16x3" three bf16 tensor-core products each (~16 bits). Nsight Compute
-    # (session 12, headline): the block rows are bound by L1 / shared memory (84 %), and the FMA products made 26 % of
-    # their shared-memory wavefronts; offline sm_90, bf16x3: 199 -> 101 KB of shared-memory loads per program
+    # session 12: the products of subst "rows"' diagonal-block inverse in the block rows: "ieee" float32 FMA (as
+    # before); "bf16x3" three bf16 tensor-core products each (~16 bits). Nsight Compute (headline): the block rows are
+    # bound by L1 / shared memory (84 %), and the FMA products made 26 % of their shared-memory wavefronts; bf16x3:
+    # 199 -> 101 KB of shared-memory loads per program offline, block rows 196.0 -> 180.2 us on the H200
     "inv_dot": ["ieee", "bf16x3"],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
@@ -341,26 +341,15 @@ REQUIRES = [
 # The loop promoted that (ebacd585, 582.2 us against 590.5), then diag_floor 30 on it (05126c2c, 534.0; dev rows: block
 # rows 276.6 -> 236.3 us, offline 14 511 -> 12 423 warp-instructions per program). Dev rows on top of that (call 4):
 # 2-warp block rows 195.9 us at 168 registers, 196.7 at 128, against 234.1 at 4 warps; headline 523.6 / 524.5 / 559.6.
-# The loop measured both: 496.2 (168) and 492.4 (128, 2df5bead, promoted). The entry below is 2df5bead's knobs, so
-# that the next session's loop times the promoted kernel first on the re-rendered family; then the same with kd_sum
-# "f64" (prepared, unmeasured; offline sm_90: solve 15 404 -> 14 244 warp-instructions and 80 -> 56 KB loaded per
-# program, 14 KB of spill traffic against 4.6).
-# Session 12 (results/h200-2026-11-30g): the dev rows measured kd_sum "f64" slower (solve 167.9 against 157.8 us at the
-# headline; uncapped 184.5), and scan_bv 128 / "auto" faster only at B1 T8192 H96 (scan 327 against 361 us). Nsight
-# Compute then showed both preparation launches bound by L1 / shared memory (84 / 81 %), the solve's two running sums
-# at 39 % of its stall samples and the block rows' FMA inverse at 26 % of their shared-memory wavefronts. Entries 2-4:
-# kd_sum "f32" (one float32 running sum of gates floored at -30; offline: solve 15 300 -> 12 308 warp-instructions, no
-# spill), then inv_dot "bf16x3" (block rows: 199 -> 101 KB of shared-memory loads per program), at 128 and 168
-# registers (168: no spill, 6 programs per SM). Dev rows (call 3): kd_sum "f32" 525.5 -> 503.7 us at the headline (solve
-# 159.0 -> 136.1), and with inv_dot "bf16x3" 485.4 (block rows 196.0 -> 180.2); -10 % at the four largest shapes; the
-# loop promoted the first (311374a5, 466.7 us on its geomean) and has not measured the second. The entries now: that
-# (kd_sum "f32" + inv_dot "bf16x3") at 2 block warps, then 1-warp block rows and 2-warp solves (offline: block rows 9135 ->
-# 7357 warp-instructions per program and 101 -> 42 KB of shared-memory loads; solve 12 308 -> 9578 and 276 -> 171 KB).
-# Dev rows (call 4): both together 485.3 / 2019.7 / 2587.8 us at the headline / H96 / B4 H64 against 486.4 / 2103.6 /
-# 2699.7; the loop promoted them (f380f090, 434.5 us on its geomean against 466.7). The entries now: f380f090's knobs
-# (timed first on the re-rendered family), then the same with the 1-warp block rows uncapped -- in call 4 those rows
-# (beside a 4-warp solve) were the fastest block rows at all six shapes: 170.7 against 188.3 us at the headline, 912.8
-# against 923.2 at H96, 52.8 against 54.8 at B8 T1024 H8 D64, where f380f090 is 0.4 us short of 1.3x fla.
+# The loop measured both: 496.2 (168) and 492.4 (128, 2df5bead, promoted).
+# Session 12 (results/h200-2026-11-30g; kernels/notes/kda.md "Session 12"): kd_sum "f64" measured slower (solve 167.9
+# against 157.8 us), scan_bv 128 faster only at B1 T8192 H96. After Nsight Compute showed the preparation L1-bound,
+# kd_sum "f32" (solve 159.0 -> 136.1 us at the headline), inv_dot "bf16x3" (block rows 196.0 -> 180.2), then 1-warp block
+# rows with 2-warp solves at 168 registers (H96 2103.6 -> 2019.7, B4 H64 2699.7 -> 2587.8); the loop promoted them in
+# turn (311374a5, 466.7 us on its geomean; f380f090, 434.5). The entries: f380f090's knobs (timed first on the re-rendered
+# family), then the same with the 1-warp block rows uncapped -- call 4's fastest block rows at all six shapes, beside a
+# 4-warp solve only (170.7 against 188.3 us at the headline, 52.8 against 54.8 at B8 T1024 H8 D64, where f380f090 is
+# 0.4 us short of 1.3x fla).
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
               "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3", "solve_warps": 2,
               "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 168},
@@ -1464,7 +1453,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     if knobs.get("block_prog") == "chunk" and (knobs.get("BT") != 32 or knobs.get("BK") == 64
                                                or knobs.get("block_warps") in (1, 2)):
         raise ValueError("block_prog='chunk' is served at BT=32 with BK <= 32 and 4 or 8 block warps only (BT=64 "
-                         "spills 0.5-4.7 KB, BK=64 280 B and 2 warps 348 B per thread on sm_90; 1 warp more)")
+                         "spills 0.5-4.7 KB, BK=64 280 B and 2 warps 348 B per thread on sm_90; 1 warp not tried)")
     # version 6's fused preparation (block rows, then the solve, in one program per chunk): served
     # only in the configuration class the H200 ran right as two launches (BT 32, subst "rows",
     # 4 warps: the 4-warp solve is known wrong at BT 64; 2 / 8 warps hold 242-246 registers in
