@@ -154,7 +154,8 @@ def test_hostile_gates_every_recentre(tmp_path, block_prog):
 
 
 # values that ``_plan`` serves only together with others (the rest at their defaults)
-COMPANIONS = {("solve_warps", 4): {"subst": "rows", "BT": 32}, ("solve_warps", 2): {"subst": "rows", "BT": 32}, ("scan_warps", 1): {"scan_layout": "vk"},
+COMPANIONS = {("solve_warps", 4): {"subst": "rows", "BT": 32}, ("solve_warps", 2): {"subst": "rows", "BT": 32},
+              ("scan_warps", 1): {"scan_layout": "vk"},
               ("BT", 64): {"solve_warps": 8}, ("subst", "extract"): {"solve_warps": 8}}
 
 
@@ -827,13 +828,15 @@ def test_kd_sum_hostile_gates(tmp_path, kind, kd_sum):
 
 # session 12: inv_dot -- the block rows' diagonal-block inverses by tensor-core products instead of float32 FMA
 def test_inv_dot_tensor_core_inverse(tmp_path):
-    """inv_dot "bf16x3": the outputs pass on the problem's and on hostile gates, and the stored inverses (I + L)^-1 are within 2^-10 of the float32 FMA ones, relative to their largest
-    off-diagonal entry (A is rounded to bf16, 2^-9 relative, before the solve uses it; one bf16 product fails this)."""
+    """inv_dot "bf16x3": the outputs pass on the problem's and on hostile gates, and the stored inverses (I + L)^-1
+    are within 2^-10 of the float32 FMA ones, relative to their largest off-diagonal entry (A is rounded to bf16,
+    2^-9 relative, before the solve uses it; one bf16 product fails this)."""
     inv_dot = "bf16x3"
     case = {"B": 1, "T": 70, "H": 2, "K": 64, "V": 32, "initial_state": True, "output_final_state": True}
     knobs = {**FAMILY.knobs, **FLOOR, "inv_dot": inv_dot}
     module = render(knobs, tmp_path)
-    for x in (inputs(case, seed=12), hostile_inputs("resets", case, seed=12), hostile_inputs("channels", case, seed=12)):
+    cases = (inputs(case, seed=12), hostile_inputs("resets", case, seed=12), hostile_inputs("channels", case, seed=12))
+    for x in cases:
         errors = check(module.kernel, x, case)
         assert all(e.rel_rms < 4e-3 for e in errors), [(e.name, e.rel_rms) for e in errors]
         args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], True)
