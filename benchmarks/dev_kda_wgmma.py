@@ -64,6 +64,17 @@ ROWS.update({
     "w1_168_s2_168": {**BEST, "kd_sum": "f32", "inv_dot": "bf16x3", "block_warps": 1, "block_maxnreg": 168,
                       "solve_warps": 2, "solve_maxnreg": 168},
 })
+# session 13: the loop's best (f380f090: 1-warp block rows, 2-warp solve, both at 168 registers) as the base; kd_sum
+# "rows" = the solve's running sums formed and stored by the block rows
+F380 = {**BEST, "kd_sum": "f32", "inv_dot": "bf16x3", "block_warps": 1, "block_maxnreg": 168, "solve_warps": 2,
+        "solve_maxnreg": 168}
+ROWS.update({
+    "f380": F380,
+    "f380_w1_0": {**F380, "block_maxnreg": 0},
+    "rows": {**F380, "kd_sum": "rows"},
+    "rows_w1_0": {**F380, "kd_sum": "rows", "block_maxnreg": 0},
+    "rows_w1_0_s0": {**F380, "kd_sum": "rows", "block_maxnreg": 0, "solve_maxnreg": 0},
+})
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}
 HEADLINE = {"B": 1, "T": 8192, "H": 16, "K": 128, "V": 128, "initial_state": False, "output_final_state": True}
