@@ -75,6 +75,17 @@ ROWS.update({
     "rows_w1_0": {**F380, "kd_sum": "rows", "block_maxnreg": 0},
     "rows_w1_0_s0": {**F380, "kd_sum": "rows", "block_maxnreg": 0, "solve_maxnreg": 0},
 })
+# ... then the loop's next best (a3380400: kd_sum "rows", 1-warp block rows uncapped) with 16-wide key tiles in the block
+# rows and / or the next key tile's loads issued early (row_prefetch)
+A338 = {**F380, "kd_sum": "rows", "block_maxnreg": 0}
+ROWS.update({
+    "a338": A338,
+    "bk16": {**A338, "BK": 16},
+    "bk16_168": {**A338, "BK": 16, "block_maxnreg": 168},
+    "pf": {**A338, "row_prefetch": True},
+    "pf_bk16": {**A338, "row_prefetch": True, "BK": 16},
+    "pf_bk16_168": {**A338, "row_prefetch": True, "BK": 16, "block_maxnreg": 168},
+})
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}
 HEADLINE = {"B": 1, "T": 8192, "H": 16, "K": 128, "V": 128, "initial_state": False, "output_final_state": True}

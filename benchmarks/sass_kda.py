@@ -149,7 +149,8 @@ def build_all(fam, knobs: dict, shape: dict) -> dict:
                  LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
                  TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
                  CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"],
-                 OFFW=plan["OFFW"], DIAG_TRANS=plan["DIAG_TRANS"], FLOOR=plan["FLOOR"], KD_SUM=plan["KD_SUM"], INV=plan["INV"])
+                 OFFW=plan["OFFW"], DIAG_TRANS=plan["DIAG_TRANS"], FLOOR=plan["FLOOR"], KD_SUM=plan["KD_SUM"], INV=plan["INV"],
+                 PREFETCH=plan["PREFETCH"])
     rows_grid = (NT if plan["CHUNK"] else NT * (BT // plan["BC"])) * BH
     out = {}
     out["rows"] = (compile_kernel(fam._kda_prep_kernel, prep, {**pmeta, "STAGE": 1}, kn["block_warps"], 1,

@@ -349,7 +349,8 @@ for stage in ([0] if kn["fuse_prep"] else [1, 2]):
           DK=plan["DK"], LOG_NC=plan["LOG_NC"], RECENTRE=plan["RECENTRE"], LIMIT=plan["LIMIT"], MERGE=plan["MERGE"],
           TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
           CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"], STAGE=stage,
-          OFFW=plan["OFFW"], DIAG_TRANS=plan["DIAG_TRANS"], FLOOR=plan["FLOOR"], KD_SUM=plan["KD_SUM"], INV=plan["INV"]),
+          OFFW=plan["OFFW"], DIAG_TRANS=plan["DIAG_TRANS"], FLOOR=plan["FLOOR"], KD_SUM=plan["KD_SUM"], INV=plan["INV"],
+          PREFETCH=plan["PREFETCH"]),
           kn["solve_warps"] if stage == 2 else kn["block_warps"], 1 if stage == 1 else plan["solve_stages"])
     if stage != 1 and plan["solve_stages"] > 1:  # version 8: the solve's key / value tiles prefetched
         assert "cp.async" in c.asm["ptx"], "solve_stages > 1 should pipeline the solve's loads"
@@ -856,3 +857,25 @@ def test_inv_dot_tensor_core_inverse(tmp_path):
         got = torch.where(diag, scratch[inv_dot], 0.0)
         assert torch.isfinite(got).all()
         assert (got - want).abs().max() <= 2.0 ** -10 * want.abs().max(), ((got - want).abs().max(), want.abs().max())
+
+
+# session 13: row_prefetch -- the block rows issue the next key tile's g, q, k loads before this tile's work
+@pytest.mark.parametrize("BK", [16, 32])
+def test_row_prefetch_changes_only_when_loads_issue(tmp_path, BK):
+    """With the next key tile prefetched, every block-row output (Aqk, Akk with the stored inverses) is bit-identical
+    to the plain loads' on hostile gates with a short last chunk, and the outputs pass; the last tile's prefetch
+    (past K) is masked off."""
+    case = {"B": 1, "T": 45, "H": 2, "K": 64, "V": 16, "initial_state": True, "output_final_state": True}
+    x = hostile_inputs("resets", case, seed=31)
+    knobs = {**FAMILY.knobs, **FLOOR, "BK": BK, "subst": "rows", "row_prefetch": True}
+    module = render(knobs, tmp_path)
+    check(module.kernel, x, case)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], True)
+    tiles = {}
+    for prefetch in (False, True):
+        d = {}
+        module.kda_chunked(*args, {**knobs, "row_prefetch": prefetch}, debug=d)
+        tiles[prefetch] = d
+    assert torch.isfinite(tiles[True]["akk"]).all()
+    for name in ("aqk", "akk", "w", "kd"):
+        assert torch.equal(tiles[True][name], tiles[False][name]), name

@@ -169,8 +169,20 @@ fallback (14.1 % -> 0.9 % of (block, key tile) pairs on the problem's gates at t
 (j, i] changes only when one of their gates is below -30, and then it is below e^-30 = 9.4e-14 before and after.
 On the H200 the block rows went from 276.6 to 236.3 us at the headline, and with 2 warps per program to 196.7.
 
-``kd_sum="f64"`` (session 11, prepared, not run on a GPU): the solve forms kd's decay exp(G_last - G_j) as total minus
-prefix of the forward key tile's float64 running sum, instead of loading g and k again in reversed row order.
+``kd_sum="f64"`` (session 11): the solve forms kd's decay exp(G_last - G_j) as total minus prefix of the forward key
+tile's float64 running sum, instead of loading g and k again in reversed row order. Slower on the H200 (session 12:
+solve 167.9 against 157.8 us at the headline).
+
+Session 12 (kernels/notes/kda.md, "Session 12"; Nsight Compute: both preparation launches bound by L1 / shared memory):
+- ``kd_sum="f32"``: one float32 running sum of gates floored at -30 (``_KD_FLOOR``) serves exp(G_i) and
+  exp(G_last - G_j); solve 159.0 -> 136.1 us at the headline.
+- ``inv_dot="bf16x3"``: the block rows' diagonal-block inverse by bf16 hi/lo tensor-core products instead of float32
+  FMA ones (``_inv_dot``); block rows 196.0 -> 180.2 us.
+- ``block_warps=1`` and ``solve_warps=2``: no cross-warp exchange in the running sums and reductions. With both, at 168
+  registers, the loop's best (f380f090, 1.27x fla at the headline, 1.30-1.38x at fla's other shapes).
+- ``scan_bv`` 128 / "auto": the wgmma scans with two compute warpgroups (M = 128). Right on the H200, but a step costs
+  ~1.6x the one-warpgroup step; faster only where 64-wide programs need two waves (B1 T8192 H96: scan 327-333 against
+  361 us).
 """
 
 import math
@@ -190,7 +202,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 # kopt:knobs-begin
-KNOBS = {'BT': 32, 'BC': 16, 'BK': 32, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 1, 'solve_warps': 2, 'block_maxnreg': 168, 'solve_maxnreg': 168, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'f32', 'scan_bv': 64, 'inv_dot': 'bf16x3'}
+KNOBS = {'BT': 32, 'BC': 16, 'BK': 32, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 1, 'solve_warps': 2, 'block_maxnreg': 0, 'solve_maxnreg': 168, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'rows', 'scan_bv': 64, 'inv_dot': 'bf16x3'}
 # kopt:knobs-end
 SPACE = {
     "BT": [32, 64],
@@ -247,16 +259,19 @@ SPACE = {
     # session 11 (prepared, not run on a GPU): how the solve forms kd's decay exp(G_last - G_j). "reversed": a second,
     # row-reversed load of g and k per key tile and a forward running sum over it; "f64": total minus prefix of the
     # forward tile in float64 (exact for any gates), so each key tile loads g and k once
-    "kd_sum": ["reversed", "f64", "f32"],
-    # session 12 (prepared, not run on a GPU): value columns per program of the "wgmma" engines. 64: one compute
-    # warpgroup; 128: two (8 warps, M = 128), sharing each chunk's w, kd, qd tiles -- half the programs, so one wave
-    # where 64 needs two (B*H*V/64 above the SM count: H96, B4 H64) at twice the tensor-core work per SM; "auto":
-    # 128 where 64 would need more programs than the GPU has SMs, else 64
+    # session 13: "rows" -- "f32"'s sums, formed by the block rows (block_prog "row", diag_floor 30: the same floor)
+    # and stored for the solve (each 16-row block's running sums, float32, and its totals), so the solve takes no
+    # running sum at all
+    "kd_sum": ["reversed", "f64", "f32", "rows"],
+    # session 12: value columns per program of the "wgmma" engines. 64: one compute warpgroup; 128: two (8 warps,
+    # M = 128), sharing each chunk's w, kd, qd tiles -- half the programs; "auto": 128 where 64 would need more programs
+    # than the GPU has SMs, else 64. H200: right, but a 128-wide step costs ~1.6x a 64-wide one (the tensor cores near
+    # their rate), so only B1 T8192 H96 gained (scan 327-333 against 361 us); headline 261 against 163
     "scan_bv": [64, 128, "auto"],
-    # session 12 (prepared, not run on a GPU): the products of subst "rows"' diagonal-block inverse in the block rows:
-    # "ieee" float32 FMA (as before); "bf16x3" three bf16 tensor-core products each (~16 bits). Nsight Compute
-    # (session 12, headline): the block rows are bound by L1 / shared memory (84 %), and the FMA products made 26 % of
-    # their shared-memory wavefronts; offline sm_90, bf16x3: 199 -> 101 KB of shared-memory loads per program
+    # session 12: the products of subst "rows"' diagonal-block inverse in the block rows: "ieee" float32 FMA (as
+    # before); "bf16x3" three bf16 tensor-core products each (~16 bits). Nsight Compute (headline): the block rows are
+    # bound by L1 / shared memory (84 %), and the FMA products made 26 % of their shared-memory wavefronts; bf16x3:
+    # 199 -> 101 KB of shared-memory loads per program offline, block rows 196.0 -> 180.2 us on the H200
     "inv_dot": ["ieee", "bf16x3"],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
@@ -270,6 +285,7 @@ REQUIRES = [
     ({"fuse_prep": True}, {"BT": [32], "subst": ["rows"], "block_prog": ["row"], "block_warps": [4]}),
     ({"solve_stages": [2, 3], "BT": 64}, {"solve_maxnreg": [0]}),
     ({"off_tile": "tight"}, {"block_prog": ["row"], "BT": [32]}),
+    ({"kd_sum": "rows"}, {"block_prog": ["row"], "diag_floor": [30]}),
 ]
 # Measured by the search loop right after the defaults. Session 4 (results/runs/kda-h200-2, judge timer,
 # geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then pair split
@@ -293,33 +309,28 @@ REQUIRES = [
 # The loop promoted that (ebacd585, 582.2 us against 590.5), then diag_floor 30 on it (05126c2c, 534.0; dev rows: block
 # rows 276.6 -> 236.3 us, offline 14 511 -> 12 423 warp-instructions per program). Dev rows on top of that (call 4):
 # 2-warp block rows 195.9 us at 168 registers, 196.7 at 128, against 234.1 at 4 warps; headline 523.6 / 524.5 / 559.6.
-# The loop measured both: 496.2 (168) and 492.4 (128, 2df5bead, promoted). The entry below is 2df5bead's knobs, so
-# that the next session's loop times the promoted kernel first on the re-rendered family; then the same with kd_sum
-# "f64" (prepared, unmeasured; offline sm_90: solve 15 404 -> 14 244 warp-instructions and 80 -> 56 KB loaded per
-# program, 14 KB of spill traffic against 4.6).
-# Session 12 (results/h200-2026-11-30g): the dev rows measured kd_sum "f64" slower (solve 167.9 against 157.8 us at the
-# headline; uncapped 184.5), and scan_bv 128 / "auto" faster only at B1 T8192 H96 (scan 327 against 361 us). Nsight
-# Compute then showed both preparation launches bound by L1 / shared memory (84 / 81 %), the solve's two running sums
-# at 39 % of its stall samples and the block rows' FMA inverse at 26 % of their shared-memory wavefronts. Entries 2-4:
-# kd_sum "f32" (one float32 running sum of gates floored at -30; offline: solve 15 300 -> 12 308 warp-instructions, no
-# spill), then inv_dot "bf16x3" (block rows: 199 -> 101 KB of shared-memory loads per program), at 128 and 168
-# registers (168: no spill, 6 programs per SM). Dev rows (call 3): kd_sum "f32" 525.5 -> 503.7 us at the headline (solve
-# 159.0 -> 136.1), and with inv_dot "bf16x3" 485.4 (block rows 196.0 -> 180.2); -10 % at the four largest shapes; the
-# loop promoted the first (311374a5, 466.7 us on its geomean) and has not measured the second. The entries now: that
-# (kd_sum "f32" + inv_dot "bf16x3") at 2 block warps, then 1-warp block rows and 2-warp solves (offline: block rows 9135 ->
-# 7357 warp-instructions per program and 101 -> 42 KB of shared-memory loads; solve 12 308 -> 9578 and 276 -> 171 KB).
+# The loop measured both: 496.2 (168) and 492.4 (128, 2df5bead, promoted).
+# Session 12 (results/h200-2026-11-30g; kernels/notes/kda.md "Session 12"): kd_sum "f64" measured slower (solve 167.9
+# against 157.8 us), scan_bv 128 faster only at B1 T8192 H96. After Nsight Compute showed the preparation L1-bound,
+# kd_sum "f32" (solve 159.0 -> 136.1 us at the headline), inv_dot "bf16x3" (block rows 196.0 -> 180.2), then 1-warp block
+# rows with 2-warp solves at 168 registers (H96 2103.6 -> 2019.7, B4 H64 2699.7 -> 2587.8); the loop promoted them in
+# turn (311374a5, 466.7 us on its geomean; f380f090, 434.5). The entries: f380f090's knobs (timed first on the re-rendered
+# family), then the same with the 1-warp block rows uncapped -- call 4's fastest block rows at all six shapes, beside a
+# 4-warp solve only (170.7 against 188.3 us at the headline, 52.8 against 54.8 at B8 T1024 H8 D64, where f380f090 is
+# 0.4 us short of 1.3x fla). Session 13 adds kd_sum "rows" on both (the solve's running sums from the block rows; offline
+# sm_90: solve 9578 -> 7452 warp-instructions per program, block rows 5958 -> 6466).
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3",
-              "block_warps": 2, "block_maxnreg": 128},
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3", "solve_warps": 2,
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 168},
              {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3",
-              "block_warps": 1, "block_maxnreg": 168},
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3", "solve_warps": 2,
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 0},
              {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3",
-              "block_warps": 2, "block_maxnreg": 128, "solve_warps": 2, "solve_maxnreg": 168},
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 0},
              {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3",
-              "block_warps": 1, "block_maxnreg": 168, "solve_warps": 2, "solve_maxnreg": 168}]
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 168}]
 
 # kd_sum "f32": the solve raises the gates it loads to at least -_KD_FLOOR, so that every running sum it forms is
 # at most 30 BT in size and G_last - G_j, a float32 difference, is within ~1e-4 nats of the sum it stands for (kd is
@@ -500,7 +511,7 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
                RECENTRE: tl.constexpr, LIMIT: tl.constexpr, TF32: tl.constexpr, SUBST: tl.constexpr,
                LOG_BC: tl.constexpr, SB: tl.constexpr = 0, LOG_NS: tl.constexpr = 0, DKS: tl.constexpr = 1,
                OFFW: tl.constexpr = 0, DIAG_TRANS: tl.constexpr = False, FLOOR: tl.constexpr = 0.0,
-               INV: tl.constexpr = 0):
+               INV: tl.constexpr = 0, gs_ptr=None, gt_ptr=None, GSUM: tl.constexpr = False):
     """Rows bi*BC .. bi*BC+BC-1 of one chunk's Aqk (scaled; hi and lo bf16 halves) and Akk
     (beta-scaled, strictly lower, float32), all BT columns, written to aqk_ptr / akk_ptr
     (pointers at the chunk's first row; the lo half of Aqk sits lo_off elements after).
@@ -513,7 +524,9 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
     are raised to at least FLOOR before its running sum, so that a reset (-1000) no longer pushes the
     diagonal block past the guard.  A decay over steps i..j changes only if one of their gates is below
     FLOOR, and then it is below e^FLOOR both before and after.  INV (``inv_dot``): how the products of
-    the diagonal block's inverse are taken (``_inv_dot``)."""
+    the diagonal block's inverse are taken (``_inv_dot``).  GSUM (``kd_sum="rows"``): the block's running
+    sums of its floored gates, G_i - G_(r-1) (float32, gs_ptr: [BT, K] at the chunk's first row), and its
+    total per channel (gt_ptr: [BT // BC, K]) are written for the solve, which then needs no running sum."""
     W: tl.constexpr = OFFW
     r = bi * BC
     ct = tl.arange(0, BT)
@@ -537,6 +550,9 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
         # E_i = G_i - G_r inside the block (<= 0, non-increasing); the first row's own gate is
         # left out of the sum, so a -1000 there never has to cancel against itself
         e_b = tl.cumsum(tl.where(rc[:, None] > 0, g_b, 0.0), axis=0)
+        if GSUM:  # the sums the solve needs: the first row's floored gate added back
+            g_first = tl.maximum(tl.load(g_ptr + r * s_gt + ck, mask=(t0 + r) < T, other=0.0).to(tl.float32), FLOOR)
+            tl.store(gs_ptr + (r + rc)[:, None] * K + ck[None, :], e_b + g_first[None, :], mask=mb)
         if bi > 0:
             # columns j < r, held transposed ([BK, W]) and in reverse order, i = r - 1 - j:
             # exp(G_r - G_j) = exp(g_r + sum_{j < t < r} g_t), the sum a forward running sum
@@ -553,6 +569,8 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
             off_k = _dotp(k_b * e_row, kb, off_k, TF32)
         # the diagonal block
         e_last = tl.min(e_b, axis=0)  # [BK]; the block's decay span per channel is -e_last
+        if GSUM:  # gates are <= 0, so the smallest running sum is the last row's: the block's total
+            tl.store(gt_ptr + bi * K + ck, e_last + g_first)
         span = -tl.min(e_last, axis=0)
         if LIMIT < 0:  # diag="pairwise": the guard never passes; leave the factored form out
             span = LIMIT + 1.0
@@ -751,14 +769,17 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
               scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt,
               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
               BVP: tl.constexpr, LOG_NC: tl.constexpr, MERGE: tl.constexpr, TF32: tl.constexpr,
-              PRE: tl.constexpr, SUBST: tl.constexpr, HOIST: tl.constexpr, KD_SUM: tl.constexpr = 0):
+              PRE: tl.constexpr, SUBST: tl.constexpr, HOIST: tl.constexpr, KD_SUM: tl.constexpr = 0,
+              gs_ptr=None, gt_ptr=None):
     """A = (I + Akk)^-1 diag(beta) for one chunk, then w = A (exp(G) k), u = A v and the
     pre-decayed tiles kd, qd, gl of the scan (pointers at the chunk's first row).  With PRE the
     read-out's intra-chunk part is folded in here: qd holds qd - Aqk w (bf16, w as stored) and
     au = Aqk u (float32), so that the scan's read-out is o = qd S + au.  KD_SUM 1 (``kd_sum="f64"``):
     kd's decay exp(G_last - G_j) comes from the forward tile's float64 running sum (total minus
     prefix, exact in float64 for any gates) instead of a second, row-reversed load of g and k;
-    KD_SUM 2 (``"f32"``): the same in float32 on gates raised to at least -30 (see ``_KD_FLOOR``)."""
+    KD_SUM 2 (``"f32"``): the same in float32 on gates raised to at least -30 (see ``_KD_FLOOR``); KD_SUM 3
+    (``"rows"``): KD_SUM 2's sums, but from the block rows (each BC-row block's running sums at gs_ptr, its total
+    at gt_ptr): G_i is its block's sum plus the totals of the blocks before, so no running sum is taken here."""
     rt = tl.arange(0, BT)
     ct = tl.arange(0, BT)
     rt_ok = t0 + rt < T
@@ -839,7 +860,8 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
     for ks in range(0, K, BK):
         ck = ks + tl.arange(0, BK)
         m = rt_ok[:, None]
-        g_a = tl.load(g_ptr + rt[:, None] * s_gt + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        if KD_SUM != 3:
+            g_a = tl.load(g_ptr + rt[:, None] * s_gt + ck[None, :], mask=m, other=0.0).to(tl.float32)
         k_a = tl.load(k_ptr + rt[:, None] * s_kt + ck[None, :], mask=m, other=0.0).to(tl.float32)
         q_a = tl.load(q_ptr + rt[:, None] * s_qt + ck[None, :], mask=m, other=0.0).to(tl.float32)
         if HOIST == 2 and KD_SUM == 0:  # the reversed rows with the forward ones: one round trip per key tile
@@ -858,6 +880,18 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
             g_f = tl.maximum(g_a, -_KD_FLOOR)
             g32 = tl.cumsum(g_f, axis=0)
             tot32 = tl.sum(g_f, axis=0)
+            dec = tl.exp(g32)
+            kd_t = k_a * tl.exp(tot32[None, :] - g32)
+            tl.store(kd_ptr + p_t, kd_t.to(kd_ptr.dtype.element_ty))
+            tl.store(gl_ptr + ck, tl.exp(tot32))
+        elif KD_SUM == 3:  # the block rows' sums: G_i = (its block's running sum) + (the earlier blocks' totals)
+            g32 = tl.load(gs_ptr + rt[:, None] * K + ck[None, :], mask=m, other=0.0)
+            tot32 = tl.zeros([BK], dtype=tl.float32)
+            for b in tl.static_range(BT // BC):
+                blk_tot = tl.load(gt_ptr + b * K + ck)
+                if b < BT // BC - 1:
+                    g32 += tl.where((rt // BC > b)[:, None], blk_tot[None, :], 0.0)
+                tot32 += blk_tot
             dec = tl.exp(g32)
             kd_t = k_a * tl.exp(tot32[None, :] - g32)
             tl.store(kd_ptr + p_t, kd_t.to(kd_ptr.dtype.element_ty))
@@ -901,7 +935,7 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
 @triton.jit
 def _kda_prep_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
-    w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, akk_ptr, gl_ptr, au_ptr,
+    w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, akk_ptr, gl_ptr, au_ptr, gs_ptr, gt_ptr,
     scale, T, TP, NT, H, lo_off,
     s_qb, s_qt, s_qh,
     s_kb, s_kt, s_kh,
@@ -944,6 +978,10 @@ def _kda_prep_kernel(
     aqk_ptr += row_base * BT
     akk_ptr += row_base * BT
     gl_ptr += (i_bh * NT + i_t) * K
+    GSUM: tl.constexpr = KD_SUM == 3  # kd_sum "rows": the block rows hand their running sums to the solve
+    if GSUM:
+        gs_ptr += row_base * K
+        gt_ptr += (i_bh * NT + i_t) * NC * K
 
     if STAGE == 0 and CHUNK:
         _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, lo_off,
@@ -953,7 +991,7 @@ def _kda_prep_kernel(
         for b in range(NC):
             _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, b, lo_off,
                        s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC, SB, LOG_NS, DKS,
-                       OFFW, DIAG_TRANS, FLOOR, INV)
+                       OFFW, DIAG_TRANS, FLOOR, INV, gs_ptr, gt_ptr, GSUM)
         tl.debug_barrier()  # the block rows were written by other threads of this program
     if STAGE == 1 and CHUNK:
         _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, lo_off,
@@ -961,12 +999,12 @@ def _kda_prep_kernel(
     if STAGE == 1 and not CHUNK:
         _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi, lo_off,
                    s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC, SB, LOG_NS, DKS,
-                       OFFW, DIAG_TRANS, FLOOR, INV)
+                   OFFW, DIAG_TRANS, FLOOR, INV, gs_ptr, gt_ptr, GSUM)
     if STAGE != 1:
         _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr, akk_ptr, gl_ptr,
                   aqk_ptr, au_ptr, lo_off,
                   scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt, K, V, BT, BC, BKP, BVP, LOG_NC, MERGE, TF32, PRE, SUBST, HOIST,
-                  KD_SUM)
+                  KD_SUM, gs_ptr, gt_ptr)
 
 
 # ------------------------------------------------------------------------------------------
@@ -1417,7 +1455,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     if knobs.get("block_prog") == "chunk" and (knobs.get("BT") != 32 or knobs.get("BK") == 64
                                                or knobs.get("block_warps") in (1, 2)):
         raise ValueError("block_prog='chunk' is served at BT=32 with BK <= 32 and 4 or 8 block warps only (BT=64 "
-                         "spills 0.5-4.7 KB, BK=64 280 B and 2 warps 348 B per thread on sm_90; 1 warp more)")
+                         "spills 0.5-4.7 KB, BK=64 280 B and 2 warps 348 B per thread on sm_90; 1 warp not tried)")
     # version 6's fused preparation (block rows, then the solve, in one program per chunk): served
     # only in the configuration class the H200 ran right as two launches (BT 32, subst "rows",
     # 4 warps: the 4-warp solve is known wrong at BT 64; 2 / 8 warps hold 242-246 registers in
@@ -1436,6 +1474,10 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
                          f"{knobs.get('solve_maxnreg')} "
                          "(the solve spills 336-376 B per thread there on sm_90 at every stage count; pipelining "
                          "adds 16-32 KB of shared memory on top)")
+    # session 13's kd_sum "rows": only _block_row writes the sums, and on gates floored as the solve's (at -30)
+    if knobs.get("kd_sum") == "rows" and (knobs.get("block_prog") != "row" or knobs.get("diag_floor") != 30):
+        raise ValueError("kd_sum='rows' is served with block_prog='row' and diag_floor=30 only (the block rows "
+                         "write the solve's running sums; their gates must be floored as the solve's, at -30)")
     for name, choices in SPACE.items():
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
@@ -1476,7 +1518,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "OFFW": BT - BC if knobs["off_tile"] == "tight" else BT,
         "DIAG_TRANS": knobs["diag_cols"] == "trans",
         "FLOOR": -float(knobs["diag_floor"]),
-        "KD_SUM": {"reversed": 0, "f64": 1, "f32": 2}[knobs["kd_sum"]],
+        "KD_SUM": {"reversed": 0, "f64": 1, "f32": 2, "rows": 3}[knobs["kd_sum"]],
         "INV": {"ieee": 0, "bf16x3": 1}[knobs["inv_dot"]],
         "OUT_BV": min(V, knobs["out_bv"] or BV),
         "LOG_NC": int(math.log2(BT // BC)),
@@ -1616,11 +1658,15 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
     # read-out, at one more bf16 rounding of o's intra-chunk part
     au_dtype = torch.bfloat16 if kn["au"] == "bf16" else torch.float32
     au = ua[1] if wgmma else torch.empty((BH, TP, V), dtype=au_dtype, device=dev) if plan["PRE"] else u
+    # kd_sum "rows": the block rows' running sums of the floored gates and each block's totals, read by the solve
+    gsum = plan["KD_SUM"] == 3
+    g_sums = torch.empty((BH, TP, K), dtype=torch.float32, device=dev) if gsum else akk
+    g_tots = torch.empty((BH, NT, BT // plan["BC"], K), dtype=torch.float32, device=dev) if gsum else akk
 
     try:
         prep_args = (
             q, k, v, g, beta,
-            w, u, kd, qd, aqk, akk, g_last, au,
+            w, u, kd, qd, aqk, akk, g_last, au, g_sums, g_tots,
             float(scale), T, TP, NT, H, BH * TP * BT,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
