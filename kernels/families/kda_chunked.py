@@ -361,20 +361,16 @@ REQUIRES = [
 # 0.4 us short of 1.3x fla). Session 13 (results/h200-2026-12-01): the loop measured those two and kd_sum "rows" on each
 # (the solve's running sums from the block rows): 443.3 / 430.5 / 428.0 (uncapped, a3380400, promoted) / 442.8 us. The
 # entries: a3380400's knobs, then with 16-wide key tiles in the block rows and / or row_prefetch (Nsight Compute on
-# a3380400's block rows: 255 registers, 8 warps per SM, no eligible warp in 67 % of cycles, g's load wait the top line).
+# a3380400's block rows: 255 registers, 8 warps per SM, no eligible warp in 67 % of cycles, g's load wait the top line):
+# 435.4 (a3380400 re-rendered), 460.6 (BK 16), 435.8 (row_prefetch), 433.2 (both); none promoted. The dev rows of that
+# call found 16-wide key tiles at 168 registers (no spill offline) 3-5 % faster at the four largest shapes, level at the
+# headline and 1.6 % slower at B8 T1024: the entries are that, with kd_sum "rows" (a3380400's) and "f32" (b70f3125's).
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
               "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 0},
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 168, "BK": 16},
              {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 0, "BK": 16},
-             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 0, "row_prefetch": True},
-             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 0, "BK": 16,
-              "row_prefetch": True}]
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3", "solve_warps": 2,
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 168, "BK": 16}]
 
 # kd_sum "f32": the solve raises the gates it loads to at least -_KD_FLOOR, so that every running sum it forms is
 # at most 30 BT in size and G_last - G_j, a float32 difference, is within ~1e-4 nats of the sum it stands for (kd is
