@@ -879,3 +879,15 @@ def test_row_prefetch_changes_only_when_loads_issue(tmp_path, BK):
     assert torch.isfinite(tiles[True]["akk"]).all()
     for name in ("aqk", "akk", "w", "kd"):
         assert torch.equal(tiles[True][name], tiles[False][name]), name
+
+
+# session 13: BK and block_maxnreg "auto" -- the block rows' key tile and register cap chosen by K
+def test_block_row_tile_auto_follows_k(family):
+    """"auto" gives 16-wide key tiles capped at 168 registers at K 128 (and wider), a3380400's 32-wide uncapped ones
+    below; an explicit cap is kept whatever the tile."""
+    kn = {**FAMILY.knobs, "BK": "auto", "block_maxnreg": "auto"}
+    assert (family._plan(128, 128, kn)["BK"], family._plan(128, 128, kn)["BLOCK_MAXNREG"]) == (16, 168)
+    assert (family._plan(256, 64, kn)["BK"], family._plan(256, 64, kn)["BLOCK_MAXNREG"]) == (16, 168)
+    assert (family._plan(64, 64, kn)["BK"], family._plan(64, 64, kn)["BLOCK_MAXNREG"]) == (32, 0)
+    assert family._plan(16, 32, kn)["BK"] == 16  # never wider than K
+    assert family._plan(64, 64, {**kn, "block_maxnreg": 128})["BLOCK_MAXNREG"] == 128

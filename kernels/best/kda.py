@@ -202,7 +202,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 # kopt:knobs-begin
-KNOBS = {'BT': 32, 'BC': 16, 'BK': 32, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 1, 'solve_warps': 2, 'block_maxnreg': 0, 'solve_maxnreg': 168, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'rows', 'scan_bv': 64, 'inv_dot': 'bf16x3'}
+KNOBS = {'BT': 32, 'BC': 16, 'BK': 16, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 1, 'solve_warps': 2, 'block_maxnreg': 168, 'solve_maxnreg': 168, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'rows', 'scan_bv': 64, 'inv_dot': 'bf16x3', 'row_prefetch': False}
 # kopt:knobs-end
 SPACE = {
     "BT": [32, 64],
@@ -273,6 +273,10 @@ SPACE = {
     # bound by L1 / shared memory (84 %), and the FMA products made 26 % of their shared-memory wavefronts; bf16x3:
     # 199 -> 101 KB of shared-memory loads per program offline, block rows 196.0 -> 180.2 us on the H200
     "inv_dot": ["ieee", "bf16x3"],
+    # session 13: the block rows (block_prog "row") load the next key tile's g, q, k before working on this one.
+    # Nsight Compute (headline, 1-warp rows uncapped): 255 registers, 8 warps per SM, 67 % of cycles with no eligible
+    # warp, and the wait for g's load the largest single line (16 % of stall samples)
+    "row_prefetch": [False, True],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
 # (when, then) pair mirrors one of _plan's checks below, which stay the authority;
@@ -317,20 +321,19 @@ REQUIRES = [
 # turn (311374a5, 466.7 us on its geomean; f380f090, 434.5). The entries: f380f090's knobs (timed first on the re-rendered
 # family), then the same with the 1-warp block rows uncapped -- call 4's fastest block rows at all six shapes, beside a
 # 4-warp solve only (170.7 against 188.3 us at the headline, 52.8 against 54.8 at B8 T1024 H8 D64, where f380f090 is
-# 0.4 us short of 1.3x fla). Session 13 adds kd_sum "rows" on both (the solve's running sums from the block rows; offline
-# sm_90: solve 9578 -> 7452 warp-instructions per program, block rows 5958 -> 6466).
+# 0.4 us short of 1.3x fla). Session 13 (results/h200-2026-12-01): the loop measured those two and kd_sum "rows" on each
+# (the solve's running sums from the block rows): 443.3 / 430.5 / 428.0 (uncapped, a3380400, promoted) / 442.8 us. The
+# entries: a3380400's knobs, then with 16-wide key tiles in the block rows and / or row_prefetch (Nsight Compute on
+# a3380400's block rows: 255 registers, 8 warps per SM, no eligible warp in 67 % of cycles, g's load wait the top line):
+# 435.4 (a3380400 re-rendered), 460.6 (BK 16), 435.8 (row_prefetch), 433.2 (both); none promoted. The dev rows of that
+# call found 16-wide key tiles at 168 registers (no spill offline) 3-5 % faster at the four largest shapes, level at the
+# headline and 1.6 % slower at B8 T1024: the entries are that, with kd_sum "rows" (a3380400's) and "f32" (b70f3125's).
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 168},
-             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 0},
-             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
               "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 0},
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 168, "BK": 16},
              {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 168}]
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3", "solve_warps": 2,
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 168, "BK": 16}]
 
 # kd_sum "f32": the solve raises the gates it loads to at least -_KD_FLOOR, so that every running sum it forms is
 # at most 30 BT in size and G_last - G_j, a float32 difference, is within ~1e-4 nats of the sum it stands for (kd is
@@ -511,7 +514,8 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
                RECENTRE: tl.constexpr, LIMIT: tl.constexpr, TF32: tl.constexpr, SUBST: tl.constexpr,
                LOG_BC: tl.constexpr, SB: tl.constexpr = 0, LOG_NS: tl.constexpr = 0, DKS: tl.constexpr = 1,
                OFFW: tl.constexpr = 0, DIAG_TRANS: tl.constexpr = False, FLOOR: tl.constexpr = 0.0,
-               INV: tl.constexpr = 0, gs_ptr=None, gt_ptr=None, GSUM: tl.constexpr = False):
+               INV: tl.constexpr = 0, gs_ptr=None, gt_ptr=None, GSUM: tl.constexpr = False,
+               PREFETCH: tl.constexpr = False):
     """Rows bi*BC .. bi*BC+BC-1 of one chunk's Aqk (scaled; hi and lo bf16 halves) and Akk
     (beta-scaled, strictly lower, float32), all BT columns, written to aqk_ptr / akk_ptr
     (pointers at the chunk's first row; the lo half of Aqk sits lo_off elements after).
@@ -526,7 +530,9 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
     FLOOR, and then it is below e^FLOOR both before and after.  INV (``inv_dot``): how the products of
     the diagonal block's inverse are taken (``_inv_dot``).  GSUM (``kd_sum="rows"``): the block's running
     sums of its floored gates, G_i - G_(r-1) (float32, gs_ptr: [BT, K] at the chunk's first row), and its
-    total per channel (gt_ptr: [BT // BC, K]) are written for the solve, which then needs no running sum."""
+    total per channel (gt_ptr: [BT // BC, K]) are written for the solve, which then needs no running sum.
+    PREFETCH (``row_prefetch``): the next key tile's g, q and k are loaded while this one is worked on (a 1-warp
+    program has no other warp to hide its load latency behind)."""
     W: tl.constexpr = OFFW
     r = bi * BC
     ct = tl.arange(0, BT)
@@ -539,14 +545,30 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
     off_k = tl.zeros([BC, W], dtype=tl.float32)
     dia_q = tl.zeros([BC, BC], dtype=tl.float32)
     dia_k = tl.zeros([BC, BC], dtype=tl.float32)
+    mb = rb_ok[:, None]
+    p_g = g_ptr + (r + rc)[:, None] * s_gt + tl.arange(0, BK)[None, :]
+    p_q = q_ptr + (r + rc)[:, None] * s_qt + tl.arange(0, BK)[None, :]
+    p_k = k_ptr + (r + rc)[:, None] * s_kt + tl.arange(0, BK)[None, :]
+    if PREFETCH:  # the first key tile; each iteration below issues the next one's loads before its own work
+        g_nx = tl.load(p_g, mask=mb, other=0.0)
+        q_nx = tl.load(p_q, mask=mb, other=0.0)
+        k_nx = tl.load(p_k, mask=mb, other=0.0)
     for ks in range(0, K, BK):
         ck = ks + tl.arange(0, BK)
-        mb = rb_ok[:, None]
-        g_b = tl.load(g_ptr + (r + rc)[:, None] * s_gt + ck[None, :], mask=mb, other=0.0).to(tl.float32)
+        if PREFETCH:
+            g_b = g_nx.to(tl.float32)
+            q_b = q_nx.to(tl.float32)
+            k_b = k_nx.to(tl.float32)
+            nxt = mb & (ks + BK < K)
+            g_nx = tl.load(p_g + ks + BK, mask=nxt, other=0.0)
+            q_nx = tl.load(p_q + ks + BK, mask=nxt, other=0.0)
+            k_nx = tl.load(p_k + ks + BK, mask=nxt, other=0.0)
+        else:
+            g_b = tl.load(p_g + ks, mask=mb, other=0.0).to(tl.float32)
+            q_b = tl.load(p_q + ks, mask=mb, other=0.0).to(tl.float32)
+            k_b = tl.load(p_k + ks, mask=mb, other=0.0).to(tl.float32)
         if FLOOR < 0:
             g_b = tl.maximum(g_b, FLOOR)
-        q_b = tl.load(q_ptr + (r + rc)[:, None] * s_qt + ck[None, :], mask=mb, other=0.0).to(tl.float32)
-        k_b = tl.load(k_ptr + (r + rc)[:, None] * s_kt + ck[None, :], mask=mb, other=0.0).to(tl.float32)
         # E_i = G_i - G_r inside the block (<= 0, non-increasing); the first row's own gate is
         # left out of the sum, so a -1000 there never has to cancel against itself
         e_b = tl.cumsum(tl.where(rc[:, None] > 0, g_b, 0.0), axis=0)
@@ -948,6 +970,7 @@ def _kda_prep_kernel(
     TF32: tl.constexpr, PRE: tl.constexpr, SUBST: tl.constexpr, STAGE: tl.constexpr, LOG_BC: tl.constexpr,
     HOIST: tl.constexpr, CHUNK: tl.constexpr, SB: tl.constexpr = 0, LOG_NS: tl.constexpr = 0, DKS: tl.constexpr = 1,
     OFFW: tl.constexpr = 0, DIAG_TRANS: tl.constexpr = False, FLOOR: tl.constexpr = 0.0, KD_SUM: tl.constexpr = 0, INV: tl.constexpr = 0,
+    PREFETCH: tl.constexpr = False,
 ):
     """STAGE 0: everything for one chunk (block rows, then the solve); 1: one block row of
     one chunk (grid NT * NC), or with CHUNK all block rows of one chunk (grid NT); 2: the solve
@@ -991,7 +1014,7 @@ def _kda_prep_kernel(
         for b in range(NC):
             _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, b, lo_off,
                        s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC, SB, LOG_NS, DKS,
-                       OFFW, DIAG_TRANS, FLOOR, INV, gs_ptr, gt_ptr, GSUM)
+                       OFFW, DIAG_TRANS, FLOOR, INV, gs_ptr, gt_ptr, GSUM, PREFETCH)
         tl.debug_barrier()  # the block rows were written by other threads of this program
     if STAGE == 1 and CHUNK:
         _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, lo_off,
@@ -999,7 +1022,7 @@ def _kda_prep_kernel(
     if STAGE == 1 and not CHUNK:
         _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi, lo_off,
                    s_qt, s_kt, s_gt, s_bt, K, BT, BC, BK, DK, RECENTRE, LIMIT, TF32, SUBST, LOG_BC, SB, LOG_NS, DKS,
-                   OFFW, DIAG_TRANS, FLOOR, INV, gs_ptr, gt_ptr, GSUM)
+                   OFFW, DIAG_TRANS, FLOOR, INV, gs_ptr, gt_ptr, GSUM, PREFETCH)
     if STAGE != 1:
         _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr, akk_ptr, gl_ptr,
                   aqk_ptr, au_ptr, lo_off,
@@ -1425,7 +1448,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     # knob dicts written before a knob existed lack it: each gets the value that keeps the code it had
     knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "off_tile": "chunk", "diag_cols": "load",
              "scan_engine": "triton", "scan_ring": 4, "diag_floor": 0, "kd_sum": "reversed", "scan_bv": 64,
-             "inv_dot": "ieee",
+             "inv_dot": "ieee", "row_prefetch": False,
              **knobs}
     # a name this file lacks would be ignored silently: version 9's scan_pair=True would time the default
     unknown = sorted(set(knobs) - set(KNOBS))
@@ -1520,6 +1543,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "FLOOR": -float(knobs["diag_floor"]),
         "KD_SUM": {"reversed": 0, "f64": 1, "f32": 2, "rows": 3}[knobs["kd_sum"]],
         "INV": {"ieee": 0, "bf16x3": 1}[knobs["inv_dot"]],
+        "PREFETCH": bool(knobs["row_prefetch"]),
         "OUT_BV": min(V, knobs["out_bv"] or BV),
         "LOG_NC": int(math.log2(BT // BC)),
         "RECENTRE": _RECENTRE_CODE[knobs["recentre"]], "LIMIT": limit,
@@ -1680,6 +1704,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             TF32=plan["TF32"], PRE=plan["PRE"], SUBST=plan["SUBST"], LOG_BC=plan["LOG_BC"], HOIST=plan["HOIST"],
             CHUNK=plan["CHUNK"], SB=plan["SB"], LOG_NS=plan["LOG_NS"], DKS=plan["DKS"], OFFW=plan["OFFW"],
             DIAG_TRANS=plan["DIAG_TRANS"], FLOOR=plan["FLOOR"], KD_SUM=plan["KD_SUM"], INV=plan["INV"],
+            PREFETCH=plan["PREFETCH"],
         )
         # block_maxnreg / solve_maxnreg: cap the registers per thread (ptxas spills the rest to
         # L1-backed local memory) so that more programs are resident: at 128, 4 block-row
