@@ -183,6 +183,16 @@ Session 12 (kernels/notes/kda.md, "Session 12"; Nsight Compute: both preparation
 - ``scan_bv`` 128 / "auto": the wgmma scans with two compute warpgroups (M = 128). Right on the H200, but a step costs
   ~1.6x the one-warpgroup step; faster only where 64-wide programs need two waves (B1 T8192 H96: scan 327-333 against
   361 us).
+
+Session 13 (kernels/notes/kda.md, "Session 13"; Nsight Compute: the uncapped 1-warp block rows latency-bound at 255
+registers, 8 warps per SM; the solve near memory-bound):
+- ``kd_sum="rows"``: the block rows store their floored running sums and block totals, and the solve takes none
+  (``_solve_wy`` KD_SUM 3); solve 131.3 -> 108.6 us, block rows +19-20 us at the headline (the sums are 67 MB more
+  stores), a few per cent faster at the large shapes.
+- ``BK`` 16 at ``block_maxnreg`` 168: 12 block-row programs per SM; block rows -8 % at the four large shapes, level at the
+  headline, slower at K 64. ``BK`` / ``block_maxnreg`` "auto" take 16 / 168 at K >= 128 and 32 / uncapped below: the
+  loop's best (581efeab).
+- ``row_prefetch``: the block rows issue the next key tile's loads early; -1 % at the large shapes, not promoted.
 """
 
 import math
@@ -362,7 +372,7 @@ REQUIRES = [
 # turn (311374a5, 466.7 us on its geomean; f380f090, 434.5). The entries: f380f090's knobs (timed first on the re-rendered
 # family), then the same with the 1-warp block rows uncapped -- call 4's fastest block rows at all six shapes, beside a
 # 4-warp solve only (170.7 against 188.3 us at the headline, 52.8 against 54.8 at B8 T1024 H8 D64, where f380f090 is
-# 0.4 us short of 1.3x fla). Session 13 (results/h200-2026-12-01): the loop measured those two and kd_sum "rows" on each
+# 0.4 us short of 1.3x fla). Session 13 (results/h200-2026-11-30h): the loop measured those two and kd_sum "rows" on each
 # (the solve's running sums from the block rows): 443.3 / 430.5 / 428.0 (uncapped, a3380400, promoted) / 442.8 us. The
 # entries: a3380400's knobs, then with 16-wide key tiles in the block rows and / or row_prefetch (Nsight Compute on
 # a3380400's block rows: 255 registers, 8 warps per SM, no eligible warp in 67 % of cycles, g's load wait the top line):

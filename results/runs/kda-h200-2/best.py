@@ -202,12 +202,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 # kopt:knobs-begin
-KNOBS = {'BT': 32, 'BC': 16, 'BK': 16, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 1, 'solve_warps': 2, 'block_maxnreg': 168, 'solve_maxnreg': 168, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'rows', 'scan_bv': 64, 'inv_dot': 'bf16x3', 'row_prefetch': False}
+KNOBS = {'BT': 32, 'BC': 16, 'BK': 'auto', 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 1, 'solve_warps': 2, 'block_maxnreg': 'auto', 'solve_maxnreg': 168, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'rows', 'scan_bv': 64, 'inv_dot': 'bf16x3', 'row_prefetch': False}
 # kopt:knobs-end
 SPACE = {
     "BT": [32, 64],
     "BC": [16],
-    "BK": [16, 32, 64],
+    # session 13: "auto" = 16 at K >= 128, else 32 (H200, 1-warp block rows: 16-wide key tiles at 168 registers were 3-5 %
+    # faster at the four K = 128 shapes beyond the headline and 1.6 % slower at B8 T1024 H8 K 64)
+    "BK": [16, 32, 64, "auto"],
     "BV": [16],
     "diag": ["guarded"],
     "recentre": ["start", "midpoint", "end"],
@@ -221,7 +223,9 @@ SPACE = {
     "scan_layout": ["kv", "vk"],
     # session 12: 1 warp (no CTA barrier or cross-warp exchange in the block rows' running sums, reductions and products)
     "block_warps": [1, 2, 4, 8],
-    "block_maxnreg": [0, 128, 168],  # 168 (version 6): 2-warp block rows and the fused preparation without spills
+    # 168 (version 6): 2-warp block rows and the fused preparation without spills; "auto" (session 13): 168 with 16-wide
+    # key tiles, else none (sm_90, 1-warp rows: BK 16 spills 512 B at 168; BK 32 spills 28 KB at 168 and 3.7 KB uncapped)
+    "block_maxnreg": [0, 128, 168, "auto"],
     "solve_maxnreg": [0, 128, 168],
     "solve_warps": [2, 4, 8],  # 2 and 4 only with subst "rows" at BT 32 (see _plan; 2: session 12)
     "scan_warps": [1, 2, 4, 8],
@@ -285,7 +289,7 @@ REQUIRES = [
     ({"solve_warps": [2, 4]}, {"subst": ["rows"], "BT": [32]}),
     ({"scan_warps": [1, 2]}, {"BT": [32]}),
     ({"scan_warps": 1}, {"scan_layout": ["vk"]}),
-    ({"block_prog": "chunk"}, {"BT": [32], "BK": [16, 32], "block_warps": [4, 8]}),
+    ({"block_prog": "chunk"}, {"BT": [32], "BK": [16, 32, "auto"], "block_warps": [4, 8]}),
     ({"fuse_prep": True}, {"BT": [32], "subst": ["rows"], "block_prog": ["row"], "block_warps": [4]}),
     ({"solve_stages": [2, 3], "BT": 64}, {"solve_maxnreg": [0]}),
     ({"off_tile": "tight"}, {"block_prog": ["row"], "BT": [32]}),
@@ -327,13 +331,12 @@ REQUIRES = [
 # a3380400's block rows: 255 registers, 8 warps per SM, no eligible warp in 67 % of cycles, g's load wait the top line):
 # 435.4 (a3380400 re-rendered), 460.6 (BK 16), 435.8 (row_prefetch), 433.2 (both); none promoted. The dev rows of that
 # call found 16-wide key tiles at 168 registers (no spill offline) 3-5 % faster at the four largest shapes, level at the
-# headline and 1.6 % slower at B8 T1024: the entries are that, with kd_sum "rows" (a3380400's) and "f32" (b70f3125's).
+# headline and 1.6 % slower at B8 T1024: the entries were that, with kd_sum "rows" (a3380400's) and "f32" (b70f3125's). The loop
+# promoted the first (e8421d4b, 424.4 us against 428.0), which the benchmark then found 1.275x fla at B8 T1024 H8 K64 (a3380400:
+# 1.314x). The entry: e8421d4b with BK and block_maxnreg "auto" (16 / 168 at K 128, a3380400's 32 / uncapped at K 64).
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
               "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 168, "BK": 16},
-             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "f32", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 168, "BK": 16}]
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto"}]
 
 # kd_sum "f32": the solve raises the gates it loads to at least -_KD_FLOOR, so that every running sum it forms is
 # at most 30 BT in size and G_last - G_j, a float32 difference, is within ~1e-4 nats of the sum it stands for (kd is
@@ -1505,6 +1508,8 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
     BT, BC, BK, BV = knobs["BT"], knobs["BC"], knobs["BK"], knobs["BV"]
+    if BK == "auto":
+        BK = 16 if K >= 128 else 32
     if BC > BT:
         raise ValueError(f"sub-chunk BC={BC} must not exceed the chunk BT={BT}")
     if knobs["off_tile"] == "tight" and (knobs["block_prog"] != "row" or not _pow2(BT - BC)):
@@ -1544,6 +1549,8 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "KD_SUM": {"reversed": 0, "f64": 1, "f32": 2, "rows": 3}[knobs["kd_sum"]],
         "INV": {"ieee": 0, "bf16x3": 1}[knobs["inv_dot"]],
         "PREFETCH": bool(knobs["row_prefetch"]),
+        # the block rows' register cap (0: none); "auto": 168 with 16-wide key tiles, else none
+        "BLOCK_MAXNREG": (168 if bk == 16 else 0) if knobs["block_maxnreg"] == "auto" else knobs["block_maxnreg"],
         "OUT_BV": min(V, knobs["out_bv"] or BV),
         "LOG_NC": int(math.log2(BT // BC)),
         "RECENTRE": _RECENTRE_CODE[knobs["recentre"]], "LIMIT": limit,
@@ -1709,7 +1716,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
         # block_maxnreg / solve_maxnreg: cap the registers per thread (ptxas spills the rest to
         # L1-backed local memory) so that more programs are resident: at 128, 4 block-row
         # programs (4 warps) or 2 solve programs (8 warps) per SM instead of 3 and 1
-        block_regs = {"maxnreg": kn["block_maxnreg"]} if kn["block_maxnreg"] else {}
+        block_regs = {"maxnreg": plan["BLOCK_MAXNREG"]} if plan["BLOCK_MAXNREG"] else {}
         solve_regs = {"maxnreg": kn["solve_maxnreg"]} if kn["solve_maxnreg"] else {}
         if kn["fuse_prep"]:
             _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=0, num_warps=kn["block_warps"], num_stages=plan["solve_stages"],
