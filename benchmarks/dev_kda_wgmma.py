@@ -86,6 +86,18 @@ ROWS.update({
     "pf_bk16": {**A338, "row_prefetch": True, "BK": 16},
     "pf_bk16_168": {**A338, "row_prefetch": True, "BK": 16, "block_maxnreg": 168},
 })
+# session 14: the loop's best (581efeab: BK and block_maxnreg "auto") as the base; scan_overlap "pdl" = the scan launched
+# first, the solve beside it as a programmatic dependent launch (each chunk flagged once stored); pair_elems "auto" = the
+# pairwise fallback's tile at 512 elements per block-row warp
+B581 = {**A338, "BK": "auto", "block_maxnreg": "auto"}
+ROWS.update({
+    "b581": B581,
+    "ovl": {**B581, "scan_overlap": "pdl"},
+    "ovl_r5": {**B581, "scan_overlap": "pdl", "scan_ring": 5},
+    "pe": {**B581, "pair_elems": "auto"},
+    "pe_bk16_0": {**B581, "pair_elems": "auto", "block_maxnreg": 0},
+    "ovl_pe": {**B581, "scan_overlap": "pdl", "pair_elems": "auto"},
+})
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}
 HEADLINE = {"B": 1, "T": 8192, "H": 16, "K": 128, "V": 128, "initial_state": False, "output_final_state": True}
@@ -159,6 +171,9 @@ def offline() -> int:
                "K": "constexpr", "V": "constexpr", "BT": "constexpr", "BV": "constexpr", "NS": "constexpr",
                "USE_H0": "constexpr", "STORE_HT": "constexpr"}
         cx = {"K": K, "V": 128, "BT": BT, "BV": bv, "NS": fam.KNOBS["scan_ring"], "USE_H0": True, "STORE_HT": True}
+        if name.endswith("_ws"):
+            sig.update(flag_ptr="*i32", WAIT="constexpr")
+            cx["WAIT"] = False
         c = triton.compile(GluonASTSource(getattr(fam, name), sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": 4})
         with tempfile.TemporaryDirectory() as tmp:
@@ -232,10 +247,10 @@ def main() -> int:
     fam._wgmma_scan_launch = counted
     res = {"env": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}, "checks": {}, "time": {}, "fla": {}}
 
-    def run(ov, x):
+    def run(ov, x, debug=None):
         kn = {**fam.KNOBS, **ov}
         return fam.kda_chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], x.get("scale"), x["initial_state"],
-                               x["output_final_state"], kn)
+                               x["output_final_state"], kn, debug=debug)
 
     def errors(got, want):
         return {e.name: float(f"{e.rel_rms:.3e}") for e in prob.compare(got, want)}
@@ -257,11 +272,12 @@ def main() -> int:
 
     # ---- 1. correctness: small and odd shapes vs the float64 recurrence, two calls on fresh inputs each, for
     # every Gluon engine among the rows ("wgmma" when none is) --------------------------------------------
-    engines = {(ov["scan_engine"], ov.get("scan_bv", 64)) for ov in ROWS.values()
-               if ov.get("scan_engine", "triton") != "triton" and ov.get("scan_bv", 64) != "auto"} or {("wgmma", 64)}
-    for engine, scan_bv in sorted(engines):
-        wg = {**PROMOTED, "scan_engine": engine, "scan_bv": scan_bv}
+    engines = {(ov["scan_engine"], ov.get("scan_bv", 64), ov.get("scan_overlap", "off")) for ov in ROWS.values()
+               if ov.get("scan_engine", "triton") != "triton" and ov.get("scan_bv", 64) != "auto"} or {("wgmma", 64, "off")}
+    for engine, scan_bv, overlap in sorted(engines):
+        wg = {**PROMOTED, "scan_engine": engine, "scan_bv": scan_bv, "scan_overlap": overlap}
         engine = f"{engine}" if scan_bv == 64 else f"{engine}_bv{scan_bv}"
+        engine += "" if overlap == "off" else f"_{overlap}"
         for case, applies in CHECKS:
             label = f"{engine} {prob.describe(case)}"
             try:
@@ -269,14 +285,16 @@ def main() -> int:
                     x = prob.make_inputs(case, device="cuda", seed=seed)
                     want = naive_recurrent_kda(**x)
                     before = launches["n"]
-                    got = run(wg, x)
+                    dbg = {}
+                    got = run(wg, x, debug=dbg)
                     torch.cuda.synchronize()
                     ran = launches["n"] - before
                     e = errors(got, want)
                     e_tri = errors(run(PROMOTED, x), want)
                     res["checks"][f"{label} seed{seed}"] = {"wgmma_ran": ran, "expected": int(applies), "err": e,
-                                                            "triton_err": e_tri}
-                    log(label, seed, "ran" if ran else "fallback", e, "triton", e_tri)
+                                                            "triton_err": e_tri, "beside": dbg.get("scan_beside_solve")}
+                    log(label, seed, "ran" if ran else "fallback", "beside" if dbg.get("scan_beside_solve") else "",
+                        e, "triton", e_tri)
             except Exception as err:  # noqa: BLE001
                 res["checks"][label] = {"error": f"{type(err).__name__}: {err}"[:1500]}
                 log(label, "ERROR", res["checks"][label])
@@ -307,7 +325,16 @@ def main() -> int:
             e = errors(run(ov, x), ref)
             ran = launches["n"] - before
             us = bench(lambda ov=ov, x=x: run(ov, x))
-            res["time"][head][name] = {"us": us, "err": e, "wgmma_ran": ran, "kernels": kernels(lambda ov=ov, x=x: run(ov, x))}
+            # a cross-check of the event timer that trusts no stream ordering: back-to-back calls, one sync at the end
+            # (host launch time is well under the GPU time here, so the calls queue up)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(30):
+                run(ov, x)
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - t) / 30 * 1e6
+            res["time"][head][name] = {"us": us, "wall_us": round(wall, 1), "err": e, "wgmma_ran": ran,
+                                       "kernels": kernels(lambda ov=ov, x=x: run(ov, x))}
         except Exception as err:  # noqa: BLE001
             res["time"][head][name] = {"error": f"{type(err).__name__}: {err}"[:1500]}
         log(head, name, res["time"][head][name])

@@ -141,7 +141,7 @@ def build_all(fam, knobs: dict, shape: dict) -> dict:
     vs = (T * H * V, H * V, V)
     bs = (T * H, H, 1)
     prep = {"q_ptr": B16, "k_ptr": B16, "v_ptr": B16, "g_ptr": P, "beta_ptr": B16, "w_ptr": B16, "u_ptr": U,
-            "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "akk_ptr": P, "gl_ptr": P, "au_ptr": AU, "gs_ptr": P, "gt_ptr": P,
+            "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "akk_ptr": P, "gl_ptr": P, "au_ptr": AU, "gs_ptr": P, "gt_ptr": P, "flag_ptr": "*i32",
             "scale": float(K ** -0.5), "T": T, "TP": TP, "NT": NT, "H": H, "lo_off": BH * TP * BT}
     for pre, st in (("q", qs), ("k", qs), ("v", vs), ("g", qs), ("b", bs)):
         prep.update({f"s_{pre}b": st[0], f"s_{pre}t": st[1], f"s_{pre}h": st[2]})

@@ -157,7 +157,7 @@ def test_hostile_gates_every_recentre(tmp_path, block_prog):
 COMPANIONS = {("solve_warps", 4): {"subst": "rows", "BT": 32}, ("solve_warps", 2): {"subst": "rows", "BT": 32},
               ("scan_warps", 1): {"scan_layout": "vk"},
               ("BT", 64): {"solve_warps": 8}, ("subst", "extract"): {"solve_warps": 8},
-              ("kd_sum", "rows"): {"diag_floor": 30}}
+              ("kd_sum", "rows"): {"diag_floor": 30}, ("scan_overlap", "pdl"): {"scan_engine": "wgmma_ws"}}
 
 
 def test_every_space_value(tmp_path):
@@ -342,7 +342,7 @@ def build(fn, types, constexprs, warps, stages):
 AU = B16 if kn["au"] == "bf16" else P
 U = B16 if plan["u_bf16"] else P
 prep = {"q_ptr": B16, "k_ptr": B16, "v_ptr": B16, "g_ptr": P, "beta_ptr": B16, "w_ptr": B16, "u_ptr": U,
-        "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "akk_ptr": P, "gl_ptr": P, "au_ptr": AU, "gs_ptr": P, "gt_ptr": P,
+        "kd_ptr": B16, "qd_ptr": B16, "aqk_ptr": B16, "akk_ptr": P, "gl_ptr": P, "au_ptr": AU, "gs_ptr": P, "gt_ptr": P, "flag_ptr": "*i32",
         "scale": "fp32"}
 for stage in ([0] if kn["fuse_prep"] else [1, 2]):
     c = build(fam._kda_prep_kernel, prep, dict(K=K, V=V, BT=plan["BT"], BC=plan["BC"], BK=plan["BK"], BKP=plan["BKP"], BVP=plan["BVP"],
@@ -891,3 +891,63 @@ def test_block_row_tile_auto_follows_k(family):
     assert (family._plan(64, 64, kn)["BK"], family._plan(64, 64, kn)["BLOCK_MAXNREG"]) == (32, 0)
     assert family._plan(16, 32, kn)["BK"] == 16  # never wider than K
     assert family._plan(64, 64, {**kn, "block_maxnreg": 128})["BLOCK_MAXNREG"] == 128
+
+
+# session 14: scan_overlap "pdl" -- the scan launched first and the solve beside it, each chunk flagged once stored
+OVERLAP = {**FLOOR, "kd_sum": "rows", "scan_engine": "wgmma_ws", "scan_overlap": "pdl"}
+
+
+def test_scan_overlap_solve_flags_every_chunk(tmp_path):
+    """On the CPU the Gluon scan that waits for the flags cannot run (tests/test_kda_wgmma.py compiles it), but the
+    solve still runs on its chunk-major (B*H, NT) grid and flags each chunk: every flag set exactly once, and the
+    outputs and intermediates bit-identical to scan_overlap "off"'s, on resets with a short last chunk and B > 1."""
+    case = {"B": 2, "T": 45, "H": 2, "K": 32, "V": 16, "initial_state": True, "output_final_state": True}
+    x = hostile_inputs("resets", case, seed=91)
+    knobs = {**FAMILY.knobs, **OVERLAP}
+    module = render(knobs, tmp_path)
+    check(module.kernel, x, case)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], True)
+    runs = {}
+    for overlap in ("off", "pdl"):
+        d = {}
+        runs[overlap] = (module.kda_chunked(*args, {**knobs, "scan_overlap": overlap}, debug=d), d)
+    (o_on, s_on), d_on = runs["pdl"]
+    (o_off, s_off), d_off = runs["off"]
+    assert torch.equal(o_on, o_off) and torch.equal(s_on, s_off)
+    for name in ("w", "u", "kd", "qd", "gl", "au"):
+        assert torch.equal(d_on[name], d_off[name]), name
+    assert d_off["flags"] is None and not d_on["scan_beside_solve"]
+    assert d_on["flags"].tolist() == [1] * (2 * 2 * d_on["NT"])
+
+
+def test_scan_beside_solve_only_where_every_scan_program_fits(family):
+    """The scan runs first only with the warp-specialised Gluon scan (the one whose loader waits) and only while all its
+    programs (one per SM) fit with 16 SMs left: the solve launches only once every scan program runs, so a scan
+    program left waiting for an SM would wait for the solve forever. _plan refuses the knob where nothing could wait."""
+    kn = {**family.KNOBS, **OVERLAP}
+    assert family._scan_beside_solve(True, kn, 32, 132)
+    assert family._scan_beside_solve(True, kn, 116, 132) and not family._scan_beside_solve(True, kn, 117, 132)
+    assert not family._scan_beside_solve(False, kn, 32, 132)  # the Triton scan ran: nothing waits for the flags
+    assert not family._scan_beside_solve(True, {**kn, "scan_overlap": "off"}, 32, 132)
+    for refused in ({"scan_engine": "wgmma"}, {"scan_engine": "triton"}, {"fuse_prep": True, "block_warps": 4}):
+        with pytest.raises(ValueError, match="scan_overlap"):
+            family._plan(128, 128, {**kn, **refused})
+
+
+# session 14: pair_elems -- the pairwise fallback's tile sized by the block rows' warps
+def test_pair_elems_narrower_channel_steps_stay_exact(tmp_path):
+    """At 512 elements (pair_elems "auto" with 1-warp rows) the fallback takes 8 channels per step instead of 32: with
+    every diagonal block forced onto the fallback, on huge gates, its raw Aqk / Akk stay as close to the float64 ones
+    as at 2048, and the outputs pass."""
+    case = {"B": 1, "T": 45, "H": 2, "K": 64, "V": 16, "initial_state": True, "output_final_state": True}
+    x = hostile_inputs("huge", case, seed=92)
+    knobs = {**FAMILY.knobs, **SPLIT, "block_warps": 1, "pair_elems": "auto"}
+    module = render(knobs, tmp_path)
+    assert module._plan(64, 16, knobs)["DKS"] == 8 and module._plan(64, 16, {**knobs, "pair_elems": 2048})["DKS"] == 32
+    assert module._plan(64, 16, {**knobs, "block_warps": 4})["DKS"] == 32  # "auto" at 4 warps: the old 2048
+    module._GUARD_LIMIT = {name: -1.0 for name in module._GUARD_LIMIT}
+    check(module.kernel, x, case)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], True)
+    want = aqk_akk_float64(x, 32)
+    err = {pe: raw_scratch(module, args, {**knobs, "subst": "extract", "pair_elems": pe}, want)[1] for pe in (2048, 512)}
+    assert all(n <= max(2 * w, 1e-5) for n, w in zip(err[512], err[2048])), err

@@ -100,11 +100,13 @@ def desc(shape, dtype="bf16", layout=None):  # a host descriptor argument, typed
 
 
 out = {}
-runs = [("_kda_scan_wgmma", K, NS, 64) for K, NS in ((128, 5), (128, 3), (32, 4))]  # the deepest ring must still fit
-runs += [("_kda_scan_wgmma_ws", K, NS, 64) for K, NS in ((128, 5), (32, 4))]
+runs = [("_kda_scan_wgmma", K, NS, 64, False) for K, NS in ((128, 5), (128, 3), (32, 4))]  # the deepest ring must still fit
+runs += [("_kda_scan_wgmma_ws", K, NS, 64, False) for K, NS in ((128, 5), (32, 4))]
 # scan_bv 128: two compute warpgroups; the launch lowers the ring to what fits (4 at K 128)
-runs += [("_kda_scan_wgmma_ws", K, fam._wgmma_scan_ring(5, K, 32, 128), 128) for K in (128, 64)]
-for name, K, NS, BV in runs:
+runs += [("_kda_scan_wgmma_ws", K, fam._wgmma_scan_ring(5, K, 32, 128), 128, False) for K in (128, 64)]
+# scan_overlap "pdl": the loader waits for the solve's flag of each chunk
+runs += [("_kda_scan_wgmma_ws", 128, 4, 64, True)]
+for name, K, NS, BV, WAIT in runs:
     BT = 32
     sig = {"wkq_desc": desc([4, BT, K]), "ua_desc": desc([2, BT, BV]),
            "g_desc": desc([1, K], "fp32", gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)),
@@ -112,6 +114,9 @@ for name, K, NS, BV in runs:
            "K": "constexpr", "V": "constexpr", "BT": "constexpr", "BV": "constexpr", "NS": "constexpr",
            "USE_H0": "constexpr", "STORE_HT": "constexpr"}
     cx = {"K": K, "V": 128, "BT": BT, "BV": BV, "NS": NS, "USE_H0": True, "STORE_HT": True}
+    if name.endswith("_ws"):
+        sig.update(flag_ptr="*i32", WAIT="constexpr")
+        cx["WAIT"] = WAIT
     c = triton.compile(GluonASTSource(getattr(fam, name), sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": BV // 16})
     ptx = c.asm["ptx"]
@@ -119,7 +124,10 @@ for name, K, NS, BV in runs:
         (Path(tmp) / "k.ptx").write_text(ptx)
         notes = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(Path(tmp) / "k.ptx"), "-o", str(Path(tmp) / "k.cubin")],
                                capture_output=True, text=True).stderr
-    out[f"{name} K{K} ring {NS} BV{BV}"] = {"shared": c.metadata.shared, "waits": ptx.count("wgmma.wait_group"), "wgmma": ptx.count("wgmma.mma_async"),
+    out[f"{name} K{K} ring {NS} BV{BV}" + (" wait" if WAIT else "")] = {
+              "shared": c.metadata.shared, "waits": ptx.count("wgmma.wait_group"), "wgmma": ptx.count("wgmma.mma_async"),
+              "launch_dependents": ptx.count("griddepcontrol.launch_dependents"), "acquire": ptx.count("fence.acq_rel.gpu"),
+              "proxy_fence": ptx.count("fence.proxy.async.global"), "volatile": ptx.count("ld.volatile.global"),
               "serialised": "C7515" in notes, "spills": "0 bytes spill stores, 0 bytes spill loads" not in notes,
               # the compute partition hands a stage back (and o over) with one thread's arrive: only after a barrier of
               # all its warps -- both warpgroups at BV 128
@@ -143,3 +151,8 @@ def test_wgmma_scan_compiles_for_hopper_without_spills_or_serialised_wgmma(tmp_p
         assert info["shared"] <= 232448, (K, info["shared"])
         if "_ws " in K:  # the empty and o_ready hand-overs
             assert info["barrier_arrives"] == 2, (K, info["barrier_arrives"])
+        # scan_overlap "pdl": the solve launched at once, each chunk's flag polled with a strong load and an acquire
+        # fence, and the proxy fence before the TMA loads; nothing of it without WAIT
+        waits_for_solve = K.endswith(" wait")
+        assert info["launch_dependents"] == int(waits_for_solve), (K, info)
+        assert (info["acquire"] >= 1 and info["proxy_fence"] >= 1 and info["volatile"] >= 1) == waits_for_solve, (K, info)
