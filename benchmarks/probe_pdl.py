@@ -66,7 +66,8 @@ def probe(trigger: bool, pdl: bool, spin_ms: float = 20.0) -> dict:
 
 
 def main() -> int:
-    rows = [probe(t, p) for t, p in ((True, True), (False, True), (True, False))]
+    # each twice, the first call of each compiling its kernels (launch_pdl is a compile option): the second is kept
+    rows = [[probe(t, p) for _ in range(2)][-1] for t, p in ((True, True), (False, True), (True, False))]
     for r in rows:
         print(r)
     out = os.environ.get("OUT")
