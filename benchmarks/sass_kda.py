@@ -153,9 +153,9 @@ def build_all(fam, knobs: dict, shape: dict) -> dict:
                  PREFETCH=plan["PREFETCH"])
     rows_grid = (NT if plan["CHUNK"] else NT * (BT // plan["BC"])) * BH
     out = {}
-    out["rows"] = (compile_kernel(fam._kda_prep_kernel, prep, {**pmeta, "STAGE": 1}, kn["block_warps"], 1,
+    out["rows"] = (compile_kernel(fam._kda_prep_kernel, prep, {**pmeta, "STAGE": 1, "FLAG": False}, kn["block_warps"], 1,
                                   plan.get("BLOCK_MAXNREG", kn["block_maxnreg"]) or None), rows_grid, kn["block_warps"])
-    out["solve"] = (compile_kernel(fam._kda_prep_kernel, prep, {**pmeta, "STAGE": 2}, kn["solve_warps"],
+    out["solve"] = (compile_kernel(fam._kda_prep_kernel, prep, {**pmeta, "STAGE": 2, "FLAG": plan["FLAG"]}, kn["solve_warps"],
                                    plan.get("solve_stages", 1),
                                    kn["solve_maxnreg"] or None), NT * BH, kn["solve_warps"])
     split = plan["split"]

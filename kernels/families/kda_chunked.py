@@ -393,10 +393,21 @@ REQUIRES = [
 # call found 16-wide key tiles at 168 registers (no spill offline) 3-5 % faster at the four largest shapes, level at the
 # headline and 1.6 % slower at B8 T1024: the entries were that, with kd_sum "rows" (a3380400's) and "f32" (b70f3125's). The loop
 # promoted the first (e8421d4b, 424.4 us against 428.0), which the benchmark then found 1.275x fla at B8 T1024 H8 K64 (a3380400:
-# 1.314x). The entry: e8421d4b with BK and block_maxnreg "auto" (16 / 168 at K 128, a3380400's 32 / uncapped at K 64).
+# 1.314x). The entry: e8421d4b with BK and block_maxnreg "auto" (16 / 168 at K 128, a3380400's 32 / uncapped at K 64): the
+# loop promoted it (581efeab, 421.7 us). Session 14 (results/h200-2026-11-30i): 581efeab's knobs with the scan beside the
+# solve (scan_overlap "pdl") and / or the pairwise fallback's tile by warps (pair_elems "auto"; dev rows: -0.5 % at the
+# four largest shapes, level elsewhere).
+# (each entry spelled out: the loop reads TRY_EARLY as a literal)
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
               "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto"}]
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "scan_overlap": "pdl",
+              "pair_elems": "auto"},
+             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "pair_elems": "auto"},
+             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "scan_overlap": "pdl"}]
 
 # kd_sum "f32": the solve raises the gates it loads to at least -_KD_FLOOR, so that every running sum it forms is
 # at most 30 BT in size and G_last - G_j, a float32 difference, is within ~1e-4 nats of the sum it stands for (kd is
@@ -1856,11 +1867,18 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
                                                             **block_regs, **prep_meta)
             if beside:
                 # scan_overlap "pdl": the scan first (its programs let the solve launch at once and wait for each
-                # chunk's flag), then the solve as its programmatic dependent, on the SMs the scan leaves
+                # chunk's flag), then the solve as its programmatic dependent, on the SMs the scan leaves. The solve
+                # is compiled and loaded onto the GPU before the scan starts: a first call's compile (seconds, on the
+                # host) would keep the scan spinning until it gives up, and CUDA's lazy loading of a kernel at its
+                # first launch waits for the running scan, which waits for the solve (H200, session 14: "unspecified
+                # launch failure" from the scan's trap). The compiled kernel's launcher property loads it.
+                solve_meta = dict(STAGE=2, FLAG=True, launch_pdl=True, num_warps=kn["solve_warps"],
+                                  num_stages=plan["solve_stages"], **solve_regs, **prep_meta)
+                if _kda_prep_kernel.warmup(*prep_args, grid=(BH, NT), **solve_meta).run is None:
+                    raise RuntimeError("the solve's kernel did not load")
                 _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, kn.get("scan_ring", 4),
                                    True, scan_bv, flags=flags)
-                _kda_prep_kernel[(BH, NT)](*prep_args, STAGE=2, FLAG=True, launch_pdl=True, num_warps=kn["solve_warps"],
-                                           num_stages=plan["solve_stages"], **solve_regs, **prep_meta)
+                _kda_prep_kernel[(BH, NT)](*prep_args, **solve_meta)
                 return o, final
             solve_grid = (BH, NT) if plan["FLAG"] else (NT, BH)
             _kda_prep_kernel[solve_grid](*prep_args, STAGE=2, FLAG=plan["FLAG"], num_warps=kn["solve_warps"],

@@ -1,0 +1,83 @@
+"""scan_overlap "pdl" failed on the H200 with "unspecified launch failure" (session 14, call 2): which part fails.
+Each variant runs in its own process (a trap ends the CUDA context), at one small shape, and prints one line.
+
+    source benchmarks/device_setup.sh; python3 benchmarks/debug_overlap.py      # on the H200
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ["flags_preset_no_solve", "solve_then_waiting_scan", "overlap", "overlap_big"]
+
+
+def child(variant: str) -> dict:
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from kernels.reference.kda import naive_recurrent_kda
+    from pytest_kopt.gate import load_module
+    from pytest_kopt.problems.kda import KDAProblem
+
+    fam = load_module(ROOT / "kernels" / "families" / "kda_chunked.py")
+    prob = KDAProblem()
+    case = {"B": 2, "T": 100, "H": 3, "K": 64, "V": 64, "initial_state": True, "output_final_state": True}
+    if variant == "overlap_big":
+        case = {"B": 1, "T": 8192, "H": 16, "K": 128, "V": 128, "initial_state": False, "output_final_state": True}
+    x = prob.make_inputs(case, device="cuda", seed=1)
+    kn = {**fam.KNOBS, "u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+          "scan_engine": "wgmma_ws", "scan_overlap": "pdl"}
+    dbg: dict = {}
+    real_launch = fam._wgmma_scan_launch
+    real_prep = fam._kda_prep_kernel
+    info: dict = {"variant": variant}
+    if variant in ("flags_preset_no_solve", "solve_then_waiting_scan"):
+        fam._scan_beside_solve = lambda *a: False
+
+        def launch(*a, **kw):  # the scan with WAIT, after the solve (or with every flag set by hand)
+            flags = dbg["flags"]
+            if variant == "flags_preset_no_solve":
+                flags.fill_(1)
+            torch.cuda.synchronize()
+            info["flags_before_scan"] = int(flags.sum())
+            return real_launch(*a, **kw, flags=flags)
+
+        fam._wgmma_scan_launch = launch
+    try:
+        got = fam.kda_chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"],
+                              x["output_final_state"], kn, debug=dbg)
+        torch.cuda.synchronize()
+        info["beside"] = dbg.get("scan_beside_solve")
+        info["flags_after"] = int(dbg["flags"].sum()) if dbg.get("flags") is not None else None
+        info["flags_n"] = int(dbg["flags"].numel()) if dbg.get("flags") is not None else None
+        if case["T"] <= 1000:
+            want = naive_recurrent_kda(**x)
+            info["err"] = {e.name: float(f"{e.rel_rms:.3e}") for e in prob.compare(got, want)}
+    except Exception as err:  # noqa: BLE001
+        info["error"] = f"{type(err).__name__}: {err}"[:300]
+    del real_prep
+    return info
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        print(json.dumps(child(sys.argv[2])))
+        return 0
+    rows = []
+    for v in VARIANTS:
+        try:
+            p = subprocess.run([sys.executable, __file__, "--child", v], capture_output=True, text=True, timeout=90)
+            line = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else json.dumps({"variant": v, "stderr": p.stderr[-400:]})
+        except subprocess.TimeoutExpired:
+            line = json.dumps({"variant": v, "error": "timeout 90 s"})
+        print(line, flush=True)
+        rows.append(json.loads(line))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
