@@ -183,6 +183,16 @@ Session 12 (kernels/notes/kda.md, "Session 12"; Nsight Compute: both preparation
 - ``scan_bv`` 128 / "auto": the wgmma scans with two compute warpgroups (M = 128). Right on the H200, but a step costs
   ~1.6x the one-warpgroup step; faster only where 64-wide programs need two waves (B1 T8192 H96: scan 327-333 against
   361 us).
+
+Session 13 (kernels/notes/kda.md, "Session 13"; Nsight Compute: the uncapped 1-warp block rows latency-bound at 255
+registers, 8 warps per SM; the solve near memory-bound):
+- ``kd_sum="rows"``: the block rows store their floored running sums and block totals, and the solve takes none
+  (``_solve_wy`` KD_SUM 3); solve 131.3 -> 108.6 us, block rows +19-20 us at the headline (the sums are 67 MB more
+  stores), a few per cent faster at the large shapes.
+- ``BK`` 16 at ``block_maxnreg`` 168: 12 block-row programs per SM; block rows -8 % at the four large shapes, level at the
+  headline, slower at K 64. ``BK`` / ``block_maxnreg`` "auto" take 16 / 168 at K >= 128 and 32 / uncapped below: the
+  loop's best (581efeab).
+- ``row_prefetch``: the block rows issue the next key tile's loads early; -1 % at the large shapes, not promoted.
 """
 
 import math
@@ -202,7 +212,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 # kopt:knobs-begin
-KNOBS = {'BT': 32, 'BC': 16, 'BK': 'auto', 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 1, 'solve_warps': 2, 'block_maxnreg': 'auto', 'solve_maxnreg': 168, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'rows', 'scan_bv': 64, 'inv_dot': 'bf16x3', 'row_prefetch': False}
+KNOBS = {'BT': 32, 'BC': 16, 'BK': 'auto', 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 1, 'solve_warps': 2, 'block_maxnreg': 'auto', 'solve_maxnreg': 168, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'rows', 'scan_bv': 64, 'inv_dot': 'bf16x3', 'row_prefetch': False, 'scan_overlap': 'pdl', 'pair_elems': 'auto'}
 # kopt:knobs-end
 SPACE = {
     "BT": [32, 64],
@@ -281,6 +291,16 @@ SPACE = {
     # Nsight Compute (headline, 1-warp rows uncapped): 255 registers, 8 warps per SM, 67 % of cycles with no eligible
     # warp, and the wait for g's load the largest single line (16 % of stall samples)
     "row_prefetch": [False, True],
+    # session 14: "pdl" launches the warp-specialised scan before the solve, as the solve's primary in a programmatic
+    # dependent launch: the scan's 32 programs (headline) run beside the solve's, which take the other SMs chunk by
+    # chunk across heads and flag each chunk once stored; the scan's loader waits for each flag. Only where every scan
+    # program fits on the GPU at once with SMs to spare (_scan_beside_solve); elsewhere the solve still flags its
+    # chunks (and on the CPU, where nothing waits for them) and the scan runs after it
+    "scan_overlap": ["off", "pdl"],
+    # session 14: elements of pair "split"'s pairwise tile [BC/SB, SB, SB, DKS] (the fallback of 0.9 % of diagonal
+    # blocks); 2048 was sized for 4-warp rows. Offline sm_90, 1-warp rows, kd_sum "rows": at 512, BK 32 uncapped stops
+    # spilling (3.7 KB -> 0) and BK 16 fits 168 registers without a spill. "auto": 512 per warp of the block rows
+    "pair_elems": [2048, 512, "auto"],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
 # (when, then) pair mirrors one of _plan's checks below, which stay the authority;
@@ -294,6 +314,7 @@ REQUIRES = [
     ({"solve_stages": [2, 3], "BT": 64}, {"solve_maxnreg": [0]}),
     ({"off_tile": "tight"}, {"block_prog": ["row"], "BT": [32]}),
     ({"kd_sum": "rows"}, {"block_prog": ["row"], "diag_floor": [30]}),
+    ({"scan_overlap": "pdl"}, {"fuse_prep": [False], "scan_engine": ["wgmma_ws"]}),
 ]
 # Measured by the search loop right after the defaults. Session 4 (results/runs/kda-h200-2, judge timer,
 # geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then pair split
@@ -325,7 +346,7 @@ REQUIRES = [
 # turn (311374a5, 466.7 us on its geomean; f380f090, 434.5). The entries: f380f090's knobs (timed first on the re-rendered
 # family), then the same with the 1-warp block rows uncapped -- call 4's fastest block rows at all six shapes, beside a
 # 4-warp solve only (170.7 against 188.3 us at the headline, 52.8 against 54.8 at B8 T1024 H8 D64, where f380f090 is
-# 0.4 us short of 1.3x fla). Session 13 (results/h200-2026-12-01): the loop measured those two and kd_sum "rows" on each
+# 0.4 us short of 1.3x fla). Session 13 (results/h200-2026-11-30h): the loop measured those two and kd_sum "rows" on each
 # (the solve's running sums from the block rows): 443.3 / 430.5 / 428.0 (uncapped, a3380400, promoted) / 442.8 us. The
 # entries: a3380400's knobs, then with 16-wide key tiles in the block rows and / or row_prefetch (Nsight Compute on
 # a3380400's block rows: 255 registers, 8 warps per SM, no eligible warp in 67 % of cycles, g's load wait the top line):
@@ -333,10 +354,21 @@ REQUIRES = [
 # call found 16-wide key tiles at 168 registers (no spill offline) 3-5 % faster at the four largest shapes, level at the
 # headline and 1.6 % slower at B8 T1024: the entries were that, with kd_sum "rows" (a3380400's) and "f32" (b70f3125's). The loop
 # promoted the first (e8421d4b, 424.4 us against 428.0), which the benchmark then found 1.275x fla at B8 T1024 H8 K64 (a3380400:
-# 1.314x). The entry: e8421d4b with BK and block_maxnreg "auto" (16 / 168 at K 128, a3380400's 32 / uncapped at K 64).
+# 1.314x). The entry: e8421d4b with BK and block_maxnreg "auto" (16 / 168 at K 128, a3380400's 32 / uncapped at K 64): the
+# loop promoted it (581efeab, 421.7 us). Session 14 (results/h200-2026-11-30i): 581efeab's knobs with the scan beside the
+# solve (scan_overlap "pdl") and / or the pairwise fallback's tile by warps (pair_elems "auto"; dev rows: -0.5 % at the
+# four largest shapes, level elsewhere).
+# (each entry spelled out: the loop reads TRY_EARLY as a literal)
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
               "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto"}]
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "scan_overlap": "pdl",
+              "pair_elems": "auto"},
+             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "pair_elems": "auto"},
+             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "scan_overlap": "pdl"}]
 
 # kd_sum "f32": the solve raises the gates it loads to at least -_KD_FLOOR, so that every running sum it forms is
 # at most 30 BT in size and G_last - G_j, a float32 difference, is within ~1e-4 nats of the sum it stands for (kd is
@@ -349,7 +381,6 @@ _GUARD_LIMIT = {"start": 80.0, "end": 80.0, "midpoint": 160.0}
 _RECENTRE_CODE = {"start": 0, "midpoint": 1, "end": 2}
 # pair "split": the side of the diagonal sub-blocks that stay pairwise
 _SPLIT_SB = 4
-_SPLIT_ELEMS = 2048
 # Pipelined tiles of the scan must fit in this much shared memory (the H200 has 227 KB).
 _SCAN_SMEM_BUDGET = 200 * 1024
 
@@ -960,7 +991,7 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
 @triton.jit
 def _kda_prep_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
-    w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, akk_ptr, gl_ptr, au_ptr, gs_ptr, gt_ptr,
+    w_ptr, u_ptr, kd_ptr, qd_ptr, aqk_ptr, akk_ptr, gl_ptr, au_ptr, gs_ptr, gt_ptr, flag_ptr,
     scale, T, TP, NT, H, lo_off,
     s_qb, s_qt, s_qh,
     s_kb, s_kt, s_kh,
@@ -973,19 +1004,27 @@ def _kda_prep_kernel(
     TF32: tl.constexpr, PRE: tl.constexpr, SUBST: tl.constexpr, STAGE: tl.constexpr, LOG_BC: tl.constexpr,
     HOIST: tl.constexpr, CHUNK: tl.constexpr, SB: tl.constexpr = 0, LOG_NS: tl.constexpr = 0, DKS: tl.constexpr = 1,
     OFFW: tl.constexpr = 0, DIAG_TRANS: tl.constexpr = False, FLOOR: tl.constexpr = 0.0, KD_SUM: tl.constexpr = 0, INV: tl.constexpr = 0,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, FLAG: tl.constexpr = False,
 ):
     """STAGE 0: everything for one chunk (block rows, then the solve); 1: one block row of
     one chunk (grid NT * NC), or with CHUNK all block rows of one chunk (grid NT); 2: the solve
-    and WY factors of one chunk."""
+    and WY factors of one chunk. FLAG (scan_overlap "pdl", STAGE 2): the grid is (B*H, NT), so that
+    programs are dispatched chunk by chunk across heads, and each marks its chunk done in flag_ptr
+    once its tiles are stored, for a scan that is already running."""
     NC: tl.constexpr = BT // BC
     if STAGE == 1 and not CHUNK:
         i_t = tl.program_id(0).to(tl.int64) // NC
         bi = tl.program_id(0) % NC
+    elif FLAG:
+        i_t = tl.program_id(1).to(tl.int64)
+        bi = 0
     else:
         i_t = tl.program_id(0).to(tl.int64)
         bi = 0
-    i_bh = tl.program_id(1).to(tl.int64)
+    if FLAG:
+        i_bh = tl.program_id(0).to(tl.int64)
+    else:
+        i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
     t0 = i_t * BT
@@ -1031,6 +1070,11 @@ def _kda_prep_kernel(
                   aqk_ptr, au_ptr, lo_off,
                   scale, t0, T, s_qt, s_kt, s_vt, s_gt, s_bt, K, V, BT, BC, BKP, BVP, LOG_NC, MERGE, TF32, PRE, SUBST, HOIST,
                   KD_SUM, gs_ptr, gt_ptr)
+    if STAGE == 2 and FLAG:
+        # every thread's stores are done (the barrier), then one release at GPU scope publishes them: the scan's
+        # loader reads the flag with an acquire before its TMA loads of this chunk
+        tl.debug_barrier()
+        tl.atomic_xchg(flag_ptr + i_bh * NT + i_t, 1, sem="release", scope="gpu")
 
 
 # ------------------------------------------------------------------------------------------
@@ -1329,14 +1373,42 @@ def _ws_compute(wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free, h0_ptr, ht
         gl.store(ht_ptr + st_off, S)
 
 
+# scan_overlap "pdl": chunks whose flags the loader checks with one load and one pair of fences
+_WAIT_GROUP = gl.constexpr(8)
+
+
+@gluon.jit
+def _ws_wait_chunks(flags_ptr, n0, NT, G: gl.constexpr):
+    """scan_overlap "pdl": spin until the solve has marked chunks n0 .. n0 + G - 1 done (flags past NT count as
+    done), then order their stores before the TMA loads that follow: a strong load and a fence make the acquire, and
+    the proxy fence covers the TMA's async proxy. One check per G chunks: checked per chunk, the flag's round trip
+    and the fences (which wait for the TMA loads in flight) cost more than a scan step (H200, session 14: the scan
+    beside the solve took 330 us at the headline against 163 alone).
+    A solve that never runs beside the scan (programmatic launch not honoured, e.g. kernels serialised by a
+    profiler) would leave the scan spinning: after ~2^24 polls (seconds) it traps, an error instead of a hang."""
+    offs = n0 + gl.arange(0, G, layout=gl.BlockedLayout([1], [32], [1], [0]))
+    done = gl.min(gl.load(flags_ptr + offs, mask=offs < NT, other=1, volatile=True), axis=0)
+    polls = 0
+    while done == 0:
+        polls += 1
+        if polls > 16777216:
+            gl.inline_asm_elementwise("trap; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        done = gl.min(gl.load(flags_ptr + offs, mask=offs < NT, other=1, volatile=True), axis=0)
+    gl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tfence.proxy.async.global; // $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
 @gluon.jit
 def _ws_loader(wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free,
-               row0, g_row0, v0, o_row, o_col, NT, BT: gl.constexpr, NS: gl.constexpr):
+               row0, g_row0, v0, o_row, o_col, NT, flag_ptr, BT: gl.constexpr, NS: gl.constexpr, WAIT: gl.constexpr):
     """scan_engine "wgmma_ws", the loader warp: chunk n's tiles into stage n % NS once the compute warpgroup
-    has handed that stage back."""
+    has handed that stage back (and, with WAIT, once the solve running beside the scan has stored them)."""
     nbytes: gl.constexpr = wkq_desc.block_type.nbytes + ua_desc.block_type.nbytes + g_desc.block_type.nbytes
     for n in range(NT):
         st = n % NS
+        if WAIT:
+            if n % _WAIT_GROUP == 0:
+                _ws_wait_chunks(flag_ptr + g_row0, n, NT, _WAIT_GROUP)
         mbarrier.wait(empty.index(st), ((n // NS) & 1) ^ 1)  # barriers start with phase 1 complete: no wait at first
         mbarrier.expect(ready.index(st), nbytes)
         tma.async_copy_global_to_shared(wkq_desc, [0, row0 + n * BT, 0], ready.index(st), wkq_s.index(st))
@@ -1346,7 +1418,7 @@ def _ws_loader(wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, 
 
 @gluon.jit
 def _ws_storer(wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free,
-               row0, g_row0, v0, o_row, o_col, NT, BT: gl.constexpr, NS: gl.constexpr):
+               row0, g_row0, v0, o_row, o_col, NT, flag_ptr, BT: gl.constexpr, NS: gl.constexpr, WAIT: gl.constexpr):
     """scan_engine "wgmma_ws", the storer warp: o of chunk n from its buffer by TMA store; a buffer is handed
     back once its store has read it (one store left in flight)."""
     for n in range(NT):
@@ -1359,14 +1431,21 @@ def _ws_storer(wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, 
 
 
 @gluon.jit
-def _kda_scan_wgmma_ws(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H,
+def _kda_scan_wgmma_ws(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT, H, flag_ptr,
                        K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NS: gl.constexpr,
-                       USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
+                       USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WAIT: gl.constexpr = False):
     """``_kda_scan_wgmma`` warp-specialised (scan_engine "wgmma_ws", session 10, prepared and compiled for
     sm_90 only, not run on a GPU): one loader warp issues the TMA loads, one storer warp the o stores, and
     the compute warpgroup neither issues nor waits for any of them but through mbarriers -- ready / empty
     per ring stage, o_ready / o_free per o buffer. Aimed at what ncu showed of the one-warpgroup kernel:
-    its refill, o store and their CTA barriers on the state's chain."""
+    its refill, o store and their CTA barriers on the state's chain.
+
+    WAIT (scan_overlap "pdl", session 14): the scan is launched before the solve and lets it launch at once
+    (programmatic dependent launch); its loader waits for each chunk's flag (``_ws_wait_chunks``)."""
+    if WAIT:
+        # the solve (launched next, programmatically dependent) may start as soon as every scan program runs
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
     i_v = gl.program_id(0)
     i_bh = gl.program_id(1)
     v0 = i_v * BV
@@ -1386,7 +1465,7 @@ def _kda_scan_wgmma_ws(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT
         mbarrier.init(o_free.index(i), count=1)
     fence_async_shared()
     worker_args = (wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free,
-                   i_bh * TP, i_bh * NT, v0, i_bh // H, (i_bh % H) * V + v0, NT, BT, NS)
+                   i_bh * TP, i_bh * NT, v0, i_bh // H, (i_bh % H) * V + v0, NT, flag_ptr, BT, NS, WAIT)
     gl.warp_specialize([
         (_ws_compute, (wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free, h0_ptr, ht_ptr, i_bh, v0, NT,
                        K, V, BT, BV, NS, USE_H0, STORE_HT)),
@@ -1451,7 +1530,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     # knob dicts written before a knob existed lack it: each gets the value that keeps the code it had
     knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "off_tile": "chunk", "diag_cols": "load",
              "scan_engine": "triton", "scan_ring": 4, "diag_floor": 0, "kd_sum": "reversed", "scan_bv": 64,
-             "inv_dot": "ieee", "row_prefetch": False,
+             "inv_dot": "ieee", "row_prefetch": False, "scan_overlap": "off", "pair_elems": 2048,
              **knobs}
     # a name this file lacks would be ignored silently: version 9's scan_pair=True would time the default
     unknown = sorted(set(knobs) - set(KNOBS))
@@ -1504,6 +1583,10 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     if knobs.get("kd_sum") == "rows" and (knobs.get("block_prog") != "row" or knobs.get("diag_floor") != 30):
         raise ValueError("kd_sum='rows' is served with block_prog='row' and diag_floor=30 only (the block rows "
                          "write the solve's running sums; their gates must be floored as the solve's, at -30)")
+    # session 14's scan_overlap "pdl": the solve flags chunks for the warp-specialised scan only, as its own launch
+    if knobs.get("scan_overlap") == "pdl" and (knobs.get("fuse_prep") or knobs.get("scan_engine") != "wgmma_ws"):
+        raise ValueError("scan_overlap='pdl' is served with fuse_prep=False and scan_engine='wgmma_ws' only (the "
+                         "solve must be its own launch, and only the warp-specialised scan's loader waits for it)")
     for name, choices in SPACE.items():
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
@@ -1519,6 +1602,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         raise ValueError(f"K={K} and V={V} must be powers of two in [16, 256] (tl.dot tiles)")
     bk = min(BK, K)
     bv = min(BV, V)
+    pair_elems = 512 * knobs["block_warps"] if knobs["pair_elems"] == "auto" else knobs["pair_elems"]
     limit = _GUARD_LIMIT[knobs["recentre"]] if knobs["diag"] == "guarded" else -1.0
     fuse = bool(knobs["fuse_output"])
     split = knobs["scan_dot"] == "split"
@@ -1542,13 +1626,14 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         # its channel step widened to keep [BC/SB, SB, SB, DKS] at 2048 elements
         "SB": BC if knobs["pair"] == "full" else min(_SPLIT_SB, BC),
         "LOG_NS": 0 if knobs["pair"] == "full" else int(math.log2(BC // min(_SPLIT_SB, BC))),
-        "DKS": max(1, min(bk, _SPLIT_ELEMS // (BC * min(_SPLIT_SB, BC)))),
+        "DKS": max(1, min(bk, pair_elems // (BC * min(_SPLIT_SB, BC)))),
         "OFFW": BT - BC if knobs["off_tile"] == "tight" else BT,
         "DIAG_TRANS": knobs["diag_cols"] == "trans",
         "FLOOR": -float(knobs["diag_floor"]),
         "KD_SUM": {"reversed": 0, "f64": 1, "f32": 2, "rows": 3}[knobs["kd_sum"]],
         "INV": {"ieee": 0, "bf16x3": 1}[knobs["inv_dot"]],
         "PREFETCH": bool(knobs["row_prefetch"]),
+        "FLAG": knobs["scan_overlap"] == "pdl",
         # the block rows' register cap (0: none); "auto": 168 with 16-wide key tiles, else none
         "BLOCK_MAXNREG": (168 if bk == 16 else 0) if knobs["block_maxnreg"] == "auto" else knobs["block_maxnreg"],
         "OUT_BV": min(V, knobs["out_bv"] or BV),
@@ -1602,9 +1687,11 @@ def _wgmma_scan_ring(ring: int, K: int, BT: int, BV: int) -> int:
     return ring
 
 
-def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, ring, warp_specialised, BV=WGMMA_BV):
+def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, ring, warp_specialised, BV=WGMMA_BV,
+                       flags=None):
     """wkq: w, kd, qd as one [3, BH, TP, K] bf16 buffer; ua: u, au as one [2, BH, TP, V] (one TMA copy each).
-    BV: value columns per program (64 or 128: one or two compute warpgroups)."""
+    BV: value columns per program (64 or 128: one or two compute warpgroups). flags (warp-specialised only): the
+    solve's per-chunk flags [BH * NT] int32, for a scan launched before the solve (scan_overlap "pdl")."""
     BH = wkq.shape[1]
     B = BH // H
     ring = _wgmma_scan_ring(ring, K, BT, BV)
@@ -1622,13 +1709,22 @@ def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, ri
     o3 = o.view(B, T, H * V)
     o_desc = GluonDescriptor(o3, list(o3.shape), [T * H * V, H * V, 1], [1, BT, BV],
                              gl.NVMMASharedLayout.get_default_for([1, BT, BV], gl.bfloat16))
-    scan = _kda_scan_wgmma_ws if warp_specialised else _kda_scan_wgmma
-    scan[(V // BV, BH)](
-        desc(wkq, K, K), desc(ua, V, BV), g_desc, o_desc,
-        h0 if h0 is not None else g_last, final if final is not None else g_last, TP, NT, H,
-        K=K, V=V, BT=BT, BV=BV, NS=ring, USE_H0=h0 is not None, STORE_HT=final is not None,
-        num_warps=BV // 16,
-    )
+    args = (desc(wkq, K, K), desc(ua, V, BV), g_desc, o_desc,
+            h0 if h0 is not None else g_last, final if final is not None else g_last, TP, NT, H)
+    meta = dict(K=K, V=V, BT=BT, BV=BV, NS=ring, USE_H0=h0 is not None, STORE_HT=final is not None, num_warps=BV // 16)
+    if warp_specialised:
+        _kda_scan_wgmma_ws[(V // BV, BH)](*args, flags if flags is not None else g_last, WAIT=flags is not None, **meta)
+    else:
+        _kda_scan_wgmma[(V // BV, BH)](*args, **meta)
+
+
+def _scan_beside_solve(wgmma: bool, kn: dict, scan_programs: int, sm_count: int) -> bool:
+    """scan_overlap "pdl": whether the scan is launched before the solve and runs beside it. Only the
+    warp-specialised Gluon scan waits for the solve's flags, and only when all its programs fit on the GPU at
+    once (one per SM: its ring fills the shared memory) with SMs left for the solve: the solve may launch only
+    once every scan program runs, and a scan program waiting for an SM would wait for the solve forever."""
+    return (wgmma and kn["scan_overlap"] == "pdl" and kn["scan_engine"] == "wgmma_ws"
+            and scan_programs <= sm_count - 16)
 
 
 def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
@@ -1693,11 +1789,13 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
     gsum = plan["KD_SUM"] == 3
     g_sums = torch.empty((BH, TP, K), dtype=torch.float32, device=dev) if gsum else akk
     g_tots = torch.empty((BH, NT, BT // plan["BC"], K), dtype=torch.float32, device=dev) if gsum else akk
+    # scan_overlap "pdl": one flag per (batch*head, chunk), set by the solve once that chunk's tiles are stored
+    flags = torch.zeros((BH * NT,), dtype=torch.int32, device=dev) if plan["FLAG"] else akk
 
     try:
         prep_args = (
             q, k, v, g, beta,
-            w, u, kd, qd, aqk, akk, g_last, au, g_sums, g_tots,
+            w, u, kd, qd, aqk, akk, g_last, au, g_sums, g_tots, flags,
             float(scale), T, TP, NT, H, BH * TP * BT,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
@@ -1718,6 +1816,16 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
         # programs (4 warps) or 2 solve programs (8 warps) per SM instead of 3 and 1
         block_regs = {"maxnreg": plan["BLOCK_MAXNREG"]} if plan["BLOCK_MAXNREG"] else {}
         solve_regs = {"maxnreg": kn["solve_maxnreg"]} if kn["solve_maxnreg"] else {}
+        scan_bv = WGMMA_BV
+        beside = False
+        if wgmma:
+            sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
+            scan_bv = _wgmma_scan_bv(kn.get("scan_bv", 64), BH, V, sm_count)
+            beside = _scan_beside_solve(wgmma, kn, BH * (V // scan_bv), sm_count)
+        if debug is not None:
+            debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=g_last, BT=BT, NT=NT, TP=TP,
+                         pre=plan["PRE"], au=au if plan["PRE"] else None, flags=flags if plan["FLAG"] else None,
+                         scan_beside_solve=beside)
         if kn["fuse_prep"]:
             _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=0, num_warps=kn["block_warps"], num_stages=plan["solve_stages"],
                                        **block_regs, **prep_meta)
@@ -1727,15 +1835,27 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             # SASS is identical at 2 and 3 (version 8, offline compile); solve_stages pipelines the solve
             _kda_prep_kernel[(rows_grid, BH)](*prep_args, STAGE=1, num_warps=kn["block_warps"], num_stages=1,
                                                             **block_regs, **prep_meta)
-            _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=2, num_warps=kn["solve_warps"], num_stages=plan["solve_stages"],
-                                       **solve_regs, **prep_meta)
-        if debug is not None:
-            debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=g_last, BT=BT, NT=NT, TP=TP,
-                         pre=plan["PRE"], au=au if plan["PRE"] else None)
+            if beside:
+                # scan_overlap "pdl": the scan first (its programs let the solve launch at once and wait for each
+                # chunk's flag), then the solve as its programmatic dependent, on the SMs the scan leaves. The solve
+                # is compiled and loaded onto the GPU before the scan starts: a first call's compile (seconds, on the
+                # host) would keep the scan spinning until it gives up, and CUDA's lazy loading of a kernel at its
+                # first launch waits for the running scan, which waits for the solve (H200, session 14: "unspecified
+                # launch failure" from the scan's trap). The compiled kernel's launcher property loads it.
+                solve_meta = dict(STAGE=2, FLAG=True, launch_pdl=True, num_warps=kn["solve_warps"],
+                                  num_stages=plan["solve_stages"], **solve_regs, **prep_meta)
+                if _kda_prep_kernel.warmup(*prep_args, grid=(BH, NT), **solve_meta).run is None:
+                    raise RuntimeError("the solve's kernel did not load")
+                _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, kn.get("scan_ring", 4),
+                                   True, scan_bv, flags=flags)
+                _kda_prep_kernel[(BH, NT)](*prep_args, **solve_meta)
+                return o, final
+            solve_grid = (BH, NT) if plan["FLAG"] else (NT, BH)
+            _kda_prep_kernel[solve_grid](*prep_args, STAGE=2, FLAG=plan["FLAG"], num_warps=kn["solve_warps"],
+                                         num_stages=plan["solve_stages"], **solve_regs, **prep_meta)
         if wgmma:
-            sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
             _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, kn.get("scan_ring", 4),
-                               kn["scan_engine"] == "wgmma_ws", _wgmma_scan_bv(kn.get("scan_bv", 64), BH, V, sm_count))
+                               kn["scan_engine"] == "wgmma_ws", scan_bv)
             return o, final
         fuse = plan["fuse"]
         if fuse:
