@@ -33,6 +33,13 @@ def _sleepy(flags_ptr, n0, NT, G: gl.constexpr):
                               is_pure=False, pack=1)
 
 
+VARIANTS = ["flags_preset_no_solve", "solve_then_waiting_scan", "overlap", "overlap_big"]
+# call 5: where the time goes beside the scan, at the headline (timeline of one call; median of the event timer).
+# Call 5 ran these with the per-chunk wait of commit 0a49b07 (one flag load and both fences per chunk); the functions
+# above take the grouped wait's arguments. (Call 6's run of this list failed: these two lines had been deleted.)
+TIMELINE = ["t_off", "t_overlap", "t_swap_only", "t_overlap_nopoll", "t_overlap_sleep"]
+
+
 def child(variant: str) -> dict:
     import torch
 
@@ -51,7 +58,6 @@ def child(variant: str) -> dict:
           "scan_engine": "wgmma_ws", "scan_overlap": "pdl"}
     dbg: dict = {}
     real_launch = fam._wgmma_scan_launch
-    real_prep = fam._kda_prep_kernel
     info: dict = {"variant": variant}
     if variant in ("flags_preset_no_solve", "solve_then_waiting_scan"):
         fam._scan_beside_solve = lambda *a: False
@@ -77,7 +83,6 @@ def child(variant: str) -> dict:
             info["err"] = {e.name: float(f"{e.rel_rms:.3e}") for e in prob.compare(got, want)}
     except Exception as err:  # noqa: BLE001
         info["error"] = f"{type(err).__name__}: {err}"[:300]
-    del real_prep
     return info
 
 
@@ -103,7 +108,8 @@ def timeline(variant: str) -> dict:
     prob = KDAProblem()
     case = {"B": 1, "T": 8192, "H": 16, "K": 128, "V": 128, "initial_state": False, "output_final_state": True}
     x = prob.make_inputs(case, device="cuda", seed=0)
-    kn = {**fam.KNOBS, **fam.TRY_EARLY[2], "scan_overlap": "off" if variant == "t_off" else "pdl"}
+    # 581efeab's knobs (call 5 took them from the TRY_EARLY of its day; pair_elems stays at its default 2048)
+    kn = {**fam.KNOBS, **fam.TRY_EARLY[0], "pair_elems": 2048, "scan_overlap": "off" if variant == "t_off" else "pdl"}
 
     def call():
         return fam.kda_chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, True, kn)
@@ -128,7 +134,7 @@ def main() -> int:
     rows = []
     for v in (TIMELINE if "--timeline" in sys.argv else VARIANTS):
         try:
-            p = subprocess.run([sys.executable, __file__, "--child", v], capture_output=True, text=True, timeout=90)
+            p = subprocess.run([sys.executable, __file__, "--child", v], capture_output=True, text=True, timeout=90, check=False)
             line = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else json.dumps({"variant": v, "stderr": p.stderr[-400:]})
         except subprocess.TimeoutExpired:
             line = json.dumps({"variant": v, "error": "timeout 90 s"})

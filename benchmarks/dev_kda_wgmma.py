@@ -97,6 +97,9 @@ ROWS.update({
     "pe": {**B581, "pair_elems": "auto"},
     "pe_bk16_0": {**B581, "pair_elems": "auto", "block_maxnreg": 0},
     "ovl_pe": {**B581, "scan_overlap": "pdl", "pair_elems": "auto"},
+    # ... and "auto": the scan beside the solve only where it has at most SMs / 4 programs (the headline alone of fla's
+    # six shapes); the solve unflagged elsewhere (not yet run on a GPU)
+    "auto_pe": {**B581, "scan_overlap": "auto", "pair_elems": "auto"},
 })
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}

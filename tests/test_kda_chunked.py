@@ -157,7 +157,8 @@ def test_hostile_gates_every_recentre(tmp_path, block_prog):
 COMPANIONS = {("solve_warps", 4): {"subst": "rows", "BT": 32}, ("solve_warps", 2): {"subst": "rows", "BT": 32},
               ("scan_warps", 1): {"scan_layout": "vk"},
               ("BT", 64): {"solve_warps": 8}, ("subst", "extract"): {"solve_warps": 8},
-              ("kd_sum", "rows"): {"diag_floor": 30}, ("scan_overlap", "pdl"): {"scan_engine": "wgmma_ws"}}
+              ("kd_sum", "rows"): {"diag_floor": 30}, ("scan_overlap", "pdl"): {"scan_engine": "wgmma_ws"},
+              ("scan_overlap", "auto"): {"scan_engine": "wgmma_ws"}}
 
 
 def test_every_space_value(tmp_path):
@@ -897,21 +898,22 @@ def test_block_row_tile_auto_follows_k(family):
 OVERLAP = {**FLOOR, "kd_sum": "rows", "scan_engine": "wgmma_ws", "scan_overlap": "pdl"}
 
 
-def test_scan_overlap_solve_flags_every_chunk(tmp_path):
+@pytest.mark.parametrize("overlap", ["pdl", "auto"])
+def test_scan_overlap_solve_flags_every_chunk(tmp_path, overlap):
     """On the CPU the Gluon scan that waits for the flags cannot run (tests/test_kda_wgmma.py compiles it), but the
     solve still runs on its chunk-major (B*H, NT) grid and flags each chunk: every flag set exactly once, and the
     outputs and intermediates bit-identical to scan_overlap "off"'s, on resets with a short last chunk and B > 1."""
     case = {"B": 2, "T": 45, "H": 2, "K": 32, "V": 16, "initial_state": True, "output_final_state": True}
     x = hostile_inputs("resets", case, seed=91)
-    knobs = {**FAMILY.knobs, **OVERLAP}
+    knobs = {**FAMILY.knobs, **OVERLAP, "scan_overlap": overlap}
     module = render(knobs, tmp_path)
     check(module.kernel, x, case)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], True)
     runs = {}
-    for overlap in ("off", "pdl"):
+    for value in ("off", overlap):
         d = {}
-        runs[overlap] = (module.kda_chunked(*args, {**knobs, "scan_overlap": overlap}, debug=d), d)
-    (o_on, s_on), d_on = runs["pdl"]
+        runs[value] = (module.kda_chunked(*args, {**knobs, "scan_overlap": value}, debug=d), d)
+    (o_on, s_on), d_on = runs[overlap]
     (o_off, s_off), d_off = runs["off"]
     assert torch.equal(o_on, o_off) and torch.equal(s_on, s_off)
     for name in ("w", "u", "kd", "qd", "gl", "au"):
@@ -929,9 +931,16 @@ def test_scan_beside_solve_only_where_every_scan_program_fits(family):
     assert family._scan_beside_solve(True, kn, 116, 132) and not family._scan_beside_solve(True, kn, 117, 132)
     assert not family._scan_beside_solve(False, kn, 32, 132)  # the Triton scan ran: nothing waits for the flags
     assert not family._scan_beside_solve(True, {**kn, "scan_overlap": "off"}, 32, 132)
-    for refused in ({"scan_engine": "wgmma"}, {"scan_engine": "triton"}, {"fuse_prep": True, "block_warps": 4}):
-        with pytest.raises(ValueError, match="scan_overlap"):
-            family._plan(128, 128, {**kn, **refused})
+    assert not family._scan_beside_solve(True, {**kn, "scan_engine": "wgmma"}, 32, 132)
+    # "auto": only where the scan's chain is the longer stage, at most a quarter as many programs as SMs (the headline's
+    # 32 on the H200's 132), not B2 T16384 H16's or B8 T1024 H8's 64
+    auto = {**kn, "scan_overlap": "auto"}
+    assert family._scan_beside_solve(True, auto, 33, 132) and not family._scan_beside_solve(True, auto, 34, 132)
+    assert not family._scan_beside_solve(False, auto, 32, 132)
+    for value in ("pdl", "auto"):
+        for refused in ({"scan_engine": "wgmma"}, {"scan_engine": "triton"}, {"fuse_prep": True, "block_warps": 4}):
+            with pytest.raises(ValueError, match="scan_overlap"):
+                family._plan(128, 128, {**kn, "scan_overlap": value, **refused})
 
 
 # session 14: pair_elems -- the pairwise fallback's tile sized by the block rows' warps
