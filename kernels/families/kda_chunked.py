@@ -342,9 +342,9 @@ SPACE = {
     # dependent launch: the scan's 32 programs (headline) run beside the solve's, which take the other SMs chunk by
     # chunk across heads and flag each chunk once stored; the scan's loader waits for the flags 8 chunks at a time.
     # Only where every scan program fits on the GPU at once with SMs to spare; "auto" only where the scan has at most
-    # SMs / 4 programs (_scan_beside_solve). H200: headline 469 -> 413 us; 4-5 % slower at B4 T2048 H16 and B8 T1024 H8
-    # (beside under "pdl"). Elsewhere the solve runs first, unflagged (session 14's loop measured "pdl" with the solve
-    # flagging on its swapped grid there too: +4-5 % at B1 T8192 H96 and B4 T4096 H64)
+    # SMs / 4 programs (_scan_beside_solve). H200: headline 469 -> 413 us; level at B2 T16384 H16 and 5 % slower at B8
+    # T1024 H8 (beside under "pdl"). Elsewhere the solve runs first, unflagged (session 14's loop measured "pdl" with the
+    # solve flagging on its chunk-major grid there too: +4-5 % at B1 T8192 H96, B4 T4096 H64 and B4 T2048 H16)
     "scan_overlap": ["off", "pdl", "auto"],
     # session 14: elements of pair "split"'s pairwise tile [BC/SB, SB, SB, DKS] (the fallback of 0.9 % of diagonal
     # blocks); 2048 was sized for 4-warp rows. Offline sm_90, 1-warp rows, kd_sum "rows": at 512, BK 32 uncapped stops
@@ -409,7 +409,8 @@ REQUIRES = [
 # four largest shapes, level elsewhere).
 # The loop (399 -> 415 tool calls) measured them on its geomean (benchmark / profile timings): "pdl" + pair_elems "auto"
 # 416.4 / 409.6 us (c4ab1b86, promoted), pair_elems "auto" alone 423.7 / 423.0 (581efeab: 421.7), "pdl" alone 419.9 / 415.3. Dev rows of c4ab1b86's knobs: headline 412.5 us
-# against 469.1, but +3-5 % at the four other K = 128 shapes and 124.6 against 119.3 at B8 T1024 H8 K 64. The entry:
+# against 469.1, level at B2 T16384 H16, +3-5 % at the three other K = 128 shapes (not beside: the solve's flags and
+# chunk-major grid only) and 124.6 against 119.3 at B8 T1024 H8 K 64. The entry:
 # scan_overlap "auto", beside only where the scan is the longer stage (at fla's six shapes: the headline alone).
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
               "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
@@ -1771,9 +1772,9 @@ def _scan_beside_solve(wgmma: bool, kn: dict, scan_programs: int, sm_count: int)
     ring fills the shared memory) with SMs left for the solve: the solve may launch only once every scan program
     runs, and a scan program waiting for an SM would wait for the solve forever. "pdl": wherever that holds (16 SMs
     to spare); "auto": only where the scan has at most a quarter as many programs as the GPU has SMs, where its
-    chain of chunk steps, not the solve, is the longer stage (H200, session 14: -12 % at B1 T8192 H16, 32 programs;
-    level at B2 T16384 H16, 64; +4 % at B4 T2048 H16, 128, and +5 % at B8 T1024 H8 K 64, 64 programs, where the
-    solve takes twice the scan's time)."""
+    chain of chunk steps, not the solve, is the longer stage (H200, session 14, "pdl": -12 % at B1 T8192 H16, 32
+    programs; level at B2 T16384 H16, 64; +5 % at B8 T1024 H8 K 64, 64 programs, where the solve takes twice the
+    scan's time)."""
     if not (wgmma and kn["scan_engine"] == "wgmma_ws"):
         return False
     if kn["scan_overlap"] == "auto":
