@@ -193,6 +193,14 @@ registers, 8 warps per SM; the solve near memory-bound):
   headline, slower at K 64. ``BK`` / ``block_maxnreg`` "auto" take 16 / 168 at K >= 128 and 32 / uncapped below: the
   loop's best (581efeab).
 - ``row_prefetch``: the block rows issue the next key tile's loads early; -1 % at the large shapes, not promoted.
+
+Session 14 (kernels/notes/kda.md, "Session 14"): ``scan_overlap`` runs the wgmma scan beside the solve on one stream.
+The scan (32 programs at the headline, one per SM) is launched first and lets the solve launch at once as its
+programmatic dependent (``launch_pdl``); the solve's programs, dispatched chunk by chunk across heads, flag each chunk
+once stored (a release), and the scan's loader waits for the flags 8 chunks at a time (an acquire and a proxy fence)
+before its TMA loads. The solve is compiled and loaded before the scan starts: CUDA's lazy loading at a first launch
+waits for running kernels, here a scan that waits for the solve. Headline 469 -> 413 us on the H200; "auto" keeps it to
+shapes where the scan is the longer stage. ``pair_elems`` sizes the pairwise fallback's tile by the block rows' warps.
 """
 
 import math
@@ -212,7 +220,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 # kopt:knobs-begin
-KNOBS = {'BT': 32, 'BC': 16, 'BK': 'auto', 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 1, 'solve_warps': 2, 'block_maxnreg': 'auto', 'solve_maxnreg': 168, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'rows', 'scan_bv': 64, 'inv_dot': 'bf16x3', 'row_prefetch': False, 'scan_overlap': 'pdl', 'pair_elems': 'auto'}
+KNOBS = {'BT': 32, 'BC': 16, 'BK': 'auto', 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 1, 'solve_warps': 2, 'block_maxnreg': 'auto', 'solve_maxnreg': 168, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'rows', 'scan_bv': 64, 'inv_dot': 'bf16x3', 'row_prefetch': False, 'scan_overlap': 'auto', 'pair_elems': 'auto'}
 # kopt:knobs-end
 SPACE = {
     "BT": [32, 64],
@@ -293,10 +301,12 @@ SPACE = {
     "row_prefetch": [False, True],
     # session 14: "pdl" launches the warp-specialised scan before the solve, as the solve's primary in a programmatic
     # dependent launch: the scan's 32 programs (headline) run beside the solve's, which take the other SMs chunk by
-    # chunk across heads and flag each chunk once stored; the scan's loader waits for each flag. Only where every scan
-    # program fits on the GPU at once with SMs to spare (_scan_beside_solve); elsewhere the solve still flags its
-    # chunks (and on the CPU, where nothing waits for them) and the scan runs after it
-    "scan_overlap": ["off", "pdl"],
+    # chunk across heads and flag each chunk once stored; the scan's loader waits for the flags 8 chunks at a time.
+    # Only where every scan program fits on the GPU at once with SMs to spare; "auto" only where the scan has at most
+    # SMs / 4 programs (_scan_beside_solve). H200: headline 469 -> 413 us; level at B2 T16384 H16 and 5 % slower at B8
+    # T1024 H8 (beside under "pdl"). Elsewhere the solve runs first, unflagged (session 14's loop measured "pdl" with the
+    # solve flagging on its chunk-major grid there too: +4-5 % at B1 T8192 H96, B4 T4096 H64 and B4 T2048 H16)
+    "scan_overlap": ["off", "pdl", "auto"],
     # session 14: elements of pair "split"'s pairwise tile [BC/SB, SB, SB, DKS] (the fallback of 0.9 % of diagonal
     # blocks); 2048 was sized for 4-warp rows. Offline sm_90, 1-warp rows, kd_sum "rows": at 512, BK 32 uncapped stops
     # spilling (3.7 KB -> 0) and BK 16 fits 168 registers without a spill. "auto": 512 per warp of the block rows
@@ -314,7 +324,7 @@ REQUIRES = [
     ({"solve_stages": [2, 3], "BT": 64}, {"solve_maxnreg": [0]}),
     ({"off_tile": "tight"}, {"block_prog": ["row"], "BT": [32]}),
     ({"kd_sum": "rows"}, {"block_prog": ["row"], "diag_floor": [30]}),
-    ({"scan_overlap": "pdl"}, {"fuse_prep": [False], "scan_engine": ["wgmma_ws"]}),
+    ({"scan_overlap": ["pdl", "auto"]}, {"fuse_prep": [False], "scan_engine": ["wgmma_ws"]}),
 ]
 # Measured by the search loop right after the defaults. Session 4 (results/runs/kda-h200-2, judge timer,
 # geomean of three shapes): au bf16 + out_bv 128 781.5 us (vs 846.9 for version 4's defaults), then pair split
@@ -358,17 +368,15 @@ REQUIRES = [
 # loop promoted it (581efeab, 421.7 us). Session 14 (results/h200-2026-11-30i): 581efeab's knobs with the scan beside the
 # solve (scan_overlap "pdl") and / or the pairwise fallback's tile by warps (pair_elems "auto"; dev rows: -0.5 % at the
 # four largest shapes, level elsewhere).
-# (each entry spelled out: the loop reads TRY_EARLY as a literal)
+# The loop (399 -> 415 tool calls) measured them on its geomean (benchmark / profile timings): "pdl" + pair_elems "auto"
+# 416.4 / 409.6 us (c4ab1b86, promoted), pair_elems "auto" alone 423.7 / 423.0 (581efeab: 421.7), "pdl" alone 419.9 / 415.3. Dev rows of c4ab1b86's knobs: headline 412.5 us
+# against 469.1, level at B2 T16384 H16, +3-5 % at the three other K = 128 shapes (not beside: the solve's flags and
+# chunk-major grid only) and 124.6 against 119.3 at B8 T1024 H8 K 64. The entry:
+# scan_overlap "auto", beside only where the scan is the longer stage (at fla's six shapes: the headline alone).
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
               "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "scan_overlap": "pdl",
-              "pair_elems": "auto"},
-             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "pair_elems": "auto"},
-             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "scan_overlap": "pdl"}]
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "scan_overlap": "auto",
+              "pair_elems": "auto"}]
 
 # kd_sum "f32": the solve raises the gates it loads to at least -_KD_FLOOR, so that every running sum it forms is
 # at most 30 BT in size and G_last - G_j, a float32 difference, is within ~1e-4 nats of the sum it stands for (kd is
@@ -1008,7 +1016,7 @@ def _kda_prep_kernel(
 ):
     """STAGE 0: everything for one chunk (block rows, then the solve); 1: one block row of
     one chunk (grid NT * NC), or with CHUNK all block rows of one chunk (grid NT); 2: the solve
-    and WY factors of one chunk. FLAG (scan_overlap "pdl", STAGE 2): the grid is (B*H, NT), so that
+    and WY factors of one chunk. FLAG (scan_overlap, STAGE 2): the grid is (B*H, NT), so that
     programs are dispatched chunk by chunk across heads, and each marks its chunk done in flag_ptr
     once its tiles are stored, for a scan that is already running."""
     NC: tl.constexpr = BT // BC
@@ -1583,10 +1591,11 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     if knobs.get("kd_sum") == "rows" and (knobs.get("block_prog") != "row" or knobs.get("diag_floor") != 30):
         raise ValueError("kd_sum='rows' is served with block_prog='row' and diag_floor=30 only (the block rows "
                          "write the solve's running sums; their gates must be floored as the solve's, at -30)")
-    # session 14's scan_overlap "pdl": the solve flags chunks for the warp-specialised scan only, as its own launch
-    if knobs.get("scan_overlap") == "pdl" and (knobs.get("fuse_prep") or knobs.get("scan_engine") != "wgmma_ws"):
-        raise ValueError("scan_overlap='pdl' is served with fuse_prep=False and scan_engine='wgmma_ws' only (the "
-                         "solve must be its own launch, and only the warp-specialised scan's loader waits for it)")
+    # session 14's scan_overlap: the solve flags chunks for the warp-specialised scan only, as its own launch
+    if knobs.get("scan_overlap") in ("pdl", "auto") and (knobs.get("fuse_prep") or knobs.get("scan_engine") != "wgmma_ws"):
+        raise ValueError(f"scan_overlap={knobs.get('scan_overlap')!r} is served with fuse_prep=False and "
+                         "scan_engine='wgmma_ws' only (the solve must be its own launch, and only the warp-specialised "
+                         "scan's loader waits for it)")
     for name, choices in SPACE.items():
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
@@ -1633,7 +1642,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "KD_SUM": {"reversed": 0, "f64": 1, "f32": 2, "rows": 3}[knobs["kd_sum"]],
         "INV": {"ieee": 0, "bf16x3": 1}[knobs["inv_dot"]],
         "PREFETCH": bool(knobs["row_prefetch"]),
-        "FLAG": knobs["scan_overlap"] == "pdl",
+        "OVERLAP": knobs["scan_overlap"] != "off",
         # the block rows' register cap (0: none); "auto": 168 with 16-wide key tiles, else none
         "BLOCK_MAXNREG": (168 if bk == 16 else 0) if knobs["block_maxnreg"] == "auto" else knobs["block_maxnreg"],
         "OUT_BV": min(V, knobs["out_bv"] or BV),
@@ -1719,12 +1728,19 @@ def _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, ri
 
 
 def _scan_beside_solve(wgmma: bool, kn: dict, scan_programs: int, sm_count: int) -> bool:
-    """scan_overlap "pdl": whether the scan is launched before the solve and runs beside it. Only the
-    warp-specialised Gluon scan waits for the solve's flags, and only when all its programs fit on the GPU at
-    once (one per SM: its ring fills the shared memory) with SMs left for the solve: the solve may launch only
-    once every scan program runs, and a scan program waiting for an SM would wait for the solve forever."""
-    return (wgmma and kn["scan_overlap"] == "pdl" and kn["scan_engine"] == "wgmma_ws"
-            and scan_programs <= sm_count - 16)
+    """scan_overlap: whether the scan is launched before the solve and runs beside it. Only the warp-specialised
+    Gluon scan waits for the solve's flags, and only when all its programs fit on the GPU at once (one per SM: its
+    ring fills the shared memory) with SMs left for the solve: the solve may launch only once every scan program
+    runs, and a scan program waiting for an SM would wait for the solve forever. "pdl": wherever that holds (16 SMs
+    to spare); "auto": only where the scan has at most a quarter as many programs as the GPU has SMs, where its
+    chain of chunk steps, not the solve, is the longer stage (H200, session 14, "pdl": -12 % at B1 T8192 H16, 32
+    programs; level at B2 T16384 H16, 64; +5 % at B8 T1024 H8 K 64, 64 programs, where the solve takes twice the
+    scan's time)."""
+    if not (wgmma and kn["scan_engine"] == "wgmma_ws"):
+        return False
+    if kn["scan_overlap"] == "auto":
+        return scan_programs <= sm_count // 4
+    return kn["scan_overlap"] == "pdl" and scan_programs <= sm_count - 16
 
 
 def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
@@ -1789,8 +1805,16 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
     gsum = plan["KD_SUM"] == 3
     g_sums = torch.empty((BH, TP, K), dtype=torch.float32, device=dev) if gsum else akk
     g_tots = torch.empty((BH, NT, BT // plan["BC"], K), dtype=torch.float32, device=dev) if gsum else akk
-    # scan_overlap "pdl": one flag per (batch*head, chunk), set by the solve once that chunk's tiles are stored
-    flags = torch.zeros((BH * NT,), dtype=torch.int32, device=dev) if plan["FLAG"] else akk
+    scan_bv = WGMMA_BV
+    beside = False  # scan_overlap: the scan launched first, the solve beside it
+    if wgmma:
+        sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
+        scan_bv = _wgmma_scan_bv(kn.get("scan_bv", 64), BH, V, sm_count)
+        beside = _scan_beside_solve(wgmma, kn, BH * (V // scan_bv), sm_count)
+    # one flag per (batch*head, chunk), set by the solve once that chunk's tiles are stored: where a scan waits for
+    # them, and on the CPU (nothing waits there; the interpreter tests the solve's side of the hand-over)
+    flag_solve = beside or (plan["OVERLAP"] and not q.is_cuda)
+    flags = torch.zeros((BH * NT,), dtype=torch.int32, device=dev) if flag_solve else akk
 
     try:
         prep_args = (
@@ -1816,15 +1840,9 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
         # programs (4 warps) or 2 solve programs (8 warps) per SM instead of 3 and 1
         block_regs = {"maxnreg": plan["BLOCK_MAXNREG"]} if plan["BLOCK_MAXNREG"] else {}
         solve_regs = {"maxnreg": kn["solve_maxnreg"]} if kn["solve_maxnreg"] else {}
-        scan_bv = WGMMA_BV
-        beside = False
-        if wgmma:
-            sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
-            scan_bv = _wgmma_scan_bv(kn.get("scan_bv", 64), BH, V, sm_count)
-            beside = _scan_beside_solve(wgmma, kn, BH * (V // scan_bv), sm_count)
         if debug is not None:
             debug.update(w=w, u=u, kd=kd, qd=qd, aqk=aqk, akk=akk, gl=g_last, BT=BT, NT=NT, TP=TP,
-                         pre=plan["PRE"], au=au if plan["PRE"] else None, flags=flags if plan["FLAG"] else None,
+                         pre=plan["PRE"], au=au if plan["PRE"] else None, flags=flags if flag_solve else None,
                          scan_beside_solve=beside)
         if kn["fuse_prep"]:
             _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=0, num_warps=kn["block_warps"], num_stages=plan["solve_stages"],
@@ -1850,8 +1868,8 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
                                    True, scan_bv, flags=flags)
                 _kda_prep_kernel[(BH, NT)](*prep_args, **solve_meta)
                 return o, final
-            solve_grid = (BH, NT) if plan["FLAG"] else (NT, BH)
-            _kda_prep_kernel[solve_grid](*prep_args, STAGE=2, FLAG=plan["FLAG"], num_warps=kn["solve_warps"],
+            solve_grid = (BH, NT) if flag_solve else (NT, BH)
+            _kda_prep_kernel[solve_grid](*prep_args, STAGE=2, FLAG=flag_solve, num_warps=kn["solve_warps"],
                                          num_stages=plan["solve_stages"], **solve_regs, **prep_meta)
         if wgmma:
             _wgmma_scan_launch(wkq, ua, g_last, h0, final, o, T, TP, NT, H, K, V, BT, kn.get("scan_ring", 4),
