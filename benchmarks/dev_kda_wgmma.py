@@ -101,6 +101,14 @@ ROWS.update({
     # six shapes); the solve unflagged elsewhere (not yet run on a GPU)
     "auto_pe": {**B581, "scan_overlap": "auto", "pair_elems": "auto"},
 })
+# session 15: the loop's best (7671e90b: scan_overlap and pair_elems "auto") as the base; rows_engine "gluon" = both block
+# rows of a chunk in one Gluon program (4 warps, one key channel per thread), "gluon8" the same at 8 warps
+B767 = {**B581, "scan_overlap": "auto", "pair_elems": "auto"}
+ROWS.update({
+    "b767": B767,
+    "gl": {**B767, "rows_engine": "gluon"},
+    "gl8": {**B767, "rows_engine": "gluon8"},
+})
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}
 HEADLINE = {"B": 1, "T": 8192, "H": 16, "K": 128, "V": 128, "initial_state": False, "output_final_state": True}
@@ -248,6 +256,14 @@ def main() -> int:
         return real_launch(*a, **kw)
 
     fam._wgmma_scan_launch = counted
+    rows_launches = {"n": 0}
+    real_rows = fam._gluon_rows_launch
+
+    def rows_counted(*a, **kw):
+        rows_launches["n"] += 1
+        return real_rows(*a, **kw)
+
+    fam._gluon_rows_launch = rows_counted
     res = {"env": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}, "checks": {}, "time": {}, "fla": {}}
 
     def run(ov, x, debug=None):
@@ -315,6 +331,53 @@ def main() -> int:
         except Exception as err:  # noqa: BLE001
             res["checks"][f"{engine} hostile"] = {"error": f"{type(err).__name__}: {err}"[:1500]}
             log(engine, "hostile ERROR", res["checks"][f"{engine} hostile"])
+    # ---- 1b. the Gluon block rows (rows_engine): outputs against the recurrence, and their intermediates against the
+    # Triton rows' of the same knobs (Aqk hi + lo, Akk with the inverses, the running sums and totals), on the checked
+    # shapes, hostile gates and gates every chunk of which takes the exact split (all <= -12: spans past the guard)
+    for name, ov in ROWS.items():
+        if ov.get("rows_engine", "triton") == "triton":
+            continue
+        tri = {**ov, "rows_engine": "triton"}
+        hostile = {"B": 1, "T": 1024, "H": 4, "K": 128, "V": 128, "initial_state": True, "output_final_state": True}
+        cases = [(c, c["K"] >= 32, None) for c, _ in CHECKS] + [(hostile, True, "hostile"), (hostile, True, "split")]
+        for case, applies, gates in cases:
+            label = f"rows {name} {prob.describe(case)}" + (f" {gates}" if gates else "")
+            try:
+                for seed in (1, 2):
+                    x = prob.make_inputs(case, device="cuda", seed=seed)
+                    if gates == "hostile":
+                        g = x["g"].clone()
+                        g[:, 3::4, ::2] = -3.0e4
+                        g[:, 100:160, 1::2] = -10.0
+                        x = {**x, "g": g}
+                    elif gates == "split":
+                        x = {**x, "g": torch.minimum(x["g"], torch.full_like(x["g"], -12.0))}
+                    want = naive_recurrent_kda(**x)
+                    before = rows_launches["n"]
+                    dg, dt = {}, {}
+                    got = run(ov, x, debug=dg)
+                    torch.cuda.synchronize()
+                    ran = rows_launches["n"] - before
+                    e = errors(got, want)
+                    e_tri = errors(run(tri, x, debug=dt), want)
+                    torch.cuda.synchronize()
+                    diff = {}
+                    for key in ("aqk", "akk", "gs", "gt"):
+                        a, b = dg[key].float(), dt[key].float()
+                        if key == "aqk":
+                            a, b = a[0] + a[1], b[0] + b[1]
+                        if key in ("aqk", "akk", "gs"):  # rows past T are padding
+                            TP, T = a.shape[1], x["q"].shape[1]
+                            a = a.view(x["q"].shape[0], -1, TP, a.shape[-1])[:, :, :T]
+                            b = b.view(x["q"].shape[0], -1, TP, b.shape[-1])[:, :, :T]
+                        diff[key] = float(f"{float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)):.2e}")
+                    # "wgmma_ran" / "expected": the names the failing-checks line at the end compares
+                    res["checks"][f"{label} seed{seed}"] = {"wgmma_ran": ran, "expected": int(applies), "err": e,
+                                                            "triton_err": e_tri, "diff": diff}
+                    log(label, seed, "ran" if ran else "fallback", e, "triton", e_tri, "diff", diff)
+            except Exception as err:  # noqa: BLE001
+                res["checks"][label] = {"error": f"{type(err).__name__}: {err}"[:1500]}
+                log(label, "ERROR", res["checks"][label])
     Path(OUT, "dev_kda_wgmma.json").write_text(json.dumps(res, indent=1))
 
     # ---- 2. time: the headline, each row, per-kernel split; then fla --------------------------------

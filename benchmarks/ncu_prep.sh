@@ -5,7 +5,7 @@
 set -u
 out=${OUT:-/tmp/ncu_out}
 mkdir -p "$out"
-ncu --profile-from-start off --clock-control none --target-processes all -k regex:_kda_prep_kernel --launch-count 2 \
+ncu --profile-from-start off --clock-control none --target-processes all -k "regex:${NCU_REGEX:-_kda_prep_kernel}" --launch-count 2 \
   --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
   --section Occupancy --section LaunchStats --section SourceCounters --import-source no \
   -f -o "$out/prep_ncu" python3 benchmarks/dev_kda_chunked.py --ncu

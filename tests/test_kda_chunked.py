@@ -158,7 +158,9 @@ COMPANIONS = {("solve_warps", 4): {"subst": "rows", "BT": 32}, ("solve_warps", 2
               ("scan_warps", 1): {"scan_layout": "vk"},
               ("BT", 64): {"solve_warps": 8}, ("subst", "extract"): {"solve_warps": 8},
               ("kd_sum", "rows"): {"diag_floor": 30}, ("scan_overlap", "pdl"): {"scan_engine": "wgmma_ws"},
-              ("scan_overlap", "auto"): {"scan_engine": "wgmma_ws"}}
+              ("scan_overlap", "auto"): {"scan_engine": "wgmma_ws"},
+              # the Gluon block rows run on a Hopper GPU only: here the Triton rows of the same configuration run
+              **{("rows_engine", v): {"kd_sum": "rows", "diag_floor": 30, "inv_dot": "bf16x3"} for v in ("gluon", "gluon8")}}
 
 
 def test_every_space_value(tmp_path):
