@@ -108,6 +108,10 @@ ROWS.update({
     "b767": B767,
     "gl": {**B767, "rows_engine": "gluon"},
     "gl8": {**B767, "rows_engine": "gluon8"},
+    # ... the Gluon rows' register cap (block_maxnreg; "auto": 168 at 4 warps, 128 at 8)
+    "gl_0": {**B767, "rows_engine": "gluon", "block_maxnreg": 0},
+    "gl_128": {**B767, "rows_engine": "gluon", "block_maxnreg": 128},
+    "gl8_0": {**B767, "rows_engine": "gluon8", "block_maxnreg": 0},
 })
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}

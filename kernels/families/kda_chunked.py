@@ -1557,19 +1557,21 @@ def _gl_pair(a_s, b_s, top, bottom, cols, ACC: gl.constexpr, BT: gl.constexpr):
 
 
 @gluon.jit
-def _gl_level(a_s, b_s, q, k, e, ri, rr, cc, H: gl.constexpr, BT: gl.constexpr, ACC: gl.constexpr):
+def _gl_level(a_s, b_s, q, k, g, gn, ri, rr, cc, H: gl.constexpr, BT: gl.constexpr, ACC: gl.constexpr):
     """One level of the exact split inside the 16-row blocks (where a block's decay span is past the guard):
-    the lower-left H x H quarter of every 2H x 2H diagonal block, factored around its reference row m (the
-    later half's first row): exp(E_i - E_m) for rows i >= m and k_j exp(E_m - E_j) for columns j < m, both
-    exponents <= 0 (``_split_level`` of the Triton rows). e: the block-relative running sums; ri: the row
-    index in e's layout; rr, cc: row and column index of the [2 BT, BT] product (rows BT.. the k rows)."""
-    e_m = gl.zeros_like(e)
-    for b in gl.static_range(BT // (2 * H)):
-        row_m = gl.sum(gl.where(ri == b * 2 * H + H, e, 0.0), axis=0)
-        e_m = gl.where(ri // (2 * H) == b, row_m[None, :], e_m)
+    the lower-left H x H quarter of every 2H x 2H diagonal block, factored around the later half's first row m:
+    exp(G_i - G_m) for rows i >= m and k_j exp(G_m - G_j) for columns j < m, both exponents <= 0
+    (``_split_level`` of the Triton rows). The exponents are running sums restarting at every H rows: forward
+    over the gates after m, backward over the next rows' gates gn (gn_j = g_(j+1)) up to m. g, gn: floored
+    gates; ri: the row index in their layout; rr, cc: row and column index of the [2 BT, BT] product (rows
+    BT.. the k rows). Returns the quarters of Aqk and Akk stacked, zero elsewhere."""
     later = (ri % (2 * H)) >= H
-    up = gl.where(later, gl.exp(gl.minimum(e - e_m, 0.0)), 0.0)
-    down = gl.where(later, 0.0, k * gl.exp(gl.minimum(e_m - e, 0.0)))
+    restart = gl.where(ri % H == 0, 1.0, 0.0) + gl.zeros_like(g)
+    fwd, _ = gl.associative_scan((gl.where(ri % H == 0, 0.0, g), restart), 0, _gl_seg_add)
+    restart_rev = gl.where(ri % H == H - 1, 1.0, 0.0) + gl.zeros_like(g)
+    rev, _ = gl.associative_scan((gn, restart_rev), 0, _gl_seg_add, reverse=True)
+    up = gl.where(later, gl.exp(gl.minimum(fwd, 0.0)), 0.0)
+    down = gl.where(later, 0.0, k * gl.exp(gl.minimum(rev, 0.0)))
     p = _gl_pair(a_s, b_s, q * up, k * up, down, ACC, BT)
     i = rr % BT
     sel = ((i % (2 * H)) >= H) & ((cc % (2 * H)) < H) & (i // (2 * H) == cc // (2 * H))
@@ -1594,9 +1596,8 @@ def _gl_dot3(a, b, MMA: gl.constexpr):
 
 
 @gluon.jit
-def _kda_rows_gluon(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, gs_ptr, gt_ptr,
-                    scale, T, TP, NT, H, lo_off,
-                    s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh,
+def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, akk_ptr, gt_ptr,
+                    scale, T, TP, NT, H, lo_off, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh,
                     K: gl.constexpr, BT: gl.constexpr, FLOOR: gl.constexpr, LIMIT: gl.constexpr,
                     WR: gl.constexpr, WG: gl.constexpr):
     """``rows_engine="gluon"``: both 16-row block rows of one chunk (BT 32) in one program, one key channel per
@@ -1607,6 +1608,8 @@ def _kda_rows_gluon(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, gs_ptr, gt_
     bf16 hi + lo), Akk (beta-scaled, each diagonal block replaced by the inverse of I + that block), each
     block's running sums of its floored gates and their totals.
 
+    q, k and g arrive by TMA ([1, BT, 1, K] boxes of the [B, T, H, K] tensors, rows past T zero-filled), and the
+    running sums leave by TMA from the buffer g arrived in: no per-element addresses or masks in registers.
     The products are tf32 warpgroup products of [BT, K] tiles through shared memory, the q and k rows of one
     factorisation stacked into one [2 BT, K] operand. Rows 16.. against columns ..15: factored around row 16,
     both exponents <= 0. The diagonal blocks: factored around their midpoints where every channel's decay span
@@ -1620,38 +1623,43 @@ def _kda_rows_gluon(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, gs_ptr, gt_
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, NW // 2], instr_shape=[16, 8])
     ROW: gl.constexpr = gl.SliceLayout(1, L)
     COL: gl.constexpr = gl.SliceLayout(0, L)
-    i_t = gl.program_id(0).to(gl.int64)
-    i_bh = gl.program_id(1).to(gl.int64)
+    i_t = gl.program_id(0)
+    i_bh = gl.program_id(1)
     i_b = i_bh // H
     i_h = i_bh % H
     t0 = i_t * BT
-    q_ptr += i_b * s_qb + i_h * s_qh + t0 * s_qt
-    k_ptr += i_b * s_kb + i_h * s_kh + t0 * s_kt
-    g_ptr += i_b * s_gb + i_h * s_gh + t0 * s_gt
-    beta_ptr += i_b * s_bb + i_h * s_bh + t0 * s_bt
-    row_base = i_bh * TP + t0
+    row_base = i_bh.to(gl.int64) * TP + t0
+    g_ptr += i_b.to(gl.int64) * s_gb + i_h * s_gh + t0.to(gl.int64) * s_gt
+    beta_ptr += i_b.to(gl.int64) * s_bb + i_h * s_bh + t0.to(gl.int64) * s_bt
     aqk_ptr += row_base * BT
     akk_ptr += row_base * BT
-    gs_ptr += row_base * K
-    gt_ptr += (i_bh * NT + i_t) * (BT // BC) * K
+    gt_ptr += (i_bh.to(gl.int64) * NT + i_t) * (BT // BC) * K
 
+    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar, count=1)
+    # q and k arrive in the products' operand buffer (read into registers before the first product writes it):
+    # 64 KB of shared memory per program at K 128, three programs per SM
     a_s = gl.allocate_shared_memory(gl.float32, [2 * BT, K], gl.NVMMASharedLayout.get_default_for([2 * BT, K], gl.float32))
     b_s = gl.allocate_shared_memory(gl.float32, [BT, K], gl.NVMMASharedLayout.get_default_for([BT, K], gl.float32))
-    z_s = gl.allocate_shared_memory(gl.float32, [2 * BT, BT], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    q_s = a_s.slice(0, BT // 2)._reinterpret(gl.bfloat16, [1, BT, 1, K], q_desc.layout)  # BT/2 float32 rows each
+    k_s = a_s.slice(BT // 2, BT // 2)._reinterpret(gl.bfloat16, [1, BT, 1, K], k_desc.layout)
+    g_s = gl.allocate_shared_memory(gl.float32, [1, BT, 1, K], g_desc.layout)
+    fence_async_shared()
+    mbarrier.expect(bar, BT * K * 8)
+    tma.async_copy_global_to_shared(q_desc, [i_b, t0, i_h, 0], bar, q_s)
+    tma.async_copy_global_to_shared(k_desc, [i_b, t0, i_h, 0], bar, k_s)
+    tma.async_copy_global_to_shared(g_desc, [i_b, t0, i_h, 0], bar, g_s)
 
     r1 = gl.arange(0, BT, layout=ROW)
     c1 = gl.arange(0, K, layout=COL)
     ri = r1[:, None]
-    ck = c1[None, :]
-    ok = (t0 + ri) < T
-    # every load of the chunk issued before any arithmetic
-    g = gl.load(g_ptr + ri * s_gt + ck, mask=ok, other=0.0).to(gl.float32)
-    q = gl.load(q_ptr + ri * s_qt + ck, mask=ok, other=0.0)
-    k = gl.load(k_ptr + ri * s_kt + ck, mask=ok, other=0.0)
+    rm = gl.arange(0, BT, layout=gl.SliceLayout(1, MMA))
+    beta = gl.load(beta_ptr + rm * s_bt, mask=(t0 + rm) < T, other=0.0).to(gl.float32)
     gf0 = gl.maximum(gl.load(g_ptr + c1).to(gl.float32), FLOOR)
     gf16 = gl.maximum(gl.load(g_ptr + BC * s_gt + c1, mask=(t0 + BC) < T, other=0.0).to(gl.float32), FLOOR)
-    beta = gl.load(beta_ptr + r1 * s_bt, mask=(t0 + r1) < T, other=0.0).to(gl.float32)
-    g = gl.maximum(g, FLOOR)
+    mbarrier.wait(bar, 0)
+    mbarrier.invalidate(bar)
+    g = gl.maximum(g_s.reshape([BT, K]).load(L), FLOOR)
     # each block's running sums G_i - G_(r-1) (block start r; what the solve reads), and the block-relative sums
     # with the first row's gate left out, E_i = G_i - G_r (the Triton rows' e_b)
     first = gl.where(ri % BC == 0, 1.0, 0.0) + gl.zeros_like(g)
@@ -1659,17 +1667,22 @@ def _kda_rows_gluon(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, gs_ptr, gt_
     e = gs - gl.where(ri < BC, gf0[None, :], gf16[None, :])
     tot0 = gl.min(gl.where(ri < BC, gs, 0.0), axis=0)  # gates are <= 0: the last row's sum is the block's total
     tot1 = gl.min(gl.where(ri < BC, 0.0, gs), axis=0)
-    gl.store(gs_ptr + ri * K + ck, gs, mask=ok)
+    # the sums leave through g's buffer (each thread overwrites only what it read); rows past T are padding
+    g_s.reshape([BT, K]).store(gs)
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(gs_desc, [row_base.to(gl.int32), 0], g_s.reshape([BT, K]))
     gl.store(gt_ptr + c1, tot0)
     gl.store(gt_ptr + K + c1, tot1)
+    q = q_s.reshape([BT, K]).load(L).to(gl.float32)
+    k = k_s.reshape([BT, K]).load(L).to(gl.float32)
+    gl.thread_barrier()  # every warp has read q and k before the products overwrite their buffer
 
     rr = gl.arange(0, 2 * BT, layout=gl.SliceLayout(1, ACC))[:, None]
     cc = gl.arange(0, BT, layout=gl.SliceLayout(0, ACC))[None, :]
     i = rr % BT
     # rows 16.. against columns ..15: exp(G_i - G_16) = exp(E_i), and k_j exp(G_16 - G_j) with G_16 - G_j =
     # floored g_16 + block 0's total - its running sum at j (both exponents <= 0); zero elsewhere
-    q = q.to(gl.float32)
-    k = k.to(gl.float32)
     up0 = gl.where(ri >= BC, gl.exp(e), 0.0)
     down0 = gl.where(ri < BC, k * gl.exp(gl.minimum(gf16[None, :] + tot0[None, :] - gs, 0.0)), 0.0)
     z = _gl_pair(a_s, b_s, q * up0, k * up0, down0, ACC, BT)
@@ -1687,16 +1700,15 @@ def _kda_rows_gluon(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, gs_ptr, gt_
         z += gl.where(sel, d, 0.0)
         diag = gl.zeros([BT], gl.float32, ROW)
     else:
-        for lv in gl.static_range(3):
-            z += _gl_level(a_s, b_s, q, k, e, ri, rr, cc, 8 >> lv, BT, ACC)
-        # the 1 x 1 quarters: row 2p + 1 against column 2p, decay exp(g_(2p+1)) (floored; rows past T: 0)
-        gn = gl.load(g_ptr + (ri + 1) * s_gt + ck, mask=(ri % 2 == 0) & ((t0 + ri + 1) < T), other=0.0)
-        down1 = gl.where(ri % 2 == 0, k * gl.exp(gl.maximum(gn.to(gl.float32), FLOOR)), 0.0)
-        up1 = gl.where(ri % 2 == 1, 1.0, 0.0) + gl.zeros_like(e)
-        p1 = _gl_pair(a_s, b_s, q * up1, k * up1, down1, ACC, BT)
-        z += gl.where((i % 2 == 1) & (cc == i - 1), p1, 0.0)
+        # every strictly lower pair of a 16-row block lies in one level's quarter (the highest bit where i and j
+        # differ); the next row's gate, floored (0 past the chunk and past T)
+        gn = gl.load(g_ptr + (ri + 1) * s_gt + c1[None, :], mask=(ri + 1 < BT) & ((t0 + ri + 1) < T), other=0.0)
+        gn = gl.maximum(gn.to(gl.float32), FLOOR)
+        for lv in gl.static_range(4):
+            z += _gl_level(a_s, b_s, q, k, g, gn, ri, rr, cc, 8 >> lv, BT, ACC)
         diag = gl.sum(q * k, axis=1)  # Aqk's diagonal: <q_i, k_i>
     # the q rows' products are Aqk, the k rows' Akk: through shared memory into the small products' layout
+    z_s = a_s.slice(0, 2 * BT * BT // K)._reinterpret(gl.float32, [2 * BT, BT], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     z_s.store(z)
     gl.thread_barrier()
     ri_m = gl.arange(0, BT, layout=gl.SliceLayout(1, MMA))[:, None]
@@ -1710,7 +1722,7 @@ def _kda_rows_gluon(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, gs_ptr, gt_
     gl.store(aqk_ptr + lo_off + p_out, (aq - aq_hi.to(gl.float32)).to(gl.bfloat16))
     # Akk, beta-scaled: each diagonal block L replaced by (I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8), exact
     # for a strictly lower 16 x 16 block (nilpotent); block-diagonal in, block-diagonal out
-    ak = ak * gl.convert_layout(beta, gl.SliceLayout(1, MMA))[:, None]
+    ak = ak * beta[:, None]
     same = (ri_m // BC) == (rj_m // BC)
     n = gl.where(same, ak, 0.0)
     eye = gl.where(ri_m == rj_m, 1.0, 0.0) + gl.zeros_like(ak)
@@ -1719,6 +1731,7 @@ def _kda_rows_gluon(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, gs_ptr, gt_
         n = _gl_dot3(n, n, MMA)
         x = _gl_dot3(x, eye + n, MMA)
     gl.store(akk_ptr + p_out, x + gl.where(same, 0.0, ak))
+    tma.store_wait(pendings=0)  # the sums' store has read g's buffer before the program's shared memory goes
 
 
 @triton.jit
@@ -1889,6 +1902,12 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         "OVERLAP": knobs["scan_overlap"] != "off",
         # Gluon block rows: warpgroups per program (0: the Triton rows); K 256 needs two (8 warps of 32 channels)
         "ROWS_WG": 0 if knobs["rows_engine"] == "triton" else max(2 if knobs["rows_engine"] == "gluon8" else 1, K // 128),
+        # their register cap: block_maxnreg, with "auto" 168 at 4 warps and 128 at 8 (sm_90, K 128: 246 and 157
+        # registers uncapped, so two programs per SM and one; at the cap three and two, spilling a little), none at
+        # K 256 (8 warps of 32 rows each: 1.1 KB spilled at 128)
+        "ROWS_MAXNREG": (0 if knobs["rows_engine"] == "triton" or K > 128 else
+                         168 if knobs["rows_engine"] == "gluon" else 128)
+                        if knobs["block_maxnreg"] == "auto" else knobs["block_maxnreg"],
         # the block rows' register cap (0: none); "auto": 168 with 16-wide key tiles, else none
         "BLOCK_MAXNREG": (168 if bk == 16 else 0) if knobs["block_maxnreg"] == "auto" else knobs["block_maxnreg"],
         "OUT_BV": min(V, knobs["out_bv"] or BV),
@@ -1922,22 +1941,37 @@ def _wgmma_scan_applies(q, K, V, plan, kn) -> bool:
             and plan["BT"] == 32)
 
 
-def _gluon_rows_apply(q, K: int, plan: dict) -> bool:
-    """Where rows_engine "gluon" runs: a Hopper GPU (wgmma), K 32-256 (one key channel per lane of a warp, at most
-    8 warps). Elsewhere, including always on the CPU, the Triton block rows of the same knobs run."""
-    return (plan["ROWS_WG"] > 0 and q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9
-            and 32 <= K <= 256)
+def _gluon_rows_apply(q, k, g, beta, K: int, plan: dict) -> bool:
+    """Where rows_engine "gluon" runs: a Hopper GPU (wgmma, TMA), K 32-256 (one key channel per lane of a warp, at
+    most 8 warps), q and k in bf16 and g in float32 (the dtypes its TMA boxes hold), strides TMA can take (16-byte
+    multiples). Elsewhere, including always on the CPU, the Triton block rows of the same knobs run."""
+    if not (plan["ROWS_WG"] > 0 and q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9 and 32 <= K <= 256):
+        return False
+    if q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16 or g.dtype != torch.float32:
+        return False
+    return all(x.data_ptr() % 16 == 0 and all(st * x.element_size() % 16 == 0 for st in x.stride()[:-1])
+               for x in (q, k, g))
 
 
 def _gluon_rows_launch(q, k, g, beta, aqk, akk, g_sums, g_tots, scale, T, TP, NT, H, K, plan):
-    """_kda_rows_gluon on grid (chunks, batch * heads): WG warpgroups, each channel over BT / WR rows per thread."""
+    """_kda_rows_gluon on grid (chunks, batch * heads): WG warpgroups, each channel over BT / WR rows per thread;
+    q, k, g read and the running sums written through TMA descriptors."""
     BH = aqk.shape[1]
+    BT = plan["BT"]
     wg = plan["ROWS_WG"]
+
+    def box(x, bits):
+        return GluonDescriptor(x, list(x.shape), list(x.stride()), [1, BT, 1, K],
+                               gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=4))
+
+    sums = g_sums.view(BH * TP, K)
+    gs_desc = GluonDescriptor(sums, [BH * TP, K], [K, 1], [BT, K],
+                              gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
     _kda_rows_gluon[(NT, BH)](
-        q, k, g, beta, aqk, akk, g_sums, g_tots, float(scale), T, TP, NT, H, BH * TP * plan["BT"],
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        g.stride(0), g.stride(1), g.stride(2), beta.stride(0), beta.stride(1), beta.stride(2),
-        K=K, BT=plan["BT"], FLOOR=plan["FLOOR"], LIMIT=plan["LIMIT"], WR=4 * wg * 32 // K, WG=wg, num_warps=4 * wg)
+        box(q, 16), box(k, 16), box(g, 32), gs_desc, g, beta, aqk, akk, g_tots, float(scale), T, TP, NT, H,
+        BH * TP * BT, g.stride(0), g.stride(1), g.stride(2), beta.stride(0), beta.stride(1), beta.stride(2),
+        K=K, BT=BT, FLOOR=plan["FLOOR"], LIMIT=plan["LIMIT"], WR=4 * wg * 32 // K, WG=wg, num_warps=4 * wg,
+        **({"maxnreg": plan["ROWS_MAXNREG"]} if plan["ROWS_MAXNREG"] else {}))
 
 
 def _wgmma_scan_bv(scan_bv, BH: int, V: int, sm_count: int) -> int:
@@ -2112,7 +2146,7 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=0, num_warps=kn["block_warps"], num_stages=plan["solve_stages"],
                                        **block_regs, **prep_meta)
         else:
-            if _gluon_rows_apply(q, K, plan):
+            if _gluon_rows_apply(q, k, g, beta, K, plan):
                 _gluon_rows_launch(q, k, g, beta, aqk, akk, g_sums, g_tots, scale, T, TP, NT, H, K, plan)
             else:
                 rows_grid = NT if plan["CHUNK"] else NT * (BT // plan["BC"])
