@@ -423,7 +423,7 @@ REQUIRES = [
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
               "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
               "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "scan_overlap": "auto",
-              "pair_elems": "auto"}]
+              "pair_elems": "auto", "rows_engine": "gluon"}]
 
 # kd_sum "f32": the solve raises the gates it loads to at least -_KD_FLOOR, so that every running sum it forms is
 # at most 30 BT in size and G_last - G_j, a float32 difference, is within ~1e-4 nats of the sum it stands for (kd is
@@ -1638,11 +1638,14 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
     bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(bar, count=1)
     # q and k arrive in the products' operand buffer (read into registers before the first product writes it):
-    # 64 KB of shared memory per program at K 128, three programs per SM
+    # 64 KB of shared memory per program at K 128, three programs per SM. Views at byte offsets go through a flat
+    # view of the whole buffer: a row slice of a swizzled [2 BT, K] tile is not one contiguous range once a row is
+    # wider than the swizzle (K > 32 at float32; H200, session 15: k's box landed over q's)
     a_s = gl.allocate_shared_memory(gl.float32, [2 * BT, K], gl.NVMMASharedLayout.get_default_for([2 * BT, K], gl.float32))
     b_s = gl.allocate_shared_memory(gl.float32, [BT, K], gl.NVMMASharedLayout.get_default_for([BT, K], gl.float32))
-    q_s = a_s.slice(0, BT // 2)._reinterpret(gl.bfloat16, [1, BT, 1, K], q_desc.layout)  # BT/2 float32 rows each
-    k_s = a_s.slice(BT // 2, BT // 2)._reinterpret(gl.bfloat16, [1, BT, 1, K], k_desc.layout)
+    a_flat = a_s._reinterpret(gl.float32, [2 * BT * K], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    q_s = a_flat.slice(0, BT * K // 2)._reinterpret(gl.bfloat16, [1, BT, 1, K], q_desc.layout)
+    k_s = a_flat.slice(BT * K // 2, BT * K // 2)._reinterpret(gl.bfloat16, [1, BT, 1, K], k_desc.layout)
     g_s = gl.allocate_shared_memory(gl.float32, [1, BT, 1, K], g_desc.layout)
     fence_async_shared()
     mbarrier.expect(bar, BT * K * 8)
@@ -1708,7 +1711,7 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
             z += _gl_level(a_s, b_s, q, k, g, gn, ri, rr, cc, 8 >> lv, BT, ACC)
         diag = gl.sum(q * k, axis=1)  # Aqk's diagonal: <q_i, k_i>
     # the q rows' products are Aqk, the k rows' Akk: through shared memory into the small products' layout
-    z_s = a_s.slice(0, 2 * BT * BT // K)._reinterpret(gl.float32, [2 * BT, BT], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    z_s = a_flat.slice(0, 2 * BT * BT)._reinterpret(gl.float32, [2 * BT, BT], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     z_s.store(z)
     gl.thread_barrier()
     ri_m = gl.arange(0, BT, layout=gl.SliceLayout(1, MMA))[:, None]
