@@ -1,0 +1,150 @@
+"""rows_engine "gluon" of the chunked KDA family (session 15): both block rows of a chunk in one Gluon program,
+``_kda_rows_gluon``.
+
+Gluon has no CPU interpreter, so CI checks what it can here and the H200 checks the rest
+(``benchmarks/dev_kda_wgmma.py`` compares its Aqk, Akk and running sums with the Triton rows' and its outputs with
+the recurrence; the judge checks every loop evaluation): on the CPU the knob must run the Triton rows of the same
+knobs (same outputs, bit for bit), the plan must hold what the kernel is launched with, and the kernel must compile
+for sm_90 to what made it fast -- TMA in and out, tf32 wgmma products, the operand buffer shared with q and k
+(64 KB at K 128, three programs per SM) and the register cap."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from family_modules import compile_in_child
+from test_kda_chunked import FAMILY, FAMILY_PATH, PROBLEM, check, render
+
+# the loop's best at the session's start (7671e90b), whose block rows the Gluon rows replace
+BEST = {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+        "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
+        "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "scan_overlap": "auto",
+        "pair_elems": "auto"}
+
+
+@pytest.mark.parametrize("engine", ["gluon", "gluon8"])
+def test_gluon_rows_fall_back_to_the_triton_rows_off_hopper(tmp_path, engine):
+    """On the CPU the Gluon rows never run: the Triton rows of the same knobs do, outputs identical and right."""
+    case = {"B": 2, "T": 45, "H": 1, "K": 32, "V": 32, "initial_state": True, "output_final_state": True}
+    module = render({**FAMILY.knobs, **BEST, "rows_engine": engine}, tmp_path)
+    x = PROBLEM.make_inputs(case, device="cpu", seed=15)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], x["output_final_state"])
+    got = module.kda_chunked(*args, {**FAMILY.knobs, **BEST, "rows_engine": engine})
+    want = module.kda_chunked(*args, {**FAMILY.knobs, **BEST})
+    for a, b in zip(got, want):
+        assert (a is None and b is None) or torch.equal(a, b)
+    check(module.kernel, x, case)
+
+
+def test_gluon_rows_plan_and_where_they_run(tmp_path, monkeypatch):
+    """The plan's warpgroups and register cap, and where the kernel runs: a Hopper GPU, K 32-256, bf16 q and k,
+    float32 g, strides TMA takes; refused without the configuration of the Triton rows it reproduces."""
+    fam = render({**FAMILY.knobs, **BEST, "rows_engine": "gluon"}, tmp_path)
+    knobs = {**fam.KNOBS, **BEST, "rows_engine": "gluon"}
+    plan = fam._plan(128, 128, knobs)
+    assert (plan["ROWS_WG"], plan["ROWS_MAXNREG"]) == (1, 168)
+    assert (fam._plan(256, 128, knobs)["ROWS_WG"], fam._plan(256, 128, knobs)["ROWS_MAXNREG"]) == (2, 0)
+    assert fam._plan(128, 128, {**knobs, "rows_engine": "gluon8"})["ROWS_MAXNREG"] == 128
+    assert fam._plan(128, 128, {**knobs, "block_maxnreg": 0})["ROWS_MAXNREG"] == 0
+    assert fam._plan(128, 128, {**knobs, "rows_engine": "triton"})["ROWS_WG"] == 0
+    for over in ({"kd_sum": "f32"}, {"recentre": "start"}, {"inv_dot": "ieee"}, {"prec": "bf16x3"},
+                 {"BT": 64, "solve_warps": 8, "off_tile": "chunk"}):
+        with pytest.raises(ValueError, match="rows_engine"):
+            fam._plan(128, 128, {**knobs, **over})
+
+    class FakeCuda:  # only what _gluon_rows_apply reads
+        def __init__(self, dtype=torch.bfloat16, strides=(1 << 20, 2048, 128, 1), ptr=1 << 20):
+            self.is_cuda, self.device, self.dtype, self._strides, self._ptr = True, "cuda:0", dtype, strides, ptr
+
+        def stride(self):
+            return self._strides
+
+        def element_size(self):
+            return torch.empty(0, dtype=self.dtype).element_size()
+
+        def data_ptr(self):
+            return self._ptr
+
+    def applies(K, q=None, g=None, kn=knobs):
+        q = q or FakeCuda()
+        return fam._gluon_rows_apply(q, q, g or FakeCuda(torch.float32), None, K, fam._plan(K, 128, kn))
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert applies(128) and applies(32) and applies(256)
+    assert not applies(16)
+    assert not applies(128, q=FakeCuda(torch.float16))
+    assert not applies(128, g=FakeCuda(torch.bfloat16))
+    assert not applies(128, q=FakeCuda(strides=(1 << 20, 2056 + 4, 128, 1)))  # a row stride TMA cannot take
+    assert not applies(128, q=FakeCuda(ptr=(1 << 20) + 8))
+    assert not applies(128, kn={**knobs, "rows_engine": "triton"})
+    cpu = torch.empty(1, 8, 1, 128, dtype=torch.bfloat16)
+    assert not fam._gluon_rows_apply(cpu, cpu, cpu.float(), None, 128, plan)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
+    assert not applies(128)
+
+
+_COMPILE = r"""
+import importlib.util, json, subprocess, sys, tempfile
+from pathlib import Path
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+
+spec = importlib.util.spec_from_file_location("kda_rows_sm90", sys.argv[1])
+fam = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fam)
+gl = fam.gl
+ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+def desc(shape, dtype, bits):  # a host descriptor argument, typed as Triton's launcher types it
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=len(shape))
+    return f"tensordesc<{dtype}{shape},{layout!r}>"
+
+
+out = {}
+for K, WG, maxnreg in ((128, 1, 168), (128, 2, 128), (64, 1, 168), (32, 1, 168), (256, 2, 0)):
+    BT = 32
+    sig = {"q_desc": desc([1, BT, 1, K], "bf16", 16), "k_desc": desc([1, BT, 1, K], "bf16", 16),
+           "g_desc": desc([1, BT, 1, K], "fp32", 32), "gs_desc": desc([BT, K], "fp32", 32), "g_ptr": "*fp32",
+           "beta_ptr": "*bf16", "aqk_ptr": "*bf16", "akk_ptr": "*fp32", "gt_ptr": "*fp32", "scale": "fp32",
+           "T": "i32", "TP": "i32", "NT": "i32", "H": "i32", "lo_off": "i32"}
+    sig.update({n: "i32" for n in ("s_gb", "s_gt", "s_gh", "s_bb", "s_bt", "s_bh")})
+    sig.update({n: "constexpr" for n in ("K", "BT", "FLOOR", "LIMIT", "WR", "WG")})
+    cx = {"K": K, "BT": BT, "FLOOR": -30.0, "LIMIT": 160.0, "WR": 4 * WG * 32 // K, "WG": WG}
+    opts = {"num_warps": 4 * WG, **({"maxnreg": maxnreg} if maxnreg else {})}
+    c = triton.compile(GluonASTSource(fam._kda_rows_gluon, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
+                       options=opts)
+    ptx = c.asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "k.ptx").write_text(ptx)
+        notes = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(Path(tmp) / "k.ptx"), "-o", str(Path(tmp) / "k.cubin")],
+                               capture_output=True, text=True).stderr
+    regs = int(notes.split("Used ")[1].split(" registers")[0])
+    out[f"K{K} WG{WG} cap{maxnreg}"] = {
+        "shared": c.metadata.shared, "regs": regs, "cap": maxnreg or 255,
+        "tma_loads": ptx.count("cp.async.bulk.tensor.4d.shared::cluster.global"),
+        "tma_stores": ptx.count("cp.async.bulk.tensor.2d.global.shared::cta"),
+        "wgmma_tf32": ptx.count("wgmma.mma_async.sync.aligned") if ".tf32" in ptx else 0,
+        "mma_bf16": ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "notes": notes[-300:]}
+print(json.dumps(out))
+"""
+
+
+def test_gluon_rows_compile_for_hopper(tmp_path):
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    result = json.loads(compile_in_child(_COMPILE, str(FAMILY_PATH), cache_dir=tmp_path / "cache").strip().splitlines()[-1])
+    for name, info in result.items():
+        K = int(name.split()[0][1:])
+        # q, k and g by three TMA boxes, the running sums out by one (no per-element loads of the chunk)
+        assert info["tma_loads"] == 3 and info["tma_stores"] == 1, (name, info)
+        # the products: tf32 warpgroup products, and the inverse's 18 bf16 tensor-core products
+        assert info["wgmma_tf32"] > 0 and info["mma_bf16"] > 0, (name, info)
+        assert info["regs"] <= info["cap"], (name, info["notes"])
+        # q and k land inside the products' [2 BT, K] float32 operand buffer: that, the [BT, K] column operand and g's
+        # box (16 BT K bytes in all), the mbarrier and at most 2 KB of the compiler's scratch (at K 128 and 4 warps:
+        # 64 KB, three programs per SM; q and k in buffers of their own would make it 80 KB and two)
+        assert info["shared"] <= 16 * 32 * K + 2048 + 64, (name, info["shared"])
+    assert result["K128 WG1 cap168"]["shared"] * 3 <= 232448
