@@ -237,6 +237,19 @@ def ncu_scan() -> int:
     return 0
 
 
+def count_calls(module, name: str) -> dict:
+    """Wrap ``module.name`` so that its calls are counted: a Gluon kernel that silently fell back cannot pass."""
+    count = {"n": 0}
+    real = getattr(module, name)
+
+    def counted(*a, **kw):
+        count["n"] += 1
+        return real(*a, **kw)
+
+    setattr(module, name, counted)
+    return count
+
+
 def main() -> int:
     if "--offline" in sys.argv:
         return offline()
@@ -252,22 +265,8 @@ def main() -> int:
 
     fam = load_family()
     prob = KDAProblem()
-    launches = {"n": 0}
-    real_launch = fam._wgmma_scan_launch
-
-    def counted(*a, **kw):
-        launches["n"] += 1
-        return real_launch(*a, **kw)
-
-    fam._wgmma_scan_launch = counted
-    rows_launches = {"n": 0}
-    real_rows = fam._gluon_rows_launch
-
-    def rows_counted(*a, **kw):
-        rows_launches["n"] += 1
-        return real_rows(*a, **kw)
-
-    fam._gluon_rows_launch = rows_counted
+    launches = count_calls(fam, "_wgmma_scan_launch")
+    rows_launches = count_calls(fam, "_gluon_rows_launch")
     res = {"env": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}, "checks": {}, "time": {}, "fla": {}}
 
     def run(ov, x, debug=None):
