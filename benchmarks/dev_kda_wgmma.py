@@ -112,6 +112,8 @@ ROWS.update({
     "gl_0": {**B767, "rows_engine": "gluon", "block_maxnreg": 0},
     "gl_128": {**B767, "rows_engine": "gluon", "block_maxnreg": 128},
     "gl8_0": {**B767, "rows_engine": "gluon8", "block_maxnreg": 0},
+    # ... rows_fold: the guarded path's two products as one (written after the device time ran out)
+    "gl_fold": {**B767, "rows_engine": "gluon", "rows_fold": True},
 })
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}

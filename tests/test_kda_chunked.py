@@ -160,7 +160,8 @@ COMPANIONS = {("solve_warps", 4): {"subst": "rows", "BT": 32}, ("solve_warps", 2
               ("kd_sum", "rows"): {"diag_floor": 30}, ("scan_overlap", "pdl"): {"scan_engine": "wgmma_ws"},
               ("scan_overlap", "auto"): {"scan_engine": "wgmma_ws"},
               # the Gluon block rows run on a Hopper GPU only: here the Triton rows of the same configuration run
-              **{("rows_engine", v): {"kd_sum": "rows", "diag_floor": 30, "inv_dot": "bf16x3"} for v in ("gluon", "gluon8")}}
+              **{("rows_engine", v): {"kd_sum": "rows", "diag_floor": 30, "inv_dot": "bf16x3"} for v in ("gluon", "gluon8")},
+              ("rows_fold", True): {"rows_engine": "gluon", "kd_sum": "rows", "diag_floor": 30, "inv_dot": "bf16x3"}}
 
 
 def test_every_space_value(tmp_path):

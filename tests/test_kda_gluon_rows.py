@@ -49,6 +49,10 @@ def test_gluon_rows_plan_and_where_they_run(tmp_path, monkeypatch):
     assert fam._plan(128, 128, {**knobs, "rows_engine": "gluon8"})["ROWS_MAXNREG"] == 128
     assert fam._plan(128, 128, {**knobs, "block_maxnreg": 0})["ROWS_MAXNREG"] == 0
     assert fam._plan(128, 128, {**knobs, "rows_engine": "triton"})["ROWS_WG"] == 0
+    fold = {**knobs, "rows_fold": True}
+    assert fam._plan(128, 128, fold)["ROWS_FOLD"] and not fam._plan(32, 32, fold)["ROWS_FOLD"]
+    with pytest.raises(ValueError, match="rows_fold"):
+        fam._plan(128, 128, {**fold, "rows_engine": "triton"})
     for over in ({"kd_sum": "f32"}, {"recentre": "start"}, {"inv_dot": "ieee"}, {"prec": "bf16x3"},
                  {"BT": 64, "solve_warps": 8, "off_tile": "chunk"}):
         with pytest.raises(ValueError, match="rows_engine"):
@@ -105,15 +109,16 @@ def desc(shape, dtype, bits):  # a host descriptor argument, typed as Triton's l
 
 
 out = {}
-for K, WG, maxnreg in ((128, 1, 168), (128, 2, 128), (64, 1, 168), (32, 1, 168), (256, 2, 0)):
+for K, WG, maxnreg, FOLD in ((128, 1, 168, False), (128, 2, 128, False), (64, 1, 168, False), (32, 1, 168, False),
+                              (256, 2, 0, False), (128, 1, 168, True), (64, 1, 168, True)):
     BT = 32
     sig = {"q_desc": desc([1, BT, 1, K], "bf16", 16), "k_desc": desc([1, BT, 1, K], "bf16", 16),
            "g_desc": desc([1, BT, 1, K], "fp32", 32), "gs_desc": desc([BT, K], "fp32", 32), "g_ptr": "*fp32",
            "beta_ptr": "*bf16", "aqk_ptr": "*bf16", "akk_ptr": "*fp32", "gt_ptr": "*fp32", "scale": "fp32",
            "T": "i32", "TP": "i32", "NT": "i32", "H": "i32", "lo_off": "i32"}
     sig.update({n: "i32" for n in ("s_gb", "s_gt", "s_gh", "s_bb", "s_bt", "s_bh")})
-    sig.update({n: "constexpr" for n in ("K", "BT", "FLOOR", "LIMIT", "WR", "WG")})
-    cx = {"K": K, "BT": BT, "FLOOR": -30.0, "LIMIT": 160.0, "WR": 4 * WG * 32 // K, "WG": WG}
+    sig.update({n: "constexpr" for n in ("K", "BT", "FLOOR", "LIMIT", "WR", "WG", "FOLD")})
+    cx = {"K": K, "BT": BT, "FLOOR": -30.0, "LIMIT": 120.0 if FOLD else 160.0, "WR": 4 * WG * 32 // K, "WG": WG, "FOLD": FOLD}
     opts = {"num_warps": 4 * WG, **({"maxnreg": maxnreg} if maxnreg else {})}
     c = triton.compile(GluonASTSource(fam._kda_rows_gluon, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
                        options=opts)
@@ -123,11 +128,12 @@ for K, WG, maxnreg in ((128, 1, 168), (128, 2, 128), (64, 1, 168), (32, 1, 168),
         notes = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(Path(tmp) / "k.ptx"), "-o", str(Path(tmp) / "k.cubin")],
                                capture_output=True, text=True).stderr
     regs = int(notes.split("Used ")[1].split(" registers")[0])
-    out[f"K{K} WG{WG} cap{maxnreg}"] = {
+    out[f"K{K} WG{WG} cap{maxnreg}" + (" fold" if FOLD else "")] = {
         "shared": c.metadata.shared, "regs": regs, "cap": maxnreg or 255,
         "tma_loads": ptx.count("cp.async.bulk.tensor.4d.shared::cluster.global"),
         "tma_stores": ptx.count("cp.async.bulk.tensor.2d.global.shared::cta"),
         "wgmma_tf32": ptx.count("wgmma.mma_async.sync.aligned") if ".tf32" in ptx else 0,
+        "wgmma_n64": ptx.count("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32"),
         "mma_bf16": ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "notes": notes[-300:]}
 print(json.dumps(out))
 """
@@ -147,4 +153,6 @@ def test_gluon_rows_compile_for_hopper(tmp_path):
         # box (16 BT K bytes in all), the mbarrier and at most 2 KB of the compiler's scratch (at K 128 and 4 warps:
         # 64 KB, three programs per SM; q and k in buffers of their own would make it 80 KB and two)
         assert info["shared"] <= 16 * 32 * K + 2048 + 64, (name, info["shared"])
+        # rows_fold: the guarded path's one product of N 2 BT (g's box inside its column operand: the same 64 KB)
+        assert (info["wgmma_n64"] > 0) == name.endswith("fold"), (name, info)
     assert result["K128 WG1 cap168"]["shared"] * 3 <= 232448
