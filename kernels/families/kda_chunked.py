@@ -1604,6 +1604,17 @@ def _gl_level(a_s, b_s, q, k, g, gn, ri, rr, cc, H: gl.constexpr, BT: gl.constex
 
 
 @gluon.jit
+def _gl_off(a_s, b_s, q, k, e, gs, c16, ri, BT: gl.constexpr, ACC: gl.constexpr):
+    """Rows 16.. against columns ..15, factored around row 16: exp(G_i - G_16) = exp(E_i), and k_j exp(G_16 - G_j)
+    with G_16 - G_j = c16 - (running sum at j), c16 = floored g_16 + block 0's total (both exponents <= 0); the
+    [2 BT, BT] product is zero elsewhere."""
+    BC: gl.constexpr = 16
+    up = gl.where(ri >= BC, gl.exp(e), 0.0)
+    down = gl.where(ri < BC, k * gl.exp(gl.minimum(c16[None, :] - gs, 0.0)), 0.0)
+    return _gl_pair(a_s, b_s, q * up, k * up, down, ACC, BT)
+
+
+@gluon.jit
 def _gl_split(a_s, b_s, q, k, g, g_ptr, s_gt, t0, T, ri, c1, rr, cc, FLOOR: gl.constexpr, BT: gl.constexpr,
               ACC: gl.constexpr):
     """The diagonal blocks' strictly lower part by the exact split (``_gl_level`` at H = 8, 4, 2, 1: every pair of
@@ -1791,17 +1802,11 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
             ref = gl.where(ri < BC, 0.5 * last0[None, :], 0.5 * last1[None, :])
             aq, ak = _gl_folded(a_s, b2_s, a_flat, q, k, e, gs, ref, gf16 + tot0 + 0.5 * last1, ri, BT, WG, MMA)
         else:
-            z = _gl_pair(a_s, b_s, q * gl.where(ri >= BC, gl.exp(e), 0.0), k * gl.where(ri >= BC, gl.exp(e), 0.0),
-                         gl.where(ri < BC, k * gl.exp(gl.minimum(gf16[None, :] + tot0[None, :] - gs, 0.0)), 0.0),
-                         ACC, BT)
+            z = _gl_off(a_s, b_s, q, k, e, gs, gf16 + tot0, ri, BT, ACC)
             zl, diag = _gl_split(a_s, b_s, q, k, g, g_ptr, s_gt, t0, T, ri, c1, rr, cc, FLOOR, BT, ACC)
             aq, ak = _gl_extract(z + zl, diag, a_flat, BT, MMA)
     else:
-        # rows 16.. against columns ..15: exp(G_i - G_16) = exp(E_i), and k_j exp(G_16 - G_j) with G_16 - G_j =
-        # floored g_16 + block 0's total - its running sum at j (both exponents <= 0); zero elsewhere
-        up0 = gl.where(ri >= BC, gl.exp(e), 0.0)
-        down0 = gl.where(ri < BC, k * gl.exp(gl.minimum(gf16[None, :] + tot0[None, :] - gs, 0.0)), 0.0)
-        z = _gl_pair(a_s, b_s, q * up0, k * up0, down0, ACC, BT)
+        z = _gl_off(a_s, b_s, q, k, e, gs, gf16 + tot0, ri, BT, ACC)
         # the diagonal blocks
         if span <= LIMIT:
             ref = gl.where(ri < BC, 0.5 * last0[None, :], 0.5 * last1[None, :])
