@@ -19,6 +19,7 @@ Rules (each violation is one reason, "line N: ..."):
 from __future__ import annotations
 
 import ast
+import threading
 from dataclasses import dataclass, field
 
 ALLOWED_IMPORTS = frozenset({
@@ -294,10 +295,17 @@ class _Checker(ast.NodeVisitor):
                 self.refuse(target, f"assigning to {dotted}.{target.attr}: patching modules is not allowed")
 
 
+# CPython 3.11.7 (this project's Python) checks the AST builder's recursion depth with state shared across threads: two
+# threads parsing at once can fail with "SystemError: AST constructor recursion depth mismatch" (a fresh-clone CI run,
+# session 15: tests/test_judge_hostile.py evaluates from a thread pool). One parse at a time.
+_PARSE_LOCK = threading.Lock()
+
+
 def check_source(source: str, filename: str = "<candidate>") -> PolicyReport:
     """Apply the policy to a candidate's source text."""
     try:
-        tree = ast.parse(source, filename=filename)
+        with _PARSE_LOCK:
+            tree = ast.parse(source, filename=filename)
     except SyntaxError as exc:
         return PolicyReport([f"line {exc.lineno}: syntax error: {exc.msg}"])
     checker = _Checker()
