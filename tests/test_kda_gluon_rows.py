@@ -135,7 +135,12 @@ for K, WG, maxnreg, FOLD in ((128, 1, 168, False), (64, 1, 168, False), (32, 1, 
         "tma_stores": ptx.count("cp.async.bulk.tensor.2d.global.shared::cta"),
         "wgmma_tf32": ptx.count("wgmma.mma_async.sync.aligned") if ".tf32" in ptx else 0,
         "wgmma_n64": ptx.count("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32"),
-        "mma_bf16": ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "notes": notes[-300:]}
+        "mma_bf16": ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "notes": notes[-300:],
+        # the running sums' store, its wait, and what lies between them in program order
+        "store_at": ptx.find("cp.async.bulk.tensor.2d.global.shared::cta"), "wait_at": ptx.find("cp.async.bulk.wait_group"),
+        "first_wgmma_at": ptx.find("wgmma.mma_async"),
+        "shared_writes_before_wait": ptx[ptx.find("cp.async.bulk.tensor.2d.global.shared::cta"):
+                                         ptx.find("cp.async.bulk.wait_group")].count("st.shared")}
 print(json.dumps(out))
 """
 
@@ -154,6 +159,11 @@ def test_gluon_rows_compile_for_hopper(tmp_path):
         # box (16 BT K bytes in all), the mbarrier and at most 2 KB of the compiler's scratch (at K 128 and 4 warps:
         # 64 KB, three programs per SM; q and k in buffers of their own would make it 80 KB and two)
         assert info["shared"] <= 16 * 32 * K + 2048 + 64, (name, info["shared"])
+        # the running sums' store has read g's buffer before anything writes shared memory again: the compiler may
+        # place its scratch in that buffer once the store is issued (H200, session 16: inf at the headline when the
+        # wait came at the program's end)
+        assert 0 <= info["store_at"] < info["wait_at"] < info["first_wgmma_at"], (name, info)
+        assert info["shared_writes_before_wait"] == 0, (name, info)
         # rows_fold: the guarded path's one product of N 2 BT (g's box inside its column operand: the same 64 KB)
         assert (info["wgmma_n64"] > 0) == name.endswith("fold"), (name, info)
     assert result["K128 WG1 cap168"]["shared"] * 3 <= 232448

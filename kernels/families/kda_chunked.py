@@ -1787,6 +1787,10 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
     gl.store(gt_ptr + K + c1, tot1)
     q = q_s.reshape([BT, K]).load(L).to(gl.float32)
     k = k_s.reshape([BT, K]).load(L).to(gl.float32)
+    # the sums' store must have read g's buffer before anything else writes shared memory: the compiler sees g's
+    # buffer dead after the store's issue and may place its own scratch (layout conversions) there (H200, session
+    # 16: a wait at the program's end gave inf at the headline, once many programs shared each SM)
+    tma.store_wait(pendings=0)
     gl.thread_barrier()  # every warp has read q and k before the products overwrite their buffer
 
     rr = gl.arange(0, 2 * BT, layout=gl.SliceLayout(1, ACC))[:, None]
@@ -1795,9 +1799,7 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
     last0 = tot0 - gf0  # E at each block's last row: minus its decay span, per channel
     last1 = tot1 - gf16
     span = -gl.min(gl.minimum(last0, last1), axis=0)
-    if FOLD:
-        tma.store_wait(pendings=0)
-        gl.thread_barrier()  # the running sums' store has read g's buffer, which the column operand overwrites
+    if FOLD:  # g's buffer, read by the sums' store (waited for above), is now the column operand's second half
         if span <= LIMIT:
             ref = gl.where(ri < BC, 0.5 * last0[None, :], 0.5 * last1[None, :])
             aq, ak = _gl_folded(a_s, b2_s, a_flat, q, k, e, gs, ref, gf16 + tot0 + 0.5 * last1, ri, BT, WG, MMA)
@@ -1839,7 +1841,6 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
         n = _gl_dot3(n, n, MMA)
         x = _gl_dot3(x, eye + n, MMA)
     gl.store(akk_ptr + p_out, x + gl.where(same, 0.0, ak))
-    tma.store_wait(pendings=0)  # the sums' store has read g's buffer before the program's shared memory goes
 
 
 @triton.jit
