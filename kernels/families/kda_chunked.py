@@ -437,6 +437,10 @@ REQUIRES = [
 # 1.56-1.64x at four other shapes in one benchmark run; the loop's one try at it was refused by the judge's policy (an
 # import from Gluon's Ampere module, since moved to the Hopper module). Then the same with rows_fold (written after the
 # device time ran out; offline sm_90: the guarded path 2544 -> 2288 SASS instructions per warp, one hand-over fewer).
+# Session 16 (results/h200-2026-11-30k): the first entry gave inf at the headline (the running sums' store was waited
+# for only at the program's end, and the compiler reused g's buffer as scratch meanwhile); the second was right and
+# promoted (82b4c2a4). With the wait moved before the products, both entries were re-judged: the first was promoted
+# (7bce82c4, 370.4 us on the loop's geomean against 372.1 for the second; 1.42-1.64x fla at all six shapes in one run).
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
               "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
               "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "scan_overlap": "auto",

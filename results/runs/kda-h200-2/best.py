@@ -226,7 +226,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 # kopt:knobs-begin
-KNOBS = {'BT': 32, 'BC': 16, 'BK': 'auto', 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 1, 'solve_warps': 2, 'block_maxnreg': 'auto', 'solve_maxnreg': 168, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'rows', 'scan_bv': 64, 'inv_dot': 'bf16x3', 'row_prefetch': False, 'scan_overlap': 'auto', 'pair_elems': 'auto', 'rows_engine': 'gluon', 'rows_fold': True}
+KNOBS = {'BT': 32, 'BC': 16, 'BK': 'auto', 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 1, 'solve_warps': 2, 'block_maxnreg': 'auto', 'solve_maxnreg': 168, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'rows', 'scan_bv': 64, 'inv_dot': 'bf16x3', 'row_prefetch': False, 'scan_overlap': 'auto', 'pair_elems': 'auto', 'rows_engine': 'gluon', 'rows_fold': False}
 # kopt:knobs-end
 SPACE = {
     "BT": [32, 64],
@@ -1746,6 +1746,10 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
     gl.store(gt_ptr + K + c1, tot1)
     q = q_s.reshape([BT, K]).load(L).to(gl.float32)
     k = k_s.reshape([BT, K]).load(L).to(gl.float32)
+    # the sums' store must have read g's buffer before anything else writes shared memory: the compiler sees g's
+    # buffer dead after the store's issue and may place its own scratch (layout conversions) there (H200, session
+    # 16: a wait at the program's end gave inf at the headline, once many programs shared each SM)
+    tma.store_wait(pendings=0)
     gl.thread_barrier()  # every warp has read q and k before the products overwrite their buffer
 
     rr = gl.arange(0, 2 * BT, layout=gl.SliceLayout(1, ACC))[:, None]
@@ -1754,9 +1758,7 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
     last0 = tot0 - gf0  # E at each block's last row: minus its decay span, per channel
     last1 = tot1 - gf16
     span = -gl.min(gl.minimum(last0, last1), axis=0)
-    if FOLD:
-        tma.store_wait(pendings=0)
-        gl.thread_barrier()  # the running sums' store has read g's buffer, which the column operand overwrites
+    if FOLD:  # g's buffer, read by the sums' store (waited for above), is now the column operand's second half
         if span <= LIMIT:
             ref = gl.where(ri < BC, 0.5 * last0[None, :], 0.5 * last1[None, :])
             aq, ak = _gl_folded(a_s, b2_s, a_flat, q, k, e, gs, ref, gf16 + tot0 + 0.5 * last1, ri, BT, WG, MMA)
@@ -1798,7 +1800,6 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
         n = _gl_dot3(n, n, MMA)
         x = _gl_dot3(x, eye + n, MMA)
     gl.store(akk_ptr + p_out, x + gl.where(same, 0.0, ak))
-    tma.store_wait(pendings=0)  # the sums' store has read g's buffer before the program's shared memory goes
 
 
 @triton.jit
