@@ -24,14 +24,15 @@ BEST = {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "
         "pair_elems": "auto"}
 
 
-@pytest.mark.parametrize("engine", ["gluon", "gluon8"])
-def test_gluon_rows_fall_back_to_the_triton_rows_off_hopper(tmp_path, engine):
-    """On the CPU the Gluon rows never run: the Triton rows of the same knobs do, outputs identical and right."""
+@pytest.mark.parametrize("engine, solve", [("gluon", False), ("gluon8", False), ("gluon", True)])
+def test_gluon_rows_fall_back_to_the_triton_rows_off_hopper(tmp_path, engine, solve):
+    """On the CPU the Gluon rows never run: the Triton rows of the same knobs do (and with rows_solve the Triton
+    solve), outputs identical and right."""
     case = {"B": 2, "T": 45, "H": 1, "K": 32, "V": 32, "initial_state": True, "output_final_state": True}
-    module = render({**FAMILY.knobs, **BEST, "rows_engine": engine}, tmp_path)
+    module = render({**FAMILY.knobs, **BEST, "rows_engine": engine, "rows_solve": solve}, tmp_path)
     x = PROBLEM.make_inputs(case, device="cpu", seed=15)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], x["output_final_state"])
-    got = module.kda_chunked(*args, {**FAMILY.knobs, **BEST, "rows_engine": engine})
+    got = module.kda_chunked(*args, {**FAMILY.knobs, **BEST, "rows_engine": engine, "rows_solve": solve})
     want = module.kda_chunked(*args, {**FAMILY.knobs, **BEST})
     for a, b in zip(got, want):
         assert (a is None and b is None) or torch.equal(a, b)
@@ -53,6 +54,12 @@ def test_gluon_rows_plan_and_where_they_run(tmp_path, monkeypatch):
     assert fam._plan(128, 128, fold)["ROWS_FOLD"] and not fam._plan(32, 32, fold)["ROWS_FOLD"]
     with pytest.raises(ValueError, match="rows_fold"):
         fam._plan(128, 128, {**fold, "rows_engine": "triton"})
+    solve = {**knobs, "rows_solve": True}
+    assert fam._plan(128, 128, solve)["ROWS_SOLVE"] and not fam._plan(128, 128, knobs)["ROWS_SOLVE"]
+    # it writes the wgmma scan's inputs (readout "pre", u and au in bf16) from the Gluon rows' registers
+    for over in ({"rows_engine": "triton"}, {"u_store": "fp32"}, {"au": "fp32"}, {"readout": "aqk"}):
+        with pytest.raises(ValueError, match="rows_solve"):
+            fam._plan(128, 128, {**solve, **over})
     for over in ({"kd_sum": "f32"}, {"recentre": "start"}, {"inv_dot": "ieee"}, {"prec": "bf16x3"},
                  {"BT": 64, "solve_warps": 8, "off_tile": "chunk"}):
         with pytest.raises(ValueError, match="rows_engine"):
@@ -109,17 +116,22 @@ def desc(shape, dtype, bits):  # a host descriptor argument, typed as Triton's l
 
 
 out = {}
-# two warpgroups (gluon8, and K 256) through K 256's compile; rows_fold at K 128
-for K, WG, maxnreg, FOLD in ((128, 1, 168, False), (64, 1, 168, False), (32, 1, 168, False), (256, 2, 0, False),
-                             (128, 1, 168, True)):
+# two warpgroups (gluon8, and K 256) through K 256's compile; rows_fold at K 128; rows_solve (flagged for a scan
+# beside it) at K 128 and 64
+for K, WG, maxnreg, FOLD, SOLVE in ((128, 1, 168, False, False), (64, 1, 168, False, False), (32, 1, 168, False, False),
+                                    (256, 2, 0, False, False), (128, 1, 168, True, False), (128, 1, 168, False, True),
+                                    (64, 1, 168, False, True)):
     BT = 32
     sig = {"q_desc": desc([1, BT, 1, K], "bf16", 16), "k_desc": desc([1, BT, 1, K], "bf16", 16),
            "g_desc": desc([1, BT, 1, K], "fp32", 32), "gs_desc": desc([BT, K], "fp32", 32), "g_ptr": "*fp32",
            "beta_ptr": "*bf16", "aqk_ptr": "*bf16", "akk_ptr": "*fp32", "gt_ptr": "*fp32", "scale": "fp32",
            "T": "i32", "TP": "i32", "NT": "i32", "H": "i32", "lo_off": "i32"}
     sig.update({n: "i32" for n in ("s_gb", "s_gt", "s_gh", "s_bb", "s_bt", "s_bh")})
-    sig.update({n: "constexpr" for n in ("K", "BT", "FLOOR", "LIMIT", "WR", "WG", "FOLD")})
-    cx = {"K": K, "BT": BT, "FLOOR": -30.0, "LIMIT": 120.0 if FOLD else 160.0, "WR": 4 * WG * 32 // K, "WG": WG, "FOLD": FOLD}
+    sig.update({n: "constexpr" for n in ("K", "BT", "FLOOR", "LIMIT", "WR", "WG", "FOLD", "V", "SOLVE", "FLAG")})
+    sig.update({"v_ptr": "*bf16", "s_vb": "i32", "s_vt": "i32", "s_vh": "i32", "w_ptr": "*bf16", "kd_ptr": "*bf16",
+                "qd_ptr": "*bf16", "u_ptr": "*bf16", "au_ptr": "*bf16", "gl_ptr": "*fp32", "flag_ptr": "*i32"})
+    cx = {"K": K, "BT": BT, "FLOOR": -30.0, "LIMIT": 120.0 if FOLD else 160.0, "WR": 4 * WG * 32 // K, "WG": WG, "FOLD": FOLD,
+          "V": K, "SOLVE": SOLVE, "FLAG": SOLVE}
     opts = {"num_warps": 4 * WG, **({"maxnreg": maxnreg} if maxnreg else {})}
     c = triton.compile(GluonASTSource(fam._kda_rows_gluon, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
                        options=opts)
@@ -129,13 +141,14 @@ for K, WG, maxnreg, FOLD in ((128, 1, 168, False), (64, 1, 168, False), (32, 1, 
         notes = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(Path(tmp) / "k.ptx"), "-o", str(Path(tmp) / "k.cubin")],
                                capture_output=True, text=True).stderr
     regs = int(notes.split("Used ")[1].split(" registers")[0])
-    out[f"K{K} WG{WG} cap{maxnreg}" + (" fold" if FOLD else "")] = {
+    out[f"K{K} WG{WG} cap{maxnreg}" + (" fold" if FOLD else "") + (" solve" if SOLVE else "")] = {
         "shared": c.metadata.shared, "regs": regs, "cap": maxnreg or 255,
         "tma_loads": ptx.count("cp.async.bulk.tensor.4d.shared::cluster.global"),
         "tma_stores": ptx.count("cp.async.bulk.tensor.2d.global.shared::cta"),
         "wgmma_tf32": ptx.count("wgmma.mma_async.sync.aligned") if ".tf32" in ptx else 0,
         "wgmma_n64": ptx.count("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32"),
         "mma_bf16": ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "notes": notes[-300:],
+        "flag_release": ptx.count("atom.global.gpu.release.exch"),
         # the running sums' store, its wait, and what lies between them in program order
         "store_at": ptx.find("cp.async.bulk.tensor.2d.global.shared::cta"), "wait_at": ptx.find("cp.async.bulk.wait_group"),
         "first_wgmma_at": ptx.find("wgmma.mma_async"),
@@ -150,8 +163,11 @@ def test_gluon_rows_compile_for_hopper(tmp_path):
     result = json.loads(compile_in_child(_COMPILE, str(FAMILY_PATH), cache_dir=tmp_path / "cache").strip().splitlines()[-1])
     for name, info in result.items():
         K = int(name.split()[0][1:])
-        # q, k and g by three TMA boxes, the running sums out by one (no per-element loads of the chunk)
-        assert info["tma_loads"] == 3 and info["tma_stores"] == 1, (name, info)
+        solve = name.endswith("solve")
+        # q, k and g by three TMA boxes, the running sums out by one (no per-element loads of the chunk); with
+        # rows_solve nothing of the rows leaves, and one release flags the chunk once the scan's inputs are written
+        assert info["tma_loads"] == 3 and info["tma_stores"] == (0 if solve else 1), (name, info)
+        assert info["flag_release"] == int(solve), (name, info)
         # the products: tf32 warpgroup products, and the inverse's 18 bf16 tensor-core products
         assert info["wgmma_tf32"] > 0 and info["mma_bf16"] > 0, (name, info)
         assert info["regs"] <= info["cap"], (name, info["notes"])
@@ -162,8 +178,12 @@ def test_gluon_rows_compile_for_hopper(tmp_path):
         # the running sums' store has read g's buffer before anything writes shared memory again: the compiler may
         # place its scratch in that buffer once the store is issued (H200, session 16: inf at the headline when the
         # wait came at the program's end)
-        assert 0 <= info["store_at"] < info["wait_at"] < info["first_wgmma_at"], (name, info)
-        assert info["shared_writes_before_wait"] == 0, (name, info)
+        if not solve:
+            assert 0 <= info["store_at"] < info["wait_at"] < info["first_wgmma_at"], (name, info)
+            assert info["shared_writes_before_wait"] == 0, (name, info)
         # rows_fold: the guarded path's one product of N 2 BT (g's box inside its column operand: the same 64 KB)
         assert (info["wgmma_n64"] > 0) == name.endswith("fold"), (name, info)
     assert result["K128 WG1 cap168"]["shared"] * 3 <= 232448
+    # the solve's products: w, Aqk w (two), u and Aqk u (three) beside the rows' inverse, and the same shared memory
+    assert result["K128 WG1 cap168 solve"]["mma_bf16"] > result["K128 WG1 cap168"]["mma_bf16"]
+    assert result["K128 WG1 cap168 solve"]["shared"] == result["K128 WG1 cap168"]["shared"]
