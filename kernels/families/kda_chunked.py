@@ -2196,9 +2196,10 @@ def _gluon_rows_launch(q, k, g, beta, aqk, akk, g_sums, g_tots, scale, T, TP, NT
     grid = (NT, BH)
     if solve is not None:
         v, w, kd, qd, u, au, g_last = solve
-        args += (v, v.stride(0), v.stride(1), v.stride(2), w, kd, qd, u, au, g_last,
-                 flags if flags is not None else g_last)
-        meta.update(V=v.shape[-1], SOLVE=True, FLAG=flags is not None, launch_pdl=pdl)
+        # by name: they follow the constexprs in the kernel's signature
+        meta.update(v_ptr=v, s_vb=v.stride(0), s_vt=v.stride(1), s_vh=v.stride(2), w_ptr=w, kd_ptr=kd, qd_ptr=qd,
+                    u_ptr=u, au_ptr=au, gl_ptr=g_last, flag_ptr=flags if flags is not None else g_last,
+                    V=v.shape[-1], SOLVE=True, FLAG=flags is not None, launch_pdl=pdl)
         if flags is not None:
             grid = (BH, NT)
     if warmup:
