@@ -174,7 +174,8 @@ def test_gluon_rows_compile_for_hopper(tmp_path):
         # q and k land inside the products' [2 BT, K] float32 operand buffer: that, the [BT, K] column operand and g's
         # box (16 BT K bytes in all), the mbarrier and at most 2 KB of the compiler's scratch (at K 128 and 4 warps:
         # 64 KB, three programs per SM; q and k in buffers of their own would make it 80 KB and two)
-        assert info["shared"] <= 16 * 32 * K + 2048 + 64, (name, info["shared"])
+        # (rows_solve: k exp(G) in bf16 beside them, 2 BT K bytes more; q exp(G) scale goes in g's buffer)
+        assert info["shared"] <= 16 * 32 * K + (2 * 32 * K if solve else 0) + 2048 + 64, (name, info["shared"])
         # the running sums' store has read g's buffer before anything writes shared memory again: the compiler may
         # place its scratch in that buffer once the store is issued (H200, session 16: inf at the headline when the
         # wait came at the program's end)
@@ -184,6 +185,6 @@ def test_gluon_rows_compile_for_hopper(tmp_path):
         # rows_fold: the guarded path's one product of N 2 BT (g's box inside its column operand: the same 64 KB)
         assert (info["wgmma_n64"] > 0) == name.endswith("fold"), (name, info)
     assert result["K128 WG1 cap168"]["shared"] * 3 <= 232448
-    # the solve's products: w, Aqk w (two), u and Aqk u (three) beside the rows' inverse, and the same shared memory
+    # the solve's products: w, Aqk w (two), u and Aqk u (three) beside the rows' inverse; still three programs per SM
     assert result["K128 WG1 cap168 solve"]["mma_bf16"] > result["K128 WG1 cap168"]["mma_bf16"]
-    assert result["K128 WG1 cap168 solve"]["shared"] == result["K128 WG1 cap168"]["shared"]
+    assert result["K128 WG1 cap168 solve"]["shared"] * 3 <= 232448

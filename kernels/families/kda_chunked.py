@@ -1705,15 +1705,13 @@ def _gl_dot3(a, b, MMA: gl.constexpr):
 
 
 @gluon.jit
-def _gl_solve(q, k, gs, tot0, tot1, ri, c1, aq, ak, x, same, eye, beta_ptr, s_bt, v_ptr, s_vt, w_ptr, kd_ptr, qd_ptr,
-              u_ptr, au_ptr, gl_ptr, t0, T, scale, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-              NW: gl.constexpr, MMA: gl.constexpr):
+def _gl_solve(qdec_s, kdec_s, aq, ak, x, same, eye, beta_ptr, s_bt, v_ptr, s_vt, w_ptr, qd_ptr, u_ptr, au_ptr, t0, T,
+              K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, NW: gl.constexpr, MMA: gl.constexpr):
     """``rows_solve``: the solve of ``_solve_wy`` (subst "rows", kd_sum "rows", readout "pre", u and au in bf16) on
-    what the Gluon rows hold in registers, so that no intermediate goes through memory. aq: Aqk scaled; ak: Akk
-    beta-scaled by rows; x: its diagonal blocks' inverses (both [BT, BT] in the small products' layout). q, k, gs
-    (each block's running sums) in the rows' [BT, K] layout; tot0, tot1 the blocks' totals. Writes the scan's
-    inputs w, kd, qd, u, au (bf16, pointers at the chunk's first row) and exp(G_last) at gl_ptr."""
-    BC: gl.constexpr = 16
+    what the Gluon rows hold, so that no intermediate goes through global memory. aq: Aqk scaled; ak: Akk
+    beta-scaled by rows; x: its diagonal blocks' inverses (all [BT, BT] in the small products' layout). qdec_s:
+    q exp(G) scale (float32), kdec_s: k exp(G) (bf16), both [BT, K] in shared memory, set aside before the rows'
+    products. Writes w, qd, u and au (bf16, pointers at the chunk's first row)."""
     A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
     # across the two blocks: (D + L)^-1 = (I - D^-1 L) D^-1 (D^-1 L is nilpotent of index 2), then A = that diag(beta)
@@ -1725,28 +1723,16 @@ def _gl_solve(q, k, gs, tot0, tot1, ri, c1, aq, ak, x, same, eye, beta_ptr, s_bt
     aq_hi = aq.to(gl.bfloat16)
     aq_lo = gl.convert_layout((aq - aq_hi.to(gl.float32)).to(gl.bfloat16), A)
     aq_hi = gl.convert_layout(aq_hi, A)
-    # the chunk's running sums G_i (block sums plus the totals before) and the decays of the scan's tiles
-    g_run = gs + gl.where(ri >= BC, tot0[None, :], 0.0)
-    tot = tot0 + tot1
-    dec = gl.exp(g_run)
-    # kd leaves in 16-byte pieces (the rows' layout holds one channel per thread: 2-byte stores)
-    TK: gl.constexpr = K // 8 if K < 256 else 32
-    LK: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // TK, TK],
-                                        warps_per_cta=[NW, 1], order=[1, 0])
-    rk = gl.arange(0, BT, layout=gl.SliceLayout(1, LK))[:, None]
-    ckk = gl.arange(0, K, layout=gl.SliceLayout(0, LK))[None, :]
-    gl.store(kd_ptr + rk * K + ckk, gl.convert_layout((k * gl.exp(tot[None, :] - g_run)).to(gl.bfloat16), LK))
-    gl.store(gl_ptr + c1, gl.exp(tot))
     rm = gl.arange(0, BT, layout=gl.SliceLayout(1, MMA))[:, None]
     ck = gl.arange(0, K, layout=gl.SliceLayout(0, MMA))[None, :]
-    w = mma_v2(a_wy, gl.convert_layout((k * dec).to(gl.bfloat16), B), gl.zeros([BT, K], gl.float32, MMA))
+    gl.thread_barrier()  # every warp's share of the set-aside tiles is in shared memory
+    w = mma_v2(a_wy, kdec_s.load(B), gl.zeros([BT, K], gl.float32, MMA))
     w = w.to(gl.bfloat16)
     gl.store(w_ptr + rm * K + ck, w)
     w = gl.convert_layout(w, B)
     aw = mma_v2(aq_hi, w, gl.zeros([BT, K], gl.float32, MMA))
     aw = mma_v2(aq_lo, w, aw)
-    qd = gl.convert_layout(q * (dec * scale), MMA) - aw
-    gl.store(qd_ptr + rm * K + ck, qd.to(gl.bfloat16))
+    gl.store(qd_ptr + rm * K + ck, (qdec_s.load(MMA) - aw).to(gl.bfloat16))
     # u = A v and Aqk u (bf16 hi / lo products, ~16 bits, from u before its rounding)
     TC: gl.constexpr = V // 8 if V < 256 else 32
     LV: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // TC, TC],
@@ -1840,6 +1826,12 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
     else:
         b_s = gl.allocate_shared_memory(gl.float32, [BT, K], gl.NVMMASharedLayout.get_default_for([BT, K], gl.float32))
         g_s = gl.allocate_shared_memory(gl.float32, [1, BT, 1, K], g_desc.layout)
+    if SOLVE:  # the solve's q exp(G) scale in g's buffer once g is in registers (its own without FOLD), k exp(G) beside
+        if FOLD:
+            qdec_s = gl.allocate_shared_memory(gl.float32, [BT, K], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        else:
+            qdec_s = g_s.reshape([BT, K])
+        kdec_s = gl.allocate_shared_memory(gl.bfloat16, [BT, K], gl.NVMMASharedLayout.get_default_for([BT, K], gl.bfloat16))
     fence_async_shared()
     mbarrier.expect(bar, BT * K * 8)
     tma.async_copy_global_to_shared(q_desc, [i_b, t0, i_h, 0], bar, q_s)
@@ -1879,6 +1871,17 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
         # 16: a wait at the program's end gave inf at the headline, once many programs shared each SM)
         tma.store_wait(pendings=0)
     gl.thread_barrier()  # every warp has read q and k before the products overwrite their buffer
+    if SOLVE:
+        # what the solve needs of q, k and the sums is formed now and set aside (shared memory, or written out), so
+        # that q, k and the sums are dead after the rows' products: the chunk's running sums G_i (block sums plus
+        # the totals before) and the decays of the scan's tiles
+        g_run = gs + gl.where(ri >= BC, tot0[None, :], 0.0)
+        tot = tot0 + tot1
+        dec = gl.exp(g_run)
+        qdec_s.store(q * (dec * scale))
+        kdec_s.store((k * dec).to(gl.bfloat16))
+        gl.store(kd_ptr + row_base * K + ri * K + c1[None, :], (k * gl.exp(tot[None, :] - g_run)).to(gl.bfloat16))
+        gl.store(gl_ptr + (i_bh.to(gl.int64) * NT + i_t) * K + c1, gl.exp(tot))
 
     rr = gl.arange(0, 2 * BT, layout=gl.SliceLayout(1, ACC))[:, None]
     cc = gl.arange(0, BT, layout=gl.SliceLayout(0, ACC))[None, :]
@@ -1930,9 +1933,8 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
         x = _gl_dot3(x, eye + n, MMA)
     if SOLVE:
         v_ptr += i_b.to(gl.int64) * s_vb + i_h * s_vh + t0.to(gl.int64) * s_vt
-        _gl_solve(q, k, gs, tot0, tot1, ri, c1, aq, ak, x, same, eye, beta_ptr, s_bt, v_ptr, s_vt,
-                  w_ptr + row_base * K, kd_ptr + row_base * K, qd_ptr + row_base * K, u_ptr + row_base * V,
-                  au_ptr + row_base * V, gl_ptr + (i_bh.to(gl.int64) * NT + i_t) * K, t0, T, scale, K, V, BT, NW, MMA)
+        _gl_solve(qdec_s, kdec_s, aq, ak, x, same, eye, beta_ptr, s_bt, v_ptr, s_vt, w_ptr + row_base * K,
+                  qd_ptr + row_base * K, u_ptr + row_base * V, au_ptr + row_base * V, t0, T, K, V, BT, NW, MMA)
         if FLAG:
             # every thread's stores are done (the barrier), then one release at GPU scope publishes them: the scan's
             # loader reads the flag with an acquire before its TMA loads of this chunk
