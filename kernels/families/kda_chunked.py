@@ -447,16 +447,15 @@ REQUIRES = [
 # for only at the program's end, and the compiler reused g's buffer as scratch meanwhile); the second was right and
 # promoted (82b4c2a4). With the wait moved before the products, both entries were re-judged: the first was promoted
 # (7bce82c4, 370.4 us on the loop's geomean against 372.1 for the second; 1.42-1.64x fla at all six shapes in one run).
-# Session 17: the entries are 7bce82c4's knobs with the solve in the Gluon rows' program (rows_solve), at the rows' register
-# cap (168, "auto") and uncapped (offline sm_90 at K 128: 836 B spilled at 168; 255 registers and 256 B uncapped).
+# Session 17 (results/h200-2026-11-30l): 7bce82c4's knobs with the solve in the Gluon rows' program (rows_solve) at the
+# rows' register cap (168) and uncapped: the loop promoted the first (bee16074, 356.3 us on its geomean against 370.4;
+# uncapped 368.6). Nsight Compute on it (headline, not beside the scan): 259 us, 2.2 M local-memory spill requests,
+# 0.33 issued per scheduler at 12 warps per SM. The entry: the same at 8 warps (rows_engine "gluon8", two rows per
+# channel: offline sm_90 at K 128, 128 registers and 260 B spilled against 776 B, two programs of 8 warps per SM).
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
               "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
               "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "scan_overlap": "auto",
-              "pair_elems": "auto", "rows_engine": "gluon", "rows_solve": True},
-             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 0, "BK": "auto", "scan_overlap": "auto",
-              "pair_elems": "auto", "rows_engine": "gluon", "rows_solve": True}]
+              "pair_elems": "auto", "rows_engine": "gluon8", "rows_solve": True}]
 
 # kd_sum "f32": the solve raises the gates it loads to at least -_KD_FLOOR, so that every running sum it forms is
 # at most 30 BT in size and G_last - G_j, a float32 difference, is within ~1e-4 nats of the sum it stands for (kd is
