@@ -121,6 +121,8 @@ ROWS.update({
     "gls_fold": {**B767, "rows_engine": "gluon", "rows_solve": True, "rows_fold": True},
     # ... at 8 warps (two rows per channel; "auto" caps them at 128 registers: two programs per SM)
     "gl8s": {**B767, "rows_engine": "gluon8", "rows_solve": True},
+    # ... only beside the scan or at K <= 64 (the shapes where the fused form was faster)
+    "gls_auto": {**B767, "rows_engine": "gluon", "rows_solve": "auto"},
 })
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}

@@ -162,8 +162,8 @@ COMPANIONS = {("solve_warps", 4): {"subst": "rows", "BT": 32}, ("solve_warps", 2
               # the Gluon block rows run on a Hopper GPU only: here the Triton rows of the same configuration run
               **{("rows_engine", v): {"kd_sum": "rows", "diag_floor": 30, "inv_dot": "bf16x3"} for v in ("gluon", "gluon8")},
               ("rows_fold", True): {"rows_engine": "gluon", "kd_sum": "rows", "diag_floor": 30, "inv_dot": "bf16x3"},
-              ("rows_solve", True): {"rows_engine": "gluon", "kd_sum": "rows", "diag_floor": 30, "inv_dot": "bf16x3",
-                                     "u_store": "bf16"}}
+              **{("rows_solve", v): {"rows_engine": "gluon", "kd_sum": "rows", "diag_floor": 30, "inv_dot": "bf16x3",
+                                     "u_store": "bf16"} for v in (True, "auto")}}
 
 
 def test_every_space_value(tmp_path):

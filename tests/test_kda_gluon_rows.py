@@ -55,7 +55,10 @@ def test_gluon_rows_plan_and_where_they_run(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="rows_fold"):
         fam._plan(128, 128, {**fold, "rows_engine": "triton"})
     solve = {**knobs, "rows_solve": True}
-    assert fam._plan(128, 128, solve)["ROWS_SOLVE"] and not fam._plan(128, 128, knobs)["ROWS_SOLVE"]
+    assert fam._plan(128, 128, solve)["ROWS_SOLVE"] is True and fam._plan(128, 128, knobs)["ROWS_SOLVE"] is False
+    assert fam._plan(128, 128, {**knobs, "rows_solve": "auto"})["ROWS_SOLVE"] == "auto"
+    with pytest.raises(ValueError, match="rows_solve"):
+        fam._plan(128, 128, {**knobs, "rows_solve": "auto", "rows_engine": "triton"})
     # it writes the wgmma scan's inputs (readout "pre", u and au in bf16) from the Gluon rows' registers
     for over in ({"rows_engine": "triton"}, {"u_store": "fp32"}, {"au": "fp32"}, {"readout": "aqk"}):
         with pytest.raises(ValueError, match="rows_solve"):
