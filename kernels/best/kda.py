@@ -226,7 +226,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 # kopt:knobs-begin
-KNOBS = {'BT': 32, 'BC': 16, 'BK': 'auto', 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 1, 'solve_warps': 2, 'block_maxnreg': 'auto', 'solve_maxnreg': 168, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'rows', 'scan_bv': 64, 'inv_dot': 'bf16x3', 'row_prefetch': False, 'scan_overlap': 'auto', 'pair_elems': 'auto', 'rows_engine': 'gluon', 'rows_fold': False, 'rows_solve': True}
+KNOBS = {'BT': 32, 'BC': 16, 'BK': 'auto', 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 1, 'solve_warps': 2, 'block_maxnreg': 'auto', 'solve_maxnreg': 168, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'rows', 'scan_bv': 64, 'inv_dot': 'bf16x3', 'row_prefetch': False, 'scan_overlap': 'auto', 'pair_elems': 'auto', 'rows_engine': 'gluon', 'rows_fold': False, 'rows_solve': 'auto'}
 # kopt:knobs-end
 SPACE = {
     "BT": [32, 64],
@@ -328,8 +328,11 @@ SPACE = {
     "rows_fold": [False, True],
     # session 17: the Gluon rows' program also does the solve (_gl_solve) and writes the scan's inputs: Aqk, Akk, the
     # running sums and a second read of q and k no longer go through memory (~630 MB -> ~340 MB at the headline).
-    # Where the wgmma scan runs (Hopper, u and au in bf16); elsewhere the Gluon rows and the Triton solve
-    "rows_solve": [False, True],
+    # Where the wgmma scan runs (Hopper, u and au in bf16); elsewhere the Gluon rows and the Triton solve. "auto": only
+    # where the scan runs beside it (scan_overlap) or K <= 64 (H200, session 17: -8 % at the headline and -8 % at B8
+    # T1024 H8 K 64, +2..4 % at B1 T8192 H96, B2 T16384 H16 and B4 T4096 H64, where each kernel has the whole GPU and
+    # the fused program, spilling at 168 registers, is slower than the two it replaces)
+    "rows_solve": [False, True, "auto"],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
 # (when, then) pair mirrors one of _plan's checks below, which stay the authority;
@@ -345,7 +348,8 @@ REQUIRES = [
     ({"kd_sum": "rows"}, {"block_prog": ["row"], "diag_floor": [30]}),
     ({"scan_overlap": ["pdl", "auto"]}, {"fuse_prep": [False], "scan_engine": ["wgmma_ws"]}),
     ({"rows_fold": True}, {"rows_engine": ["gluon", "gluon8"]}),
-    ({"rows_solve": True}, {"rows_engine": ["gluon", "gluon8"], "readout": ["pre"], "u_store": ["bf16"], "au": ["bf16"]}),
+    ({"rows_solve": [True, "auto"]}, {"rows_engine": ["gluon", "gluon8"], "readout": ["pre"], "u_store": ["bf16"],
+                                      "au": ["bf16"]}),
     ({"rows_engine": ["gluon", "gluon8"]}, {"BT": [32], "fuse_prep": [False], "subst": ["rows"], "kd_sum": ["rows"],
                                             "recentre": ["midpoint"], "inv_dot": ["bf16x3"], "prec": ["tf32"]}),
 ]
@@ -405,16 +409,17 @@ REQUIRES = [
 # for only at the program's end, and the compiler reused g's buffer as scratch meanwhile); the second was right and
 # promoted (82b4c2a4). With the wait moved before the products, both entries were re-judged: the first was promoted
 # (7bce82c4, 370.4 us on the loop's geomean against 372.1 for the second; 1.42-1.64x fla at all six shapes in one run).
-# Session 17: the entries are 7bce82c4's knobs with the solve in the Gluon rows' program (rows_solve), at the rows' register
-# cap (168, "auto") and uncapped (offline sm_90 at K 128: 836 B spilled at 168; 255 registers and 256 B uncapped).
+# Session 17 (results/h200-2026-11-30l): 7bce82c4's knobs with the solve in the Gluon rows' program (rows_solve) at the
+# rows' register cap (168) and uncapped: the loop promoted the first (bee16074, 356.3 us on its geomean against 370.4;
+# uncapped 368.6). Nsight Compute on it (headline, not beside the scan): 259 us, 2.2 M local-memory spill requests,
+# 0.33 issued per scheduler at 12 warps per SM. The entry: the same at 8 warps (rows_engine "gluon8", two rows per
+# channel: offline sm_90 at K 128, 128 registers and 260 B spilled against 776 B, two programs of 8 warps per SM): slower
+# (dev rows: headline 361.6 us against 343.6, +6 % at the three largest shapes; loop 380.2 us). The entry: bee16074 with
+# rows_solve "auto" (fused only beside the scan or at K <= 64: dev rows, the fused form 3-4 % slower elsewhere).
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
               "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
               "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "scan_overlap": "auto",
-              "pair_elems": "auto", "rows_engine": "gluon", "rows_solve": True},
-             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": 0, "BK": "auto", "scan_overlap": "auto",
-              "pair_elems": "auto", "rows_engine": "gluon", "rows_solve": True}]
+              "pair_elems": "auto", "rows_engine": "gluon", "rows_solve": "auto"}]
 
 # kd_sum "f32": the solve raises the gates it loads to at least -_KD_FLOOR, so that every running sum it forms is
 # at most 30 BT in size and G_last - G_j, a float32 difference, is within ~1e-4 nats of the sum it stands for (kd is
@@ -2026,7 +2031,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
                          "rows' products; the Triton rows have no such product)")
     if knobs.get("rows_solve") and (knobs.get("rows_engine") not in ("gluon", "gluon8") or knobs.get("readout") != "pre"
                                     or knobs.get("u_store") != "bf16" or knobs.get("au") != "bf16"):
-        raise ValueError("rows_solve=True is served with rows_engine 'gluon' or 'gluon8', readout 'pre', u_store 'bf16' "
+        raise ValueError(f"rows_solve={knobs.get('rows_solve')!r} is served with rows_engine 'gluon' or 'gluon8', readout 'pre', u_store 'bf16' "
                          "and au 'bf16' only (the Gluon rows' solve writes the wgmma scan's inputs in that form)")
     for name, choices in SPACE.items():
         if knobs.get(name) not in choices:
@@ -2082,7 +2087,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         # K 256 (8 warps of 32 rows each: 1.1 KB spilled at 128)
         # rows_fold: at K >= 64 (the [2 BT, 2 BT] result is read back through the operand buffer's first 16 KB)
         "ROWS_FOLD": bool(knobs["rows_fold"]) and K >= 64,
-        "ROWS_SOLVE": bool(knobs["rows_solve"]),
+        "ROWS_SOLVE": knobs["rows_solve"] if knobs["rows_solve"] == "auto" else bool(knobs["rows_solve"]),
         "ROWS_MAXNREG": (0 if knobs["rows_engine"] == "triton" or K > 128 else
                          168 if knobs["rows_engine"] == "gluon" else 128)
                         if knobs["block_maxnreg"] == "auto" else knobs["block_maxnreg"],
@@ -2339,7 +2344,8 @@ def kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, knob
             _kda_prep_kernel[(NT, BH)](*prep_args, STAGE=0, num_warps=kn["block_warps"], num_stages=plan["solve_stages"],
                                        **block_regs, **prep_meta)
         else:
-            if wgmma and plan["ROWS_SOLVE"] and _gluon_rows_apply(q, k, g, beta, K, plan):
+            fused = plan["ROWS_SOLVE"] is True or (plan["ROWS_SOLVE"] == "auto" and (beside or K <= 64))
+            if wgmma and fused and _gluon_rows_apply(q, k, g, beta, K, plan):
                 # rows_solve: one Gluon program per chunk writes the scan's inputs; beside the scan as the solve is
                 # (compiled and loaded first, for the same reason)
                 solve = (v, w, kd, qd, u, au, g_last)
