@@ -372,8 +372,8 @@ SPACE = {
     # running sums and a second read of q and k no longer go through memory (~630 MB -> ~340 MB at the headline).
     # Where the wgmma scan runs (Hopper, u and au in bf16); elsewhere the Gluon rows and the Triton solve. "auto": only
     # where the scan runs beside it (scan_overlap) or K <= 64 (H200, session 17: -8 % at the headline and -8 % at B8
-    # T1024 H8 K 64, +2..4 % at B1 T8192 H96, B2 T16384 H16 and B4 T4096 H64, where each kernel has the whole GPU and
-    # the fused program, spilling at 168 registers, is slower than the two it replaces)
+    # T1024 H8 K 64, +2..4 % at B1 T8192 H96, B2 T16384 H16 and B4 T4096 H64, where each kernel has the whole GPU: the
+    # fused program executes about as many instructions as the two it replaces, at no better issue rate)
     "rows_solve": [False, True, "auto"],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
