@@ -123,6 +123,10 @@ ROWS.update({
     "gl8s": {**B767, "rows_engine": "gluon8", "rows_solve": True},
     # ... only beside the scan or at K <= 64 (the shapes where the fused form was faster)
     "gls_auto": {**B767, "rows_engine": "gluon", "rows_solve": "auto"},
+    # session 18: the fused program's solve as stacked wgmma products (solve_mma "wgmma"), everywhere and with "auto"
+    "glw": {**B767, "rows_engine": "gluon", "rows_solve": True, "solve_mma": "wgmma"},
+    "glw_0": {**B767, "rows_engine": "gluon", "rows_solve": True, "solve_mma": "wgmma", "block_maxnreg": 0},
+    "glw_auto": {**B767, "rows_engine": "gluon", "rows_solve": "auto", "solve_mma": "wgmma"},
 })
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}
@@ -351,7 +355,7 @@ def main() -> int:
     for name, ov in ROWS.items():
         if ov.get("rows_engine", "triton") == "triton":
             continue
-        tri = {**ov, "rows_engine": "triton", "rows_fold": False, "rows_solve": False}
+        tri = {**ov, "rows_engine": "triton", "rows_fold": False, "rows_solve": False, "solve_mma": "v2"}
         # rows_solve writes the scan's inputs instead of the rows' intermediates: those are compared
         keys = ("w", "kd", "qd", "u", "au", "gl") if ov.get("rows_solve") else ("aqk", "akk", "gs", "gt")
         hostile = {"B": 1, "T": 1024, "H": 4, "K": 128, "V": 128, "initial_state": True, "output_final_state": True}

@@ -24,15 +24,17 @@ BEST = {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "
         "pair_elems": "auto"}
 
 
-@pytest.mark.parametrize("engine, solve", [("gluon", False), ("gluon8", False), ("gluon", True)])
-def test_gluon_rows_fall_back_to_the_triton_rows_off_hopper(tmp_path, engine, solve):
+@pytest.mark.parametrize("engine, solve, mma", [("gluon", False, "v2"), ("gluon8", False, "v2"), ("gluon", True, "v2"),
+                                               ("gluon", True, "wgmma")])
+def test_gluon_rows_fall_back_to_the_triton_rows_off_hopper(tmp_path, engine, solve, mma):
     """On the CPU the Gluon rows never run: the Triton rows of the same knobs do (and with rows_solve the Triton
-    solve), outputs identical and right."""
+    solve, whatever solve_mma says), outputs identical and right."""
     case = {"B": 2, "T": 45, "H": 1, "K": 32, "V": 32, "initial_state": True, "output_final_state": True}
-    module = render({**FAMILY.knobs, **BEST, "rows_engine": engine, "rows_solve": solve}, tmp_path)
+    over = {"rows_engine": engine, "rows_solve": solve, "solve_mma": mma}
+    module = render({**FAMILY.knobs, **BEST, **over}, tmp_path)
     x = PROBLEM.make_inputs(case, device="cpu", seed=15)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], x["output_final_state"])
-    got = module.kda_chunked(*args, {**FAMILY.knobs, **BEST, "rows_engine": engine, "rows_solve": solve})
+    got = module.kda_chunked(*args, {**FAMILY.knobs, **BEST, **over})
     want = module.kda_chunked(*args, {**FAMILY.knobs, **BEST})
     for a, b in zip(got, want):
         assert (a is None and b is None) or torch.equal(a, b)
@@ -59,6 +61,12 @@ def test_gluon_rows_plan_and_where_they_run(tmp_path, monkeypatch):
     assert fam._plan(128, 128, {**knobs, "rows_solve": "auto"})["ROWS_SOLVE"] == "auto"
     with pytest.raises(ValueError, match="rows_solve"):
         fam._plan(128, 128, {**knobs, "rows_solve": "auto", "rows_engine": "triton"})
+    # solve_mma "wgmma": one warpgroup (rows_engine "gluon"), the rows' product unextracted (no rows_fold)
+    wgs = {**solve, "solve_mma": "wgmma"}
+    assert fam._plan(128, 128, wgs)["SOLVE_WG"] and not fam._plan(128, 128, solve)["SOLVE_WG"]
+    for over in ({"rows_engine": "gluon8"}, {"rows_fold": True}):
+        with pytest.raises(ValueError, match="solve_mma"):
+            fam._plan(128, 128, {**wgs, **over})
     # it writes the wgmma scan's inputs (readout "pre", u and au in bf16) from the Gluon rows' registers
     for over in ({"rows_engine": "triton"}, {"u_store": "fp32"}, {"au": "fp32"}, {"readout": "aqk"}):
         with pytest.raises(ValueError, match="rows_solve"):
@@ -120,21 +128,26 @@ def desc(shape, dtype, bits):  # a host descriptor argument, typed as Triton's l
 
 out = {}
 # two warpgroups (gluon8, and K 256) through K 256's compile; rows_fold at K 128; rows_solve (flagged for a scan
-# beside it) at K 128 and 64
-for K, WG, maxnreg, FOLD, SOLVE in ((128, 1, 168, False, False), (64, 1, 168, False, False), (32, 1, 168, False, False),
-                                    (256, 2, 0, False, False), (128, 1, 168, True, False), (128, 1, 168, False, True),
-                                    (64, 1, 168, False, True)):
+# beside it) at K 128 and 64, with the mma_v2 solve and the wgmma one (solve_mma)
+for K, WG, maxnreg, FOLD, SOLVE, WGS in ((128, 1, 168, False, False, False), (64, 1, 168, False, False, False),
+                                         (32, 1, 168, False, False, False), (256, 2, 0, False, False, False),
+                                         (128, 1, 168, True, False, False), (128, 1, 168, False, True, False),
+                                         (64, 1, 168, False, True, False), (128, 1, 168, False, True, True),
+                                         (64, 1, 168, False, True, True)):
     BT = 32
     sig = {"q_desc": desc([1, BT, 1, K], "bf16", 16), "k_desc": desc([1, BT, 1, K], "bf16", 16),
            "g_desc": desc([1, BT, 1, K], "fp32", 32), "gs_desc": desc([BT, K], "fp32", 32), "g_ptr": "*fp32",
            "beta_ptr": "*bf16", "aqk_ptr": "*bf16", "akk_ptr": "*fp32", "gt_ptr": "*fp32", "scale": "fp32",
            "T": "i32", "TP": "i32", "NT": "i32", "H": "i32", "lo_off": "i32"}
     sig.update({n: "i32" for n in ("s_gb", "s_gt", "s_gh", "s_bb", "s_bt", "s_bh")})
-    sig.update({n: "constexpr" for n in ("K", "BT", "FLOOR", "LIMIT", "WR", "WG", "FOLD", "V", "SOLVE", "FLAG")})
+    sig.update({n: "constexpr" for n in ("K", "BT", "FLOOR", "LIMIT", "WR", "WG", "FOLD", "V", "SOLVE", "FLAG", "WGS")})
+    # the value tile's descriptor (solve_mma "wgmma"), swizzled as the host makes it
+    sig["v_desc"] = (f"tensordesc<bf16[1, {BT}, 1, {K}],{gl.NVMMASharedLayout.get_default_for([1, BT, 1, K], gl.bfloat16)!r}>"
+                     if WGS else "constexpr")
     sig.update({"v_ptr": "*bf16", "s_vb": "i32", "s_vt": "i32", "s_vh": "i32", "w_ptr": "*bf16", "kd_ptr": "*bf16",
                 "qd_ptr": "*bf16", "u_ptr": "*bf16", "au_ptr": "*bf16", "gl_ptr": "*fp32", "flag_ptr": "*i32"})
     cx = {"K": K, "BT": BT, "FLOOR": -30.0, "LIMIT": 120.0 if FOLD else 160.0, "WR": 4 * WG * 32 // K, "WG": WG, "FOLD": FOLD,
-          "V": K, "SOLVE": SOLVE, "FLAG": SOLVE}
+          "V": K, "SOLVE": SOLVE, "FLAG": SOLVE, "WGS": WGS, **({} if WGS else {"v_desc": None})}
     opts = {"num_warps": 4 * WG, **({"maxnreg": maxnreg} if maxnreg else {})}
     c = triton.compile(GluonASTSource(fam._kda_rows_gluon, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
                        options=opts)
@@ -144,13 +157,15 @@ for K, WG, maxnreg, FOLD, SOLVE in ((128, 1, 168, False, False), (64, 1, 168, Fa
         notes = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(Path(tmp) / "k.ptx"), "-o", str(Path(tmp) / "k.cubin")],
                                capture_output=True, text=True).stderr
     regs = int(notes.split("Used ")[1].split(" registers")[0])
-    out[f"K{K} WG{WG} cap{maxnreg}" + (" fold" if FOLD else "") + (" solve" if SOLVE else "")] = {
+    out[f"K{K} WG{WG} cap{maxnreg}" + (" fold" if FOLD else "") + (" solve" if SOLVE else "") + (" wgmma" if WGS else "")] = {
         "shared": c.metadata.shared, "regs": regs, "cap": maxnreg or 255,
         "tma_loads": ptx.count("cp.async.bulk.tensor.4d.shared::cluster.global"),
         "tma_stores": ptx.count("cp.async.bulk.tensor.2d.global.shared::cta"),
         "wgmma_tf32": ptx.count("wgmma.mma_async.sync.aligned") if ".tf32" in ptx else 0,
         "wgmma_n64": ptx.count("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32"),
         "mma_bf16": ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "notes": notes[-300:],
+        "wgmma_bf16": ptx.count("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16"),
+        "wgmma_bf16_out": ptx.count(f"wgmma.mma_async.sync.aligned.m64n{K}k16.f32.bf16.bf16"),
         "flag_release": ptx.count("atom.global.gpu.release.exch"),
         # the running sums' store, its wait, and what lies between them in program order
         "store_at": ptx.find("cp.async.bulk.tensor.2d.global.shared::cta"), "wait_at": ptx.find("cp.async.bulk.wait_group"),
@@ -166,18 +181,25 @@ def test_gluon_rows_compile_for_hopper(tmp_path):
     result = json.loads(compile_in_child(_COMPILE, str(FAMILY_PATH), cache_dir=tmp_path / "cache").strip().splitlines()[-1])
     for name, info in result.items():
         K = int(name.split()[0][1:])
-        solve = name.endswith("solve")
-        # q, k and g by three TMA boxes, the running sums out by one (no per-element loads of the chunk); with
-        # rows_solve nothing of the rows leaves, and one release flags the chunk once the scan's inputs are written
-        assert info["tma_loads"] == 3 and info["tma_stores"] == (0 if solve else 1), (name, info)
+        wgs = name.endswith("wgmma")
+        solve = name.endswith("solve") or wgs
+        # q, k and g by three TMA boxes (and v by a fourth with the wgmma solve), the running sums out by one (no
+        # per-element loads of the chunk); with rows_solve nothing of the rows leaves, and one release flags the chunk
+        # once the scan's inputs are written
+        assert info["tma_loads"] == 3 + wgs and info["tma_stores"] == (0 if solve else 1), (name, info)
         assert info["flag_release"] == int(solve), (name, info)
-        # the products: tf32 warpgroup products, and the inverse's 18 bf16 tensor-core products
-        assert info["wgmma_tf32"] > 0 and info["mma_bf16"] > 0, (name, info)
+        # the products: tf32 warpgroup products, and the inverse's bf16 tensor-core products: 18 mma_v2, or with
+        # the wgmma solve six stacked steps of three products and the outputs' four and two (two k16 instructions
+        # each), no mma_v2 at all
+        assert info["wgmma_tf32"] > 0 and (info["mma_bf16"] == 0) == wgs, (name, info)
+        if wgs:
+            assert info["wgmma_bf16"] == 6 * 3 * 2 and info["wgmma_bf16_out"] == (4 + 2) * 2, (name, info)
         assert info["regs"] <= info["cap"], (name, info["notes"])
         # q and k land inside the products' [2 BT, K] float32 operand buffer: that, the [BT, K] column operand and g's
         # box (16 BT K bytes in all), the mbarrier and at most 2 KB of the compiler's scratch (at K 128 and 4 warps:
         # 64 KB, three programs per SM; q and k in buffers of their own would make it 80 KB and two)
-        # (rows_solve: k exp(G) in bf16 beside them, 2 BT K bytes more; q exp(G) scale goes in g's buffer)
+        # (rows_solve: k exp(G) in bf16 beside them, 2 BT K bytes more; q exp(G) scale goes in g's buffer, and with the
+        # wgmma solve v's tile in the column operand's)
         assert info["shared"] <= 16 * 32 * K + (2 * 32 * K if solve else 0) + 2048 + 64, (name, info["shared"])
         # the running sums' store has read g's buffer before anything writes shared memory again: the compiler may
         # place its scratch in that buffer once the store is issued (H200, session 16: inf at the headline when the
@@ -191,3 +213,4 @@ def test_gluon_rows_compile_for_hopper(tmp_path):
     # the solve's products: w, Aqk w (two), u and Aqk u (three) beside the rows' inverse; still three programs per SM
     assert result["K128 WG1 cap168 solve"]["mma_bf16"] > result["K128 WG1 cap168"]["mma_bf16"]
     assert result["K128 WG1 cap168 solve"]["shared"] * 3 <= 232448
+    assert result["K128 WG1 cap168 solve wgmma"]["shared"] * 3 <= 232448
