@@ -467,8 +467,14 @@ REQUIRES = [
 # (dev rows: headline 361.6 us against 343.6, +6 % at the three largest shapes; loop 380.2 us). The entry: bee16074 with
 # rows_solve "auto" (fused only beside the scan or at K <= 64: dev rows, the fused form 3-4 % slower elsewhere).
 # Session 18: that best with the solve as stacked wgmma products (solve_mma "wgmma"), and as it is (exp through one
-# ex2 each: both re-rendered, so measured afresh).
+# ex2 each: both re-rendered, so measured afresh); call 1 promoted the first (124b215f, 328.0 us on the loop's geomean
+# against 348.9 for the second). First now: the same fused everywhere (dev rows, call 1: faster than the unfused rows
+# at all six shapes, -2 to -3 % at the four large ones).
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "scan_overlap": "auto",
+              "pair_elems": "auto", "rows_engine": "gluon", "rows_solve": True, "solve_mma": "wgmma"},
+             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
               "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
               "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "scan_overlap": "auto",
               "pair_elems": "auto", "rows_engine": "gluon", "rows_solve": "auto", "solve_mma": "wgmma"},

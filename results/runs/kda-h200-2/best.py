@@ -226,7 +226,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 # kopt:knobs-begin
-KNOBS = {'BT': 32, 'BC': 16, 'BK': 'auto', 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 1, 'solve_warps': 2, 'block_maxnreg': 'auto', 'solve_maxnreg': 168, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'rows', 'scan_bv': 64, 'inv_dot': 'bf16x3', 'row_prefetch': False, 'scan_overlap': 'auto', 'pair_elems': 'auto', 'rows_engine': 'gluon', 'rows_fold': False, 'rows_solve': 'auto'}
+KNOBS = {'BT': 32, 'BC': 16, 'BK': 'auto', 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 1, 'solve_warps': 2, 'block_maxnreg': 'auto', 'solve_maxnreg': 168, 'scan_warps': 4, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'rows', 'scan_bv': 64, 'inv_dot': 'bf16x3', 'row_prefetch': False, 'scan_overlap': 'auto', 'pair_elems': 'auto', 'rows_engine': 'gluon', 'rows_fold': False, 'rows_solve': 'auto', 'solve_mma': 'wgmma'}
 # kopt:knobs-end
 SPACE = {
     "BT": [32, 64],
@@ -330,9 +330,15 @@ SPACE = {
     # running sums and a second read of q and k no longer go through memory (~630 MB -> ~340 MB at the headline).
     # Where the wgmma scan runs (Hopper, u and au in bf16); elsewhere the Gluon rows and the Triton solve. "auto": only
     # where the scan runs beside it (scan_overlap) or K <= 64 (H200, session 17: -8 % at the headline and -8 % at B8
-    # T1024 H8 K 64, +2..4 % at B1 T8192 H96, B2 T16384 H16 and B4 T4096 H64, where each kernel has the whole GPU and
-    # the fused program, spilling at 168 registers, is slower than the two it replaces)
+    # T1024 H8 K 64, +2..4 % at B1 T8192 H96, B2 T16384 H16 and B4 T4096 H64, where each kernel has the whole GPU: the
+    # fused program executes about as many instructions as the two it replaces, at no better issue rate)
     "rows_solve": [False, True, "auto"],
+    # session 18: how the fused program's solve takes its products. "v2": mma_v2 on [BT, BT] tiles, each operand
+    # converted into its layout through shared memory (session 17: the conversions and hi / lo splits were a fifth
+    # of the program's instructions). "wgmma": the inverse as five doubling steps of one stacked [2 BT, BT] wgmma
+    # product each (the rows stay in registers, the accumulator's layout being the operand's), and w, qd, u and
+    # Aqk u as two stacked products, qd's q exp(G) scale added inside the product
+    "solve_mma": ["v2", "wgmma"],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
 # (when, then) pair mirrors one of _plan's checks below, which stay the authority;
@@ -350,6 +356,7 @@ REQUIRES = [
     ({"rows_fold": True}, {"rows_engine": ["gluon", "gluon8"]}),
     ({"rows_solve": [True, "auto"]}, {"rows_engine": ["gluon", "gluon8"], "readout": ["pre"], "u_store": ["bf16"],
                                       "au": ["bf16"]}),
+    ({"solve_mma": "wgmma"}, {"rows_engine": ["gluon"], "rows_fold": [False]}),
     ({"rows_engine": ["gluon", "gluon8"]}, {"BT": [32], "fuse_prep": [False], "subst": ["rows"], "kd_sum": ["rows"],
                                             "recentre": ["midpoint"], "inv_dot": ["bf16x3"], "prec": ["tf32"]}),
 ]
@@ -416,7 +423,13 @@ REQUIRES = [
 # channel: offline sm_90 at K 128, 128 registers and 260 B spilled against 776 B, two programs of 8 warps per SM): slower
 # (dev rows: headline 361.6 us against 343.6, +6 % at the three largest shapes; loop 380.2 us). The entry: bee16074 with
 # rows_solve "auto" (fused only beside the scan or at K <= 64: dev rows, the fused form 3-4 % slower elsewhere).
+# Session 18: that best with the solve as stacked wgmma products (solve_mma "wgmma"), and as it is (exp through one
+# ex2 each: both re-rendered, so measured afresh).
 TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
+              "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "scan_overlap": "auto",
+              "pair_elems": "auto", "rows_engine": "gluon", "rows_solve": "auto", "solve_mma": "wgmma"},
+             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
               "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
               "solve_maxnreg": 168, "block_warps": 1, "block_maxnreg": "auto", "BK": "auto", "scan_overlap": "auto",
               "pair_elems": "auto", "rows_engine": "gluon", "rows_solve": "auto"}]
@@ -438,6 +451,23 @@ _RECENTRE_CODE = {"start": 0, "midpoint": 1, "end": 2}
 _SPLIT_SB = 4
 # Pipelined tiles of the scan must fit in this much shared memory (the H200 has 227 KB).
 _SCAN_SMEM_BUDGET = 200 * 1024
+
+
+_LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _exp(x):
+    """e^x as one ex2.approx.ftz on the GPU. ``tl.exp`` adds a multiply-and-compare guard for subnormal results
+    around its ex2 (five instructions instead of two); every decay here is either a normal number or negligible
+    below e^-87, so flushing subnormals to zero changes nothing that matters."""
+    return tl.exp2(x * _LOG2E)
+
+
+@gluon.jit
+def _gl_exp(x):
+    """``_exp`` for the Gluon kernels."""
+    return gl.exp2(x * 1.4426950408889634)
 
 
 # ------------------------------------------------------------------------------------------
@@ -465,7 +495,7 @@ def _diag_pairwise(q_ptr, k_ptr, g_ptr, row0, rows_ok, ks,
         # gate is left out, so a -1000 there never has to cancel against itself)
         e_loc = tl.cumsum(tl.where(ri[:, None] > 0, g, 0.0), axis=0)
         diff = (e_loc[:, None, :] - e_loc[None, :, :]).to(tl.float32)
-        dec = tl.exp(tl.where(causal, diff, float("-inf")))
+        dec = _exp(tl.where(causal, diff, float("-inf")))
         kj = k[None, :, :] * dec
         acc_q += tl.sum(q[:, None, :] * kj, axis=2)
         acc_k += tl.sum(k[:, None, :] * kj, axis=2)
@@ -485,8 +515,8 @@ def _split_level(q_b, k_b, e_b, HALF: tl.constexpr, BC: tl.constexpr, BK: tl.con
         e_ref = tl.where((m_row == b * 2 * HALF + HALF)[:, None], e_m[None, :], e_ref)
     in_row = (ri % (2 * HALF)) >= HALF  # rows of a later half
     in_col = (ri % (2 * HALF)) < HALF  # columns of an earlier half
-    up = tl.where(in_row[:, None], tl.exp(tl.where(in_row[:, None], e_b - e_ref, 0.0)), 0.0)
-    down = tl.where(in_col[:, None], k_b * tl.exp(tl.where(in_col[:, None], e_ref - e_b, 0.0)), 0.0)
+    up = tl.where(in_row[:, None], _exp(tl.where(in_row[:, None], e_b - e_ref, 0.0)), 0.0)
+    down = tl.where(in_col[:, None], k_b * _exp(tl.where(in_col[:, None], e_ref - e_b, 0.0)), 0.0)
     down_t = tl.trans(down)
     dq = _dotp(q_b * up, down_t, tl.zeros([BC, BC], dtype=tl.float32), TF32)
     dk = _dotp(k_b * up, down_t, tl.zeros([BC, BC], dtype=tl.float32), TF32)
@@ -532,7 +562,7 @@ def _diag_split(q_b, k_b, e_b, q_ptr, k_ptr, g_ptr, row0, rows_ok, ks,
         k = tl.load(k_ptr + rows3 * s_kt + c3, mask=ok3, other=0.0).to(tl.float32)
         e_loc = tl.cumsum(tl.where(i3 > 0, g, 0.0), axis=1)
         diff = e_loc[:, :, None, :] - e_loc[:, None, :, :]
-        dec = tl.exp(tl.where(causal, diff, float("-inf")))
+        dec = _exp(tl.where(causal, diff, float("-inf")))
         kj = k[:, None, :, :] * dec
         blk_q += tl.sum(q[:, :, None, :] * kj, axis=3)
         blk_k += tl.sum(k[:, :, None, :] * kj, axis=3)
@@ -674,8 +704,8 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
             k_t = tl.load(k_ptr + (r - 1 - cw)[None, :] * s_kt + ck[:, None], mask=m_col[None, :], other=0.0).to(tl.float32)
             g_r = tl.load(g_ptr + r * s_gt + ck, mask=(t0 + r) < T, other=0.0).to(tl.float32)
             x_col = g_r[:, None] + tl.cumsum(gs, axis=1)
-            kb = k_t * tl.exp(tl.where((cw < r)[None, :], x_col, float("-inf")))
-            e_row = tl.exp(e_b)
+            kb = k_t * _exp(tl.where((cw < r)[None, :], x_col, float("-inf")))
+            e_row = _exp(e_b)
             off_q = _dotp(q_b * e_row, kb, off_q, TF32)
             off_k = _dotp(k_b * e_row, kb, off_k, TF32)
         # the diagonal block
@@ -692,16 +722,16 @@ def _block_row(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, bi
                 ref = 0.5 * e_last
             else:
                 ref = e_last
-            up = tl.exp(e_b - ref[None, :])
+            up = _exp(e_b - ref[None, :])
             if DIAG_TRANS:  # the column side from the row side's registers, transposed
-                down = tl.trans(k_b * tl.exp(ref[None, :] - e_b))
+                down = tl.trans(k_b * _exp(ref[None, :] - e_b))
             else:  # the column side again, transposed ([BK, BC]) straight from memory
                 g_bt = tl.load(g_ptr + (r + cc)[None, :] * s_gt + ck[:, None], mask=rb_ok[None, :], other=0.0).to(tl.float32)
                 if FLOOR < 0:
                     g_bt = tl.maximum(g_bt, FLOOR)
                 k_bt = tl.load(k_ptr + (r + cc)[None, :] * s_kt + ck[:, None], mask=rb_ok[None, :], other=0.0).to(tl.float32)
                 e_bt = tl.cumsum(tl.where(cc[None, :] > 0, g_bt, 0.0), axis=1)
-                down = k_bt * tl.exp(ref[:, None] - e_bt)
+                down = k_bt * _exp(ref[:, None] - e_bt)
             dq = _dotp(q_b * up, down, tl.zeros([BC, BC], dtype=tl.float32), TF32)
             dk = _dotp(k_b * up, down, tl.zeros([BC, BC], dtype=tl.float32), TF32)
             # the upper triangle may hold inf / nan: select, never multiply
@@ -803,8 +833,8 @@ def _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, 
         if span_c <= LIMIT:
             ref_c = _recentre_ref(g_first, g_last, RECENTRE)
             xc = (G - ref_c[None, :]).to(tl.float32)
-            kc = tl.trans(k_a * tl.exp(-xc))
-            upc = tl.exp(xc)
+            kc = tl.trans(k_a * _exp(-xc))
+            upc = _exp(xc)
             dq = _dotp(q_a * upc, kc, tl.zeros([BT, BT], dtype=tl.float32), TF32)
             dk = _dotp(k_a * upc, kc, tl.zeros([BT, BT], dtype=tl.float32), TF32)
             acc_q += tl.where(rt[:, None] >= ct[None, :], dq, 0.0)
@@ -837,9 +867,9 @@ def _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, 
                                                     input_precision="ieee"), 0.0)
                 if b > 0:
                     # row block b against every column before it
-                    row_f = tl.where(in_b, tl.exp((G - gr_b[None, :]).to(tl.float32)), 0.0)
+                    row_f = tl.where(in_b, _exp((G - gr_b[None, :]).to(tl.float32)), 0.0)
                     col_x = (gr_b[None, :] - G).to(tl.float32)
-                    col_f = tl.exp(tl.where((rt < b * BC)[:, None], col_x, float("-inf")))
+                    col_f = _exp(tl.where((rt < b * BC)[:, None], col_x, float("-inf")))
                     kc = tl.trans(k_a * col_f)  # [BK, BT]
                     acc_q = _dotp(q_a * row_f, kc, acc_q, TF32)
                     acc_k = _dotp(k_a * row_f, kc, acc_k, TF32)
@@ -847,8 +877,8 @@ def _block_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, aqk_ptr, akk_ptr, scale, t0, T, 
             # block's reference; outside the blocks, above the diagonal and in the pairwise blocks'
             # rows (x zeroed there) the product is selected away, never multiplied
             x = tl.where(bad[:, None], 0.0, x)
-            kd = tl.trans(k_a * tl.exp(-x))
-            up = tl.exp(x)
+            kd = tl.trans(k_a * _exp(-x))
+            up = _exp(x)
             dq = _dotp(q_a * up, kd, tl.zeros([BT, BT], dtype=tl.float32), TF32)
             dk = _dotp(k_a * up, kd, tl.zeros([BT, BT], dtype=tl.float32), TF32)
             good = (~bad)[:, None]
@@ -982,19 +1012,19 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
         if KD_SUM == 1:  # kd and gl first, so that the float64 sums are dead before the products
             g64 = tl.cumsum(g_a.to(tl.float64), axis=0)  # G_i, exact: no long float32 sum to cancel
             tot = tl.sum(g_a.to(tl.float64), axis=0)  # G_last
-            dec = tl.exp(g64.to(tl.float32))  # exp(G_i) <= 1
+            dec = _exp(g64.to(tl.float32))  # exp(G_i) <= 1
             # exp(G_last - G_j): G_last - G_j in float64, then one rounding to float32
-            kd_t = k_a * tl.exp((tot[None, :] - g64).to(tl.float32))
+            kd_t = k_a * _exp((tot[None, :] - g64).to(tl.float32))
             tl.store(kd_ptr + p_t, kd_t.to(kd_ptr.dtype.element_ty))
-            tl.store(gl_ptr + ck, tl.exp(tot.to(tl.float32)))
+            tl.store(gl_ptr + ck, _exp(tot.to(tl.float32)))
         elif KD_SUM == 2:  # one float32 running sum of floored gates serves exp(G_i) and exp(G_last - G_j)
             g_f = tl.maximum(g_a, -_KD_FLOOR)
             g32 = tl.cumsum(g_f, axis=0)
             tot32 = tl.sum(g_f, axis=0)
-            dec = tl.exp(g32)
-            kd_t = k_a * tl.exp(tot32[None, :] - g32)
+            dec = _exp(g32)
+            kd_t = k_a * _exp(tot32[None, :] - g32)
             tl.store(kd_ptr + p_t, kd_t.to(kd_ptr.dtype.element_ty))
-            tl.store(gl_ptr + ck, tl.exp(tot32))
+            tl.store(gl_ptr + ck, _exp(tot32))
         elif KD_SUM == 3:  # the block rows' sums: G_i = (its block's running sum) + (the earlier blocks' totals)
             g32 = tl.load(gs_ptr + rt[:, None] * K + ck[None, :], mask=m, other=0.0)
             tot32 = tl.zeros([BK], dtype=tl.float32)
@@ -1003,12 +1033,12 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
                 if b < BT // BC - 1:
                     g32 += tl.where((rt // BC > b)[:, None], blk_tot[None, :], 0.0)
                 tot32 += blk_tot
-            dec = tl.exp(g32)
-            kd_t = k_a * tl.exp(tot32[None, :] - g32)
+            dec = _exp(g32)
+            kd_t = k_a * _exp(tot32[None, :] - g32)
             tl.store(kd_ptr + p_t, kd_t.to(kd_ptr.dtype.element_ty))
-            tl.store(gl_ptr + ck, tl.exp(tot32))
+            tl.store(gl_ptr + ck, _exp(tot32))
         else:
-            dec = tl.exp(tl.cumsum(g_a, axis=0))  # exp(G_i) <= 1
+            dec = _exp(tl.cumsum(g_a, axis=0))  # exp(G_i) <= 1
         w_t = tl.dot(a_wy, (k_a * dec).to(tl.bfloat16)).to(tl.bfloat16)
         tl.store(w_ptr + p_t, w_t)
         qd_t = q_a * (dec * scale)
@@ -1019,12 +1049,12 @@ def _solve_wy(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, kd_ptr, qd_ptr
             qd_t = qd_t - aw
         tl.store(qd_ptr + p_t, qd_t.to(qd_ptr.dtype.element_ty))
         if KD_SUM == 0:
-            tl.store(gl_ptr + ck, tl.exp(tl.sum(g_a, axis=0)))
+            tl.store(gl_ptr + ck, _exp(tl.sum(g_a, axis=0)))
             # exp(G_last - G_j) = exp(sum_{t > j} g_t): a forward sum of g[BT-1], g[BT-2], ...
             if HOIST < 2:
                 gs = tl.load(g_ptr + (BT - rt)[:, None] * s_gt + ck[None, :], mask=m_shift[:, None], other=0.0).to(tl.float32)
                 k_r = tl.load(k_ptr + (BT - 1 - rt)[:, None] * s_kt + ck[None, :], mask=m_rev[:, None], other=0.0).to(tl.float32)
-            kd_r = k_r.to(tl.float32) * tl.exp(tl.cumsum(gs, axis=0))
+            kd_r = k_r.to(tl.float32) * _exp(tl.cumsum(gs, axis=0))
             tl.store(kd_ptr + (BT - 1 - rt)[:, None] * K + ck[None, :], kd_r.to(kd_ptr.dtype.element_ty))
     for vs in range(0, V, BVP):
         cv = vs + tl.arange(0, BVP)
@@ -1570,8 +1600,8 @@ def _gl_level(a_s, b_s, q, k, g, gn, ri, rr, cc, H: gl.constexpr, BT: gl.constex
     fwd, _ = gl.associative_scan((gl.where(ri % H == 0, 0.0, g), restart), 0, _gl_seg_add)
     restart_rev = gl.where(ri % H == H - 1, 1.0, 0.0) + gl.zeros_like(g)
     rev, _ = gl.associative_scan((gn, restart_rev), 0, _gl_seg_add, reverse=True)
-    up = gl.where(later, gl.exp(gl.minimum(fwd, 0.0)), 0.0)
-    down = gl.where(later, 0.0, k * gl.exp(gl.minimum(rev, 0.0)))
+    up = gl.where(later, _gl_exp(gl.minimum(fwd, 0.0)), 0.0)
+    down = gl.where(later, 0.0, k * _gl_exp(gl.minimum(rev, 0.0)))
     p = _gl_pair(a_s, b_s, q * up, k * up, down, ACC, BT)
     i = rr % BT
     sel = ((i % (2 * H)) >= H) & ((cc % (2 * H)) < H) & (i // (2 * H) == cc // (2 * H))
@@ -1584,8 +1614,8 @@ def _gl_off(a_s, b_s, q, k, e, gs, c16, ri, BT: gl.constexpr, ACC: gl.constexpr)
     with G_16 - G_j = c16 - (running sum at j), c16 = floored g_16 + block 0's total (both exponents <= 0); the
     [2 BT, BT] product is zero elsewhere."""
     BC: gl.constexpr = 16
-    up = gl.where(ri >= BC, gl.exp(e), 0.0)
-    down = gl.where(ri < BC, k * gl.exp(gl.minimum(c16[None, :] - gs, 0.0)), 0.0)
+    up = gl.where(ri >= BC, _gl_exp(e), 0.0)
+    down = gl.where(ri < BC, k * _gl_exp(gl.minimum(c16[None, :] - gs, 0.0)), 0.0)
     return _gl_pair(a_s, b_s, q * up, k * up, down, ACC, BT)
 
 
@@ -1626,11 +1656,11 @@ def _gl_folded(a_s, b2_s, a_flat, q, k, e, gs, ref, c_off, ri, BT: gl.constexpr,
     channel; exponent <= ref_1 <= 0), whose products with rows 16.. are exp(G_i - G_j) exactly."""
     BC: gl.constexpr = 16
     ACC2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, 2 * BT // WG, 8])
-    up = gl.exp(e - ref)
+    up = _gl_exp(e - ref)
     a_s.slice(0, BT).store(q * up)
     a_s.slice(BT, BT).store(k * up)
-    b2_s.slice(0, BT).store(k * gl.exp(ref - e))
-    b2_s.slice(BT, BT).store(gl.where(ri < BC, k * gl.exp(gl.minimum(c_off[None, :] - gs, 0.0)), 0.0))
+    b2_s.slice(0, BT).store(k * _gl_exp(ref - e))
+    b2_s.slice(BT, BT).store(gl.where(ri < BC, k * _gl_exp(gl.minimum(c_off[None, :] - gs, 0.0)), 0.0))
     fence_async_shared()
     gl.thread_barrier()
     z = warpgroup_mma(a_s, b2_s.permute((1, 0)), gl.zeros([2 * BT, 2 * BT], gl.float32, ACC2), use_acc=False)
@@ -1716,13 +1746,106 @@ def _gl_solve(qdec_s, kdec_s, aq, ak, x, same, eye, beta_ptr, s_bt, v_ptr, s_vt,
 
 
 @gluon.jit
+def _gl_hilo(x):
+    """x (float32) as a bf16 pair hi + lo, ~16 bits: hi truncated by masking (exact in bf16), lo the rounded rest."""
+    hi = (x.to(gl.int32, bitcast=True) & -65536).to(gl.float32, bitcast=True)
+    return hi.to(gl.bfloat16), (x - hi).to(gl.bfloat16)
+
+
+@gluon.jit
+def _gl_prod3(a, b, acc, HALF: gl.constexpr, bh_s, bl_s, BT: gl.constexpr, ACC: gl.constexpr):
+    """acc + a @ b[HALF] for [2 BT, BT] float32 tiles in the wgmma accumulator layout ACC, where b[HALF] is b's
+    BT x BT block of rows HALF * BT..: three bf16 wgmma of hi / lo pairs (~16 bits). b goes through shared memory
+    (bh_s, bl_s: [2 BT, BT] bf16); a stays in registers, since a warpgroup's accumulator rows are its operand rows."""
+    AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+    b_hi, b_lo = _gl_hilo(b)
+    bh_s.store(b_hi)
+    bl_s.store(b_lo)
+    fence_async_shared()
+    gl.thread_barrier()
+    a_hi, a_lo = _gl_hilo(a)
+    a_hi = gl.convert_layout(a_hi, AOP)
+    bh = bh_s.slice(HALF * BT, BT)
+    t = warpgroup_mma(a_hi, bh, acc, is_async=True)
+    t = warpgroup_mma(gl.convert_layout(a_lo, AOP), bh, t, is_async=True)
+    t = warpgroup_mma(a_hi, bl_s.slice(HALF * BT, BT), t, is_async=True)
+    t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
+    gl.thread_barrier()  # every warp's product has read b before the next one overwrites it
+    return t
+
+
+@gluon.jit
+def _gl_solve_wg(z, scale, beta_ptr, s_bt, t0, T, kdec_s, qh_s, ql_s, v_s, v_bar, bh_s, bl_s,
+                 w_ptr, qd_ptr, u_ptr, au_ptr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr):
+    """``solve_mma="wgmma"``: ``_gl_solve`` (and the diagonal blocks' inverse before it) as stacked warpgroup
+    products. z: the rows' [2 BT, BT] product as it is (Aqk unscaled over Akk, both lower triangular, Akk strictly).
+
+    The WY matrix A = (I + diag(beta) Akk)^-1 diag(beta): with P = -diag(beta) Akk (strictly lower, so P^BT = 0),
+    (I - P)^-1 = (I + P)(I + P^2)(I + P^4)... Each doubling step is one product of the stacked rows [S_m; P^m] by
+    P^m, giving [S_m P^m; P^2m], and S_2m = S_m + S_m P^m; five steps from S_1 = I reach S_32. Then
+    [Aqk; I] @ (S diag(beta)) gives [Aqk A; A], whose rows are the final products' operands:
+    [qd; w] = [-Aqk A; A] @ [k exp(G)] + [I; 0] @ [q exp(G) scale] and [Aqk u; u] = [Aqk A; A] @ v
+    (Aqk A as a bf16 hi / lo pair, A rounded to bf16 as ``_gl_solve`` rounds it). qh_s, ql_s: q exp(G) scale as a
+    bf16 hi / lo pair; kdec_s: k exp(G) (bf16); v_s: v's tile, arriving on v_bar."""
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    r = gl.arange(0, 2 * BT, layout=gl.SliceLayout(1, ACC))[:, None]
+    c = gl.arange(0, BT, layout=gl.SliceLayout(0, ACC))[None, :]
+    top = r < BT
+    i = r % BT
+    eye = gl.where(i == c, 1.0, 0.0)
+    z = gl.convert_layout(z, ACC)
+    beta_r = gl.load(beta_ptr + i * s_bt, mask=(t0 + i) < T, other=0.0).to(gl.float32)
+    x = gl.where(top, eye, -beta_r * z)
+    for _ in gl.static_range(5):
+        x = _gl_prod3(x, x, gl.where(top, x, 0.0), 1, bh_s, bl_s, BT, ACC)
+    beta_c = gl.load(beta_ptr + c * s_bt, mask=(t0 + c) < T, other=0.0).to(gl.float32)
+    m = _gl_prod3(gl.where(top, z * scale, eye), x * beta_c, gl.zeros_like(x), 0, bh_s, bl_s, BT, ACC)
+    # the operands' rows: [Aqk A; A] as hi (A rounded to nearest) and lo (zero under A) for u, negated above for
+    # w and qd; [I; 0] for q exp(G) scale
+    hi = gl.where(top, (m.to(gl.int32, bitcast=True) & -65536).to(gl.float32, bitcast=True),
+                  m.to(gl.bfloat16).to(gl.float32))
+    lo = gl.where(top, m - hi, 0.0)
+    hi_n = gl.where(top, -hi, hi).to(gl.bfloat16)
+    lo_n = (-lo).to(gl.bfloat16)
+    hi = hi.to(gl.bfloat16)
+    lo = lo.to(gl.bfloat16)
+    ident = gl.where(top & (i == c), 1.0, 0.0).to(gl.bfloat16)
+    AW: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
+    OPW: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=AW, k_width=2)
+    acc = warpgroup_mma(gl.convert_layout(hi_n, OPW), kdec_s, gl.zeros([2 * BT, K], gl.float32, AW), use_acc=False,
+                        is_async=True)
+    acc = warpgroup_mma(gl.convert_layout(lo_n, OPW), kdec_s, acc, is_async=True)
+    acc = warpgroup_mma(gl.convert_layout(ident, OPW), qh_s, acc, is_async=True)
+    acc = warpgroup_mma(gl.convert_layout(ident, OPW), ql_s, acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    rw = gl.arange(0, 2 * BT, layout=gl.SliceLayout(1, AW))[:, None]
+    cw = gl.arange(0, K, layout=gl.SliceLayout(0, AW))[None, :]
+    gl.store(gl.where(rw < BT, qd_ptr + rw * K + cw, w_ptr + (rw - BT) * K + cw), acc.to(gl.bfloat16))
+    # u and Aqk u, at most 128 value columns at a time (the accumulator's registers)
+    NB: gl.constexpr = V if V <= 128 else 128
+    AU: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NB, 16])
+    OPU: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=AU, k_width=2)
+    hi_u = gl.convert_layout(hi, OPU)
+    lo_u = gl.convert_layout(lo, OPU)
+    ru = gl.arange(0, 2 * BT, layout=gl.SliceLayout(1, AU))[:, None]
+    cu = gl.arange(0, NB, layout=gl.SliceLayout(0, AU))[None, :]
+    mbarrier.wait(v_bar, 0)
+    for n0 in gl.static_range(0, V, NB):
+        vb = v_s.slice(n0, NB, 1)
+        acc = warpgroup_mma(hi_u, vb, gl.zeros([2 * BT, NB], gl.float32, AU), use_acc=False, is_async=True)
+        acc = warpgroup_mma(lo_u, vb, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        gl.store(gl.where(ru < BT, au_ptr + ru * V + n0 + cu, u_ptr + (ru - BT) * V + n0 + cu), acc.to(gl.bfloat16))
+
+
+@gluon.jit
 def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, akk_ptr, gt_ptr,
                     scale, T, TP, NT, H, lo_off, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh,
                     K: gl.constexpr, BT: gl.constexpr, FLOOR: gl.constexpr, LIMIT: gl.constexpr,
                     WR: gl.constexpr, WG: gl.constexpr, FOLD: gl.constexpr = False,
                     v_ptr=None, s_vb=0, s_vt=0, s_vh=0, w_ptr=None, kd_ptr=None, qd_ptr=None, u_ptr=None, au_ptr=None,
                     gl_ptr=None, flag_ptr=None, V: gl.constexpr = 0, SOLVE: gl.constexpr = False,
-                    FLAG: gl.constexpr = False):
+                    FLAG: gl.constexpr = False, v_desc=None, WGS: gl.constexpr = False):
     """``rows_engine="gluon"``: both 16-row block rows of one chunk (BT 32) in one program, one key channel per
     thread (WR threads per channel, each over BT / WR rows), so that each running sum is mostly a thread's own
     loop over its rows and every load of the chunk is issued at once. (The Triton rows: a 1-warp program per
@@ -1746,7 +1869,9 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
 
     SOLVE (``rows_solve``): the same program then does the solve (``_gl_solve``) and writes the scan's inputs instead
     of Aqk, Akk and the running sums. FLAG: on grid (batch * heads, chunks), each chunk flagged once written, for a
-    scan running beside (``scan_overlap``)."""
+    scan running beside (``scan_overlap``). WGS (``solve_mma="wgmma"``, without FOLD): the solve is ``_gl_solve_wg``,
+    on the rows' product as it is; v arrives by TMA (v_desc) into the column operand's buffer once the rows' products
+    are done, and q exp(G) scale is set aside as a bf16 hi / lo pair."""
     BC: gl.constexpr = 16
     NW: gl.constexpr = 4 * WG
     L: gl.constexpr = gl.BlockedLayout(size_per_thread=[BT // WR, 1], threads_per_warp=[1, 32],
@@ -1795,6 +1920,24 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
         else:
             qdec_s = g_s.reshape([BT, K])
         kdec_s = gl.allocate_shared_memory(gl.bfloat16, [BT, K], gl.NVMMASharedLayout.get_default_for([BT, K], gl.bfloat16))
+        if WGS:
+            # views of buffers free by the time they are written: q exp(G) scale's hi / lo pair in g's buffer (once
+            # g is in registers); the inverse's operand pairs in the rows' operand buffer and v's tile in the column
+            # operand's (both once the rows' products are done), or in a buffer of its own where v is wider
+            QL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], gl.bfloat16)
+            g_flat = g_s._reinterpret(gl.float32, [BT * K], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            qh_s = g_flat.slice(0, BT * K // 2)._reinterpret(gl.bfloat16, [BT, K], QL)
+            ql_s = g_flat.slice(BT * K // 2, BT * K // 2)._reinterpret(gl.bfloat16, [BT, K], QL)
+            IL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BT, BT], gl.bfloat16)
+            bh_s = a_flat.slice(0, BT * BT)._reinterpret(gl.bfloat16, [2 * BT, BT], IL)
+            bl_s = a_flat.slice(BT * BT, BT * BT)._reinterpret(gl.bfloat16, [2 * BT, BT], IL)
+            if V <= 2 * K:
+                b_flat = b_s._reinterpret(gl.float32, [BT * K], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+                v_s = b_flat.slice(0, BT * V // 2)._reinterpret(gl.bfloat16, [1, BT, 1, V], v_desc.layout)
+            else:
+                v_s = gl.allocate_shared_memory(gl.bfloat16, [1, BT, 1, V], v_desc.layout)
+            v_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            mbarrier.init(v_bar, count=1)
     fence_async_shared()
     mbarrier.expect(bar, BT * K * 8)
     tma.async_copy_global_to_shared(q_desc, [i_b, t0, i_h, 0], bar, q_s)
@@ -1840,11 +1983,16 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
         # the totals before) and the decays of the scan's tiles
         g_run = gs + gl.where(ri >= BC, tot0[None, :], 0.0)
         tot = tot0 + tot1
-        dec = gl.exp(g_run)
-        qdec_s.store(q * (dec * scale))
+        dec = _gl_exp(g_run)
+        if WGS:
+            qh, ql = _gl_hilo(q * (dec * scale))
+            qh_s.store(qh)
+            ql_s.store(ql)
+        else:
+            qdec_s.store(q * (dec * scale))
         kdec_s.store((k * dec).to(gl.bfloat16))
-        gl.store(kd_ptr + row_base * K + ri * K + c1[None, :], (k * gl.exp(tot[None, :] - g_run)).to(gl.bfloat16))
-        gl.store(gl_ptr + (i_bh.to(gl.int64) * NT + i_t) * K + c1, gl.exp(tot))
+        gl.store(kd_ptr + row_base * K + ri * K + c1[None, :], (k * _gl_exp(tot[None, :] - g_run)).to(gl.bfloat16))
+        gl.store(gl_ptr + (i_bh.to(gl.int64) * NT + i_t) * K + c1, _gl_exp(tot))
 
     rr = gl.arange(0, 2 * BT, layout=gl.SliceLayout(1, ACC))[:, None]
     cc = gl.arange(0, BT, layout=gl.SliceLayout(0, ACC))[None, :]
@@ -1865,8 +2013,8 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
         # the diagonal blocks
         if span <= LIMIT:
             ref = gl.where(ri < BC, 0.5 * last0[None, :], 0.5 * last1[None, :])
-            up = gl.exp(e - ref)
-            down = k * gl.exp(ref - e)
+            up = _gl_exp(e - ref)
+            down = k * _gl_exp(ref - e)
             d = _gl_pair(a_s, b_s, q * up, k * up, down, ACC, BT)
             # the upper triangle and the other block may hold inf / nan: select, never multiply
             sel = ((i // BC) == (cc // BC)) & ((i > cc) | ((i == cc) & (rr < BT)))
@@ -1875,36 +2023,53 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
         else:
             zl, diag = _gl_split(a_s, b_s, q, k, g, g_ptr, s_gt, t0, T, ri, c1, rr, cc, FLOOR, BT, ACC)
             z += zl
-        aq, ak = _gl_extract(z, diag, a_flat, BT, MMA)
-    ri_m = gl.arange(0, BT, layout=gl.SliceLayout(1, MMA))[:, None]
-    rj_m = gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))[None, :]
-    aq = aq * scale
-    p_out = ri_m * BT + rj_m
-    if not SOLVE:
-        aq_hi = aq.to(gl.bfloat16)
-        gl.store(aqk_ptr + p_out, aq_hi)
-        gl.store(aqk_ptr + lo_off + p_out, (aq - aq_hi.to(gl.float32)).to(gl.bfloat16))
-    # Akk, beta-scaled: each diagonal block L replaced by (I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8), exact
-    # for a strictly lower 16 x 16 block (nilpotent); block-diagonal in, block-diagonal out
-    ak = ak * beta[:, None]
-    same = (ri_m // BC) == (rj_m // BC)
-    n = gl.where(same, ak, 0.0)
-    eye = gl.where(ri_m == rj_m, 1.0, 0.0) + gl.zeros_like(ak)
-    x = eye - n
-    for _ in gl.static_range(3):
-        n = _gl_dot3(n, n, MMA)
-        x = _gl_dot3(x, eye + n, MMA)
-    if SOLVE:
-        v_ptr += i_b.to(gl.int64) * s_vb + i_h * s_vh + t0.to(gl.int64) * s_vt
-        _gl_solve(qdec_s, kdec_s, aq, ak, x, same, eye, beta_ptr, s_bt, v_ptr, s_vt, w_ptr + row_base * K,
-                  qd_ptr + row_base * K, u_ptr + row_base * V, au_ptr + row_base * V, t0, T, K, V, BT, NW, MMA)
+            if WGS:  # Aqk's diagonal <q_i, k_i> goes into the product itself (z is taken as it is)
+                z += gl.where((rr < BT) & (i == cc), _gl_pair(a_s, b_s, q, k, k, ACC, BT), 0.0)
+        if not WGS:
+            aq, ak = _gl_extract(z, diag, a_flat, BT, MMA)
+    if WGS:
+        # the rows' operand buffers are free (each product waited for, then a barrier): v's tile comes in while the
+        # inverse is formed
+        fence_async_shared()
+        mbarrier.expect(v_bar, BT * V * 2)
+        tma.async_copy_global_to_shared(v_desc, [i_b, t0, i_h, 0], v_bar, v_s)
+        _gl_solve_wg(z, scale, beta_ptr, s_bt, t0, T, kdec_s, qh_s, ql_s, v_s.reshape([BT, V]), v_bar, bh_s, bl_s,
+                     w_ptr + row_base * K, qd_ptr + row_base * K, u_ptr + row_base * V, au_ptr + row_base * V,
+                     K, V, BT)
+        mbarrier.invalidate(v_bar)
         if FLAG:
-            # every thread's stores are done (the barrier), then one release at GPU scope publishes them: the scan's
-            # loader reads the flag with an acquire before its TMA loads of this chunk
             gl.thread_barrier()
             gl.atomic_xchg(flag_ptr + i_bh * NT + i_t, 1, sem="release", scope="gpu")
     else:
-        gl.store(akk_ptr + p_out, x + gl.where(same, 0.0, ak))
+        ri_m = gl.arange(0, BT, layout=gl.SliceLayout(1, MMA))[:, None]
+        rj_m = gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))[None, :]
+        aq = aq * scale
+        p_out = ri_m * BT + rj_m
+        if not SOLVE:
+            aq_hi = aq.to(gl.bfloat16)
+            gl.store(aqk_ptr + p_out, aq_hi)
+            gl.store(aqk_ptr + lo_off + p_out, (aq - aq_hi.to(gl.float32)).to(gl.bfloat16))
+        # Akk, beta-scaled: each diagonal block L replaced by (I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8), exact
+        # for a strictly lower 16 x 16 block (nilpotent); block-diagonal in, block-diagonal out
+        ak = ak * beta[:, None]
+        same = (ri_m // BC) == (rj_m // BC)
+        n = gl.where(same, ak, 0.0)
+        eye = gl.where(ri_m == rj_m, 1.0, 0.0) + gl.zeros_like(ak)
+        x = eye - n
+        for _ in gl.static_range(3):
+            n = _gl_dot3(n, n, MMA)
+            x = _gl_dot3(x, eye + n, MMA)
+        if SOLVE:
+            v_ptr += i_b.to(gl.int64) * s_vb + i_h * s_vh + t0.to(gl.int64) * s_vt
+            _gl_solve(qdec_s, kdec_s, aq, ak, x, same, eye, beta_ptr, s_bt, v_ptr, s_vt, w_ptr + row_base * K,
+                      qd_ptr + row_base * K, u_ptr + row_base * V, au_ptr + row_base * V, t0, T, K, V, BT, NW, MMA)
+            if FLAG:
+                # every thread's stores are done (the barrier), then one release at GPU scope publishes them: the scan's
+                # loader reads the flag with an acquire before its TMA loads of this chunk
+                gl.thread_barrier()
+                gl.atomic_xchg(flag_ptr + i_bh * NT + i_t, 1, sem="release", scope="gpu")
+        else:
+            gl.store(akk_ptr + p_out, x + gl.where(same, 0.0, ak))
 
 
 @triton.jit
@@ -1961,7 +2126,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
     knobs = {"pair": "full", "solve_stages": 1, "u_store": "fp32", "off_tile": "chunk", "diag_cols": "load",
              "scan_engine": "triton", "scan_ring": 4, "diag_floor": 0, "kd_sum": "reversed", "scan_bv": 64,
              "inv_dot": "ieee", "row_prefetch": False, "scan_overlap": "off", "pair_elems": 2048,
-             "rows_engine": "triton", "rows_fold": False, "rows_solve": False, **knobs}
+             "rows_engine": "triton", "rows_fold": False, "rows_solve": False, "solve_mma": "v2", **knobs}
     # a name this file lacks would be ignored silently: version 9's scan_pair=True would time the default
     unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
@@ -2033,6 +2198,9 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
                                     or knobs.get("u_store") != "bf16" or knobs.get("au") != "bf16"):
         raise ValueError(f"rows_solve={knobs.get('rows_solve')!r} is served with rows_engine 'gluon' or 'gluon8', readout 'pre', u_store 'bf16' "
                          "and au 'bf16' only (the Gluon rows' solve writes the wgmma scan's inputs in that form)")
+    if knobs.get("solve_mma") == "wgmma" and (knobs.get("rows_engine") != "gluon" or knobs.get("rows_fold")):
+        raise ValueError("solve_mma='wgmma' is served with rows_engine 'gluon' and rows_fold False only (one "
+                         "warpgroup holds the stacked products' rows; it takes the rows' products unextracted)")
     for name, choices in SPACE.items():
         if knobs.get(name) not in choices:
             raise ValueError(f"knob {name}={knobs.get(name)!r} is not one of {choices}")
@@ -2088,6 +2256,7 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         # rows_fold: at K >= 64 (the [2 BT, 2 BT] result is read back through the operand buffer's first 16 KB)
         "ROWS_FOLD": bool(knobs["rows_fold"]) and K >= 64,
         "ROWS_SOLVE": knobs["rows_solve"] if knobs["rows_solve"] == "auto" else bool(knobs["rows_solve"]),
+        "SOLVE_WG": knobs["solve_mma"] == "wgmma",
         "ROWS_MAXNREG": (0 if knobs["rows_engine"] == "triton" or K > 128 else
                          168 if knobs["rows_engine"] == "gluon" else 128)
                         if knobs["block_maxnreg"] == "auto" else knobs["block_maxnreg"],
@@ -2132,8 +2301,12 @@ def _gluon_rows_apply(q, k, g, beta, K: int, plan: dict) -> bool:
         return False
     if q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16 or g.dtype != torch.float32:
         return False
-    return all(x.data_ptr() % 16 == 0 and all(st * x.element_size() % 16 == 0 for st in x.stride()[:-1])
-               for x in (q, k, g))
+    return all(_tma_ok(x) for x in (q, k, g))
+
+
+def _tma_ok(x) -> bool:
+    """Whether a TMA descriptor can take x: 16-byte aligned, every stride but the last a 16-byte multiple."""
+    return x.data_ptr() % 16 == 0 and all(st * x.element_size() % 16 == 0 for st in x.stride()[:-1])
 
 
 def _gluon_rows_launch(q, k, g, beta, aqk, akk, g_sums, g_tots, scale, T, TP, NT, H, K, plan, solve=None,
@@ -2146,8 +2319,8 @@ def _gluon_rows_launch(q, k, g, beta, aqk, akk, g_sums, g_tots, scale, T, TP, NT
     BT = plan["BT"]
     wg = plan["ROWS_WG"]
 
-    def box(x, bits):
-        return GluonDescriptor(x, list(x.shape), list(x.stride()), [1, BT, 1, K],
+    def box(x, bits, width=K):
+        return GluonDescriptor(x, list(x.shape), list(x.stride()), [1, BT, 1, width],
                                gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=4))
 
     sums = g_sums.view(BH * TP, K)
@@ -2165,6 +2338,12 @@ def _gluon_rows_launch(q, k, g, beta, aqk, akk, g_sums, g_tots, scale, T, TP, NT
         meta.update(v_ptr=v, s_vb=v.stride(0), s_vt=v.stride(1), s_vh=v.stride(2), w_ptr=w, kd_ptr=kd, qd_ptr=qd,
                     u_ptr=u, au_ptr=au, gl_ptr=g_last, flag_ptr=flags if flags is not None else g_last,
                     V=v.shape[-1], SOLVE=True, FLAG=flags is not None, launch_pdl=pdl)
+        if plan["SOLVE_WG"] and v.dtype == torch.bfloat16 and _tma_ok(v):  # else the mma_v2 solve, which loads v
+            # swizzled: the products read v's tile from shared memory as it lands (an unswizzled value-major
+            # operand has no wgmma layout)
+            meta.update(v_desc=GluonDescriptor(v, list(v.shape), list(v.stride()), [1, BT, 1, v.shape[-1]],
+                                               gl.NVMMASharedLayout.get_default_for([1, BT, 1, v.shape[-1]],
+                                                                                    gl.bfloat16)), WGS=True)
         if flags is not None:
             grid = (BH, NT)
     if warmup:
