@@ -55,6 +55,8 @@ class OptimizePlugin:
             eval_timeout=float(option(config, "kopt_eval_timeout")),
             min_gain=_fraction(option(config, "kopt_min_gain"), "--kopt-min-gain"),
             promote=bool(config.getoption("kopt_promote")),
+            retract=(config.getoption("kopt_retract"), config.getoption("kopt_retract_reason") or "")
+            if config.getoption("kopt_retract") else None,
             results_dir=config.rootpath / "results" / "runs",
         )
 

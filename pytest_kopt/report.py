@@ -92,6 +92,7 @@ def _run_section(run: RunSummary) -> list[str]:
     if run.resumes:
         status += f", resumed {run.resumes}×"
     facts += [f"status: {status}", f"budget used: {_budget(run)} tool calls", f"running time: {_duration(run.running_s)} (summed over its sessions)"]
+    facts += [f"retracted `{cid}` (never best again): {reason}" for cid, reason in run.retracted.items()]
     lines += [f"- {f}" for f in facts if f] + [""]
 
     counts = run.counts_by_verdict()

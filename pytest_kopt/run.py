@@ -61,6 +61,7 @@ class RunOptions:
     eval_timeout: float = 900.0
     min_gain: float = 0.01  # fraction a candidate must beat the best by; fixed in a new run's objective
     promote: bool = False
+    retract: tuple[str, str] | None = None  # (candidate id, reason): taken out of the running for best on resume
     results_dir: Path = Path("results/runs")
     started: dict | None = field(default=None, repr=False)  # the log's run_started, once resolved
     agent_settings: dict | None = None  # the agent's settings, never a key; None: the log's last ones for the agent on resume
@@ -104,6 +105,8 @@ def recorded_settings(events: list[dict], agent: str) -> dict | None:
 def resolve(options: RunOptions) -> RunOptions:
     """Fill in the run directory, budget, agent and seed (from the log when resuming); check them."""
     run_dir = Path(options.run_dir) if options.run_dir else None
+    if options.retract and not options.resume:
+        raise RunError("--kopt-retract takes a candidate out of a recorded run: pass --kopt-resume --kopt-run-dir=DIR")
     if options.resume:  # a run directory with no run in it yet starts one: one command for every call
         if run_dir is None:
             raise RunError("--kopt-resume needs --kopt-run-dir=DIR (the run to continue)")
@@ -275,19 +278,29 @@ class Run:
             self.progress.tools = self.tools
             self.tools.listeners.append(self.progress)
         if started is None:
+            if opts.retract:
+                raise RunError(f"--kopt-retract: {self.run_dir} holds no recorded run to retract a candidate from")
             self._start()
         elif not opts.resume:  # another process started it after we looked
             raise RunError(f"{self.run_dir} already holds a run; pass --kopt-resume to continue it")
         else:
-            self._check_objective(objective)
             self.resumed = True
             self.tools.restore(events)
+            if self.tools.budget_left > 0:  # with no call left nothing is timed here: a retraction or a promotion may
+                self._check_objective(objective)  # be made on any machine
             in_flight = self.tools.in_flight
             self.log.append(
                 "run_resumed", budget_used=self.tools.budget_used, budget=self.tools.budget, agent=opts.agent,
                 agent_settings=opts.agent_settings, seed=opts.seed,
                 in_flight=in_flight["call"] if in_flight else None, repaired_bytes=self.log.repaired_bytes, environment=environment(),
             )
+            if opts.retract:
+                try:
+                    best = self.tools.retract(*opts.retract)
+                except ValueError as exc:
+                    raise RunError(str(exc)) from None
+                if self.progress is not None:
+                    self.progress.say(f"kopt: retracted {opts.retract[0]}; best now {best['candidate_id'] if best else 'none'}")
 
     def _timed_label(self) -> str | None:
         """What the problem is timed on, on this machine (None for a problem object without it)."""

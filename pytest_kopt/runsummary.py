@@ -83,6 +83,7 @@ class RunSummary:
     baseline_us: float | None = None  # what speedups are measured against
     best_result: dict | None = None  # the judge's full result JSON for the best candidate
     tool_seconds: dict[str, list[float]] = field(default_factory=dict)  # tool -> wall seconds of each of its calls
+    retracted: dict[str, str] = field(default_factory=dict)  # candidate id -> why it may not be best
 
     @property
     def label(self) -> str:
@@ -184,6 +185,10 @@ def summarise(run_dir: Path | str) -> RunSummary:
             summary.best_id = event.get("candidate_id", summary.best_id)
             summary.best_us = _number(event.get("candidate_us")) or summary.best_us
             summary.best_speedup = speedup if speedup is not None else summary.best_speedup
+        elif kind == "retract":  # no longer a best: its steps leave the progress line (the next best event follows)
+            cid = event.get("candidate_id")
+            summary.progress = [p for p in summary.progress if p[2] != cid]
+            summary.retracted[cid] = str(event.get("reason", ""))
         elif kind in ("run_finished", "run_interrupted"):
             summary.status = "finished" if kind == "run_finished" else "interrupted"
             summary.status_reason = event.get("reason")

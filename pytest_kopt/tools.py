@@ -23,6 +23,14 @@ an agent takes costs exactly one unit, whatever it does and whatever comes back:
   ``budget_used`` is the number of distinct ``call`` numbers that have a ``tool_result``.
 
 When ``budget_used == budget``, ``call`` raises ``BudgetExhausted`` and the run ends.
+
+Retraction
+----------
+A verdict is evidence about the shapes the judge drew, and a later judgement can contradict it
+(the same kernel code failing on other hypothesis shapes, a check run by hand). ``retract`` takes
+a candidate out of the running for best, for a stated reason, in a ``retract`` event; the best
+is then rebuilt from the log's verdicts without it and logged as a new ``best`` event. It is free
+(no tool call), and a retracted candidate never becomes best again, live or on resume.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .events import TEMP_GLOB, EventLog, atomic_write, dumps, signals_deferred
+from .events import TEMP_GLOB, EventLog, atomic_write, dumps, read_events, signals_deferred
 from .judge import STAGES, candidate_id
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -147,6 +155,7 @@ class Toolbox:
         self.budget = int(budget)
         self.budget_used = 0
         self.best: dict | None = None
+        self.retracted: dict[str, str] = {}  # id -> the reason it may not be best
         self.candidates: dict[str, dict] = {}  # id -> the candidate event's fields
         self.results: dict[tuple[str, str], dict] = {}  # (id, upto) -> judge result
         self.in_flight: dict | None = None  # a tool_call of a previous process without result
@@ -181,15 +190,14 @@ class Toolbox:
         """Rebuild budget, candidates, evaluation cache, best and the in-flight call from a log."""
         done: set[int] = set()
         calls: dict[int, dict] = {}
+        self.retracted = {e["candidate_id"]: e.get("reason", "") for e in events if e.get("kind") == "retract"}
+        self.best = self._best_from(events)
         for event in events:
             kind = event.get("kind")
             if kind == "candidate":
                 self.candidates[event["candidate_id"]] = {k: event.get(k) for k in ("candidate_id", "parent", "strategy", "knobs", "path", "notes", "call")}
             elif kind == "verdict" and event.get("stage") != "judge":
                 self.results[(event["candidate_id"], event["upto"])] = self._load_result(event)
-                us = _number(event.get("candidate_us"))  # best-so-far follows from the verdicts alone
-                if self._beats_best(event.get("verdict"), us):
-                    self.best = {"candidate_id": event["candidate_id"], "candidate_us": us, "speedup": event.get("speedup"), "vs_baseline": event.get("vs_baseline"), "call": event.get("call")}
             elif kind == "tool_call":
                 calls[int(event["call"])] = event
             elif kind == "tool_result":
@@ -386,6 +394,42 @@ class Toolbox:
         """An agent's note in the log (free)."""
         return self._emit("note", text=str(text))
 
+    def _best_from(self, events: list[dict]) -> dict | None:
+        """The best the log's verdicts make, in their order, leaving out retracted candidates."""
+        self.best = None
+        for event in events:
+            if event.get("kind") != "verdict" or event.get("stage") == "judge" or event.get("candidate_id") in self.retracted:
+                continue
+            us = _number(event.get("candidate_us"))
+            if self._beats_best(event.get("verdict"), us):
+                self.best = {"candidate_id": event["candidate_id"], "candidate_us": us, "speedup": event.get("speedup"), "vs_baseline": event.get("vs_baseline"), "call": event.get("call")}
+        return self.best
+
+    def retract(self, candidate_id: str, reason: str) -> dict | None:
+        """Take a candidate out of the running for best (see the module docstring); returns the best after.
+        Refused (ValueError) without a reason, for an unknown candidate or one with no passing timed verdict."""
+        reason = str(reason or "").strip()
+        if not reason:
+            raise ValueError("a retraction needs a reason (what showed the candidate wrong)")
+        try:
+            cid = self.resolve(candidate_id)
+        except KeyError as exc:
+            raise ValueError(f"retract: {exc.args[0]}") from None
+        if cid in self.retracted:
+            raise ValueError(f"retract: {cid} is already retracted ({self.retracted[cid]})")
+        if not any(k[0] == cid and r.get("verdict") == "pass" and _number(_timings(r).get("candidate_us"))
+                   for k, r in self.results.items()):
+            raise ValueError(f"retract: {cid} has no passing timed verdict, so it never could be best")
+        was_best = bool(self.best and self.best["candidate_id"] == cid)
+        with signals_deferred():  # the retraction and the best it leaves are logged together
+            self._emit("retract", candidate_id=cid, reason=reason, was_best=was_best)
+            self.retracted[cid] = reason
+            if was_best:
+                best = self._best_from(read_events(self.log.path))
+                if best is not None:
+                    self._emit("best", **best)
+        return self.best
+
     def _beats_best(self, verdict: Any, us: float | None) -> bool:
         """Whether a verdict with this headline time is the new best: the one rule, live and on resume.
         It must be faster than the best by the objective's ``min_gain`` (a fraction; runs logged before
@@ -400,7 +444,7 @@ class Toolbox:
 
     def _update_best(self, cid: str, compact: dict, call: int) -> None:
         us = compact.get("candidate_us")
-        if not self._beats_best(compact["verdict"], us):
+        if cid in self.retracted or not self._beats_best(compact["verdict"], us):
             return
         best = {"candidate_id": cid, "candidate_us": us, "speedup": compact.get("speedup"), "vs_baseline": compact.get("vs_baseline"), "call": call}
         self._emit("best", **best)

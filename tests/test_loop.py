@@ -169,6 +169,9 @@ def test_resume_refuses_a_run_whose_objective_was_timed_on_other_cases(tmp_path)
     problem.timed_label = lambda device: "geomean of fake B1 | fake B64"
     with pytest.raises(RunError, match="start a new run"):
         Run(RunOptions(problem="fake", budget=12, run_dir=tmp_path / "run", resume=True), problem=problem, evaluate=FakeJudge()).__enter__()
+    # ... unless no call is left to time: then it resumes anywhere (to retract, promote or report)
+    with Run(RunOptions(problem="fake", budget=8, run_dir=tmp_path / "run", resume=True), problem=problem, evaluate=FakeJudge()) as run:
+        assert run.execute(SearchAgent(problem=problem, profile=False)).budget_used == 8
     # the refusal released the run's lock (else RunLocked here), and a problem object without
     # timed_label (not a Problem subclass) is not checked
     with Run(resume, problem=FakeProblem(tmp_path / "p"), evaluate=FakeJudge()) as run:

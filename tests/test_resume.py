@@ -8,6 +8,7 @@ uninterrupted one does.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import re
@@ -268,3 +269,35 @@ def test_resume_takes_the_settings_its_agent_last_ran_with(tmp_path):
     given = resolve(RunOptions(problem="fake", run_dir=run_dir, resume=True, agent_settings={"model": "c"}))
     assert given.agent_settings == {"model": "c"}
     assert resolve(RunOptions(problem="fake", run_dir=tmp_path / "new")).agent_settings is None
+
+
+def test_a_resume_can_retract_the_best_and_promote_the_next(tmp_path):
+    """--kopt-retract on resume: the best is rebuilt without the candidate, best.py / best.json and the promoted
+    file follow it, the search agent resumes against the new best, and the report names the retraction."""
+    from kopt_fake_run import FakeJudge, FakeProblem
+
+    from pytest_kopt.agents.search import SearchAgent
+    from pytest_kopt.run import RunError, resolve
+    from pytest_kopt.runsummary import summarise
+
+    run_dir = tmp_path / "run"
+    assert run_in_process([str(run_dir), "12"]) == 0
+    events = read_events(run_dir / "events.jsonl")
+    first = [e for e in events if e["kind"] == "best"][-1]["candidate_id"]
+    problem = FakeProblem(tmp_path / "fake-problem", broken=True)
+    options = RunOptions(problem="fake", budget=12, run_dir=run_dir, resume=True, promote=True,
+                         retract=(first, "wrong on shapes the judge did not draw"))
+    promoted = tmp_path / "best"
+    with Run(options, problem=problem, evaluate=FakeJudge(0.0), promote_dir=promoted) as run:
+        outcome = run.execute(SearchAgent(problem=problem, seed=run.options.seed, profile=True))
+    assert outcome.best is not None and outcome.best["candidate_id"] != first
+    events = read_events(run_dir / "events.jsonl")
+    retract = next(e for e in events if e["kind"] == "retract")
+    assert retract["candidate_id"] == first and retract["was_best"]
+    assert json.loads((run_dir / "best.json").read_text())["candidate_id"] == outcome.best["candidate_id"]
+    assert (promoted / "fake.py").read_text() == (run_dir / "candidates" / f"{outcome.best['candidate_id']}.py").read_text()
+    summary = summarise(run_dir)
+    assert summary.retracted == {first: "wrong on shapes the judge did not draw"}
+    assert all(cid != first for _, _, cid in summary.progress)
+    with pytest.raises(RunError, match="--kopt-resume"):
+        resolve(RunOptions(problem="fake", run_dir=run_dir, retract=(first, "x")))

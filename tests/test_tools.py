@@ -281,3 +281,43 @@ def test_the_history_tool_shows_the_latest_and_the_fastest_of_a_long_run(tmp_pat
     ids = [r["candidate_id"] for r in out["rows"]]
     assert out["candidates"] == 61 and len(ids) == 41 and out["omitted"] == 20
     assert first in ids and ids[-1] == tools.history()[-1]["candidate_id"]
+
+
+def test_a_retracted_candidate_is_never_best_again_live_or_on_resume(tmp_path):
+    times = {"a = 1": 100.0, "a = 2": 90.0, "a = 3": 95.0}
+    log = EventLog(tmp_path / "run" / "events.jsonl", "run")
+    judge = TimedJudge(times)
+    objective = {"problem": "fake", "baseline_us": 956.0, "min_gain": 0.01}
+    tools = Toolbox(FakeProblem(tmp_path / "problem"), objective, log, tmp_path / "run", 20, evaluate=judge)
+    ids = {}
+    for source in ("a = 1", "a = 2"):
+        ids[source] = tools.call("write_candidate", source=source)["candidate_id"]
+        tools.call("benchmark", candidate_id=ids[source])
+    assert tools.best["candidate_id"] == ids["a = 2"]
+    used = tools.budget_used
+    # the best falls back to the fastest of the rest, logged as a best event after the retraction; free of charge
+    after = tools.retract(ids["a = 2"][:8], "failed the tolerance at K 32 on a later draw")
+    assert after["candidate_id"] == ids["a = 1"] and after["candidate_us"] == 100.0 and tools.budget_used == used
+    tail = [e["kind"] for e in read_events(log.path)][-2:]
+    assert tail == ["retract", "best"]
+    # a re-timing of the retracted one never makes it best again; a real improvement on the rest does
+    assert tools.call("benchmark", candidate_id=ids["a = 2"])["cached"]
+    assert tools.best["candidate_id"] == ids["a = 1"]
+    ids["a = 3"] = tools.call("write_candidate", source="a = 3")["candidate_id"]
+    tools.call("benchmark", candidate_id=ids["a = 3"])
+    assert tools.best["candidate_id"] == ids["a = 3"]
+    # refused: no reason, unknown, already retracted, never passed a timed verdict
+    with pytest.raises(ValueError, match="reason"):
+        tools.retract(ids["a = 1"], "  ")
+    with pytest.raises(ValueError, match="unknown"):
+        tools.retract("ffffffffffff", "x")
+    with pytest.raises(ValueError, match="already retracted"):
+        tools.retract(ids["a = 2"], "again")
+    unjudged = tools.call("write_candidate", source="a = 4")["candidate_id"]
+    with pytest.raises(ValueError, match="no passing timed verdict"):
+        tools.retract(unjudged, "x")
+    # the same best and the same retraction rebuilt from the log
+    log.close()
+    again = Toolbox(tools.problem, objective, EventLog(log.path, "run"), tools.run_dir, 20, evaluate=judge)
+    again.restore(read_events(log.path))
+    assert again.best == tools.best and set(again.retracted) == {ids["a = 2"]}

@@ -275,8 +275,17 @@ class SearchAgent(Agent):
             logged = args.get("candidate_id")
             if action is None or action.tool != tool or action.candidate() != logged:
                 self._rebuild(events)
-                return
+                break
             self.observe(action, result)
+        self._forget_retracted(events)
+
+    def _forget_retracted(self, events: list[dict]) -> None:
+        """A retracted candidate (the toolbox's ``retract``) is no yardstick: the best to beat and to profile
+        near is the fastest of the others."""
+        retracted = {e.get("candidate_id") for e in events if e.get("kind") == "retract"}
+        if self.best is not None and self.best[1] in retracted:
+            rest = [(us, cid) for cid, us in self.tried.items() if cid not in retracted and us < PENALTY]
+            self.best = min(rest) if rest else None
 
     def _rebuild(self, events: list[dict]) -> None:
         """Fallback restore: the sampler learns every finished candidate; unfinished ones queue."""
