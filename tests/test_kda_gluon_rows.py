@@ -51,6 +51,10 @@ def test_gluon_rows_plan_and_where_they_run(tmp_path, monkeypatch):
     assert (fam._plan(256, 128, knobs)["ROWS_WG"], fam._plan(256, 128, knobs)["ROWS_MAXNREG"]) == (2, 0)
     assert fam._plan(128, 128, {**knobs, "rows_engine": "gluon8"})["ROWS_MAXNREG"] == 128
     assert fam._plan(128, 128, {**knobs, "block_maxnreg": 0})["ROWS_MAXNREG"] == 0
+    # "uncap_k128": the Gluon rows uncapped at K 128 and capped as "auto" below; the Triton rows' cap as "auto"'s
+    k128 = {**knobs, "block_maxnreg": "uncap_k128"}
+    assert [fam._plan(K, K, k128)["ROWS_MAXNREG"] for K in (128, 64, 32)] == [0, 168, 168]
+    assert fam._plan(128, 128, k128)["BLOCK_MAXNREG"] == fam._plan(128, 128, knobs)["BLOCK_MAXNREG"]
     assert fam._plan(128, 128, {**knobs, "rows_engine": "triton"})["ROWS_WG"] == 0
     fold = {**knobs, "rows_fold": True}
     assert fam._plan(128, 128, fold)["ROWS_FOLD"] and not fam._plan(32, 32, fold)["ROWS_FOLD"]
