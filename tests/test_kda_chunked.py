@@ -163,7 +163,9 @@ COMPANIONS = {("solve_warps", 4): {"subst": "rows", "BT": 32}, ("solve_warps", 2
               **{("rows_engine", v): {"kd_sum": "rows", "diag_floor": 30, "inv_dot": "bf16x3"} for v in ("gluon", "gluon8")},
               ("rows_fold", True): {"rows_engine": "gluon", "kd_sum": "rows", "diag_floor": 30, "inv_dot": "bf16x3"},
               **{("rows_solve", v): {"rows_engine": "gluon", "kd_sum": "rows", "diag_floor": 30, "inv_dot": "bf16x3",
-                                     "u_store": "bf16"} for v in (True, "auto")}}
+                                     "u_store": "bf16"} for v in (True, "auto")},
+              ("solve_mma", "wgmma"): {"rows_engine": "gluon", "rows_solve": True, "kd_sum": "rows", "diag_floor": 30,
+                                       "inv_dot": "bf16x3", "u_store": "bf16"}}
 
 
 def test_every_space_value(tmp_path):
