@@ -182,36 +182,39 @@ def test_every_space_value(tmp_path):
             check(module.kernel, x, case)
 
 
-def test_sampled_knob_combinations(tmp_path):
+def test_sampled_knob_combinations(tmp_path, family):
     """Random whole combinations, as the search agent draws them: each is right, or refused by
-    ``_plan`` with a ValueError (a combination known wrong on the GPU)."""
+    ``_plan`` with a ValueError (a combination known wrong on the GPU). The plan depends on the knobs alone, so the
+    family's own module finds the refusals (thousands of draws) and only the accepted ones are rendered."""
     rng = random.Random(2024)
     case = {"B": 1, "T": 37, "H": 1, "K": 32, "V": 64, "initial_state": True, "output_final_state": True}
     ran = 0
     while ran < 4:
         knobs = {name: rng.choice(values) for name, values in FAMILY.space.items()}
-        module = render(knobs, tmp_path)
         try:
-            module._plan(case["K"], case["V"], module.KNOBS)
+            family._plan(case["K"], case["V"], {**family.KNOBS, **knobs})
         except ValueError:
             continue
+        module = render(knobs, tmp_path)
+        module._plan(case["K"], case["V"], module.KNOBS)
         check(module.kernel, hostile_inputs(HOSTILE[ran % len(HOSTILE)], case, seed=100 + ran), case)
         ran += 1
 
 
-def test_sampled_combinations_with_rows(tmp_path):
+def test_sampled_combinations_with_rows(tmp_path, family):
     """Version 4's ``subst="rows"`` (diagonal-block inverses computed in the block rows) in random
-    whole combinations, on hostile gates: right, or refused by ``_plan``."""
+    whole combinations, on hostile gates: right, or refused by ``_plan`` (found as above, before rendering)."""
     rng = random.Random(404)
     case = {"B": 1, "T": 45, "H": 1, "K": 32, "V": 32, "initial_state": True, "output_final_state": True}
     ran = 0
     while ran < 3:
         knobs = {**{name: rng.choice(values) for name, values in FAMILY.space.items()}, "subst": "rows"}
-        module = render(knobs, tmp_path)
         try:
-            module._plan(case["K"], case["V"], module.KNOBS)
+            family._plan(case["K"], case["V"], {**family.KNOBS, **knobs})
         except ValueError:
             continue
+        module = render(knobs, tmp_path)
+        module._plan(case["K"], case["V"], module.KNOBS)
         check(module.kernel, hostile_inputs(HOSTILE[(ran + 1) % len(HOSTILE)], case, seed=200 + ran), case)
         ran += 1
 
