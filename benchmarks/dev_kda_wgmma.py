@@ -127,6 +127,12 @@ ROWS.update({
     "glw": {**B767, "rows_engine": "gluon", "rows_solve": True, "solve_mma": "wgmma"},
     "glw_0": {**B767, "rows_engine": "gluon", "rows_solve": True, "solve_mma": "wgmma", "block_maxnreg": 0},
     "glw_auto": {**B767, "rows_engine": "gluon", "rows_solve": "auto", "solve_mma": "wgmma"},
+    # session 19: the wgmma solve's outputs through shared memory as 16-byte stores ("wgmma_st"), uncapped at K 128
+    # as the loop's best (2e6c0948: block_maxnreg "uncap_k128") and everywhere
+    "glw_k": {**B767, "rows_engine": "gluon", "rows_solve": True, "solve_mma": "wgmma", "block_maxnreg": "uncap_k128"},
+    "glst_k": {**B767, "rows_engine": "gluon", "rows_solve": True, "solve_mma": "wgmma_st",
+               "block_maxnreg": "uncap_k128"},
+    "glst_0": {**B767, "rows_engine": "gluon", "rows_solve": True, "solve_mma": "wgmma_st", "block_maxnreg": 0},
 })
 if os.environ.get("KDA_WG_ROWS"):
     ROWS = {n: ROWS[n] for n in os.environ["KDA_WG_ROWS"].split(",") if n in ROWS}

@@ -164,8 +164,8 @@ COMPANIONS = {("solve_warps", 4): {"subst": "rows", "BT": 32}, ("solve_warps", 2
               ("rows_fold", True): {"rows_engine": "gluon", "kd_sum": "rows", "diag_floor": 30, "inv_dot": "bf16x3"},
               **{("rows_solve", v): {"rows_engine": "gluon", "kd_sum": "rows", "diag_floor": 30, "inv_dot": "bf16x3",
                                      "u_store": "bf16"} for v in (True, "auto")},
-              ("solve_mma", "wgmma"): {"rows_engine": "gluon", "rows_solve": True, "kd_sum": "rows", "diag_floor": 30,
-                                       "inv_dot": "bf16x3", "u_store": "bf16"}}
+              **{("solve_mma", v): {"rows_engine": "gluon", "rows_solve": True, "kd_sum": "rows", "diag_floor": 30,
+                                    "inv_dot": "bf16x3", "u_store": "bf16"} for v in ("wgmma", "wgmma_st")}}
 
 
 def test_every_space_value(tmp_path):

@@ -25,7 +25,7 @@ BEST = {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "
 
 
 @pytest.mark.parametrize("engine, solve, mma", [("gluon", False, "v2"), ("gluon8", False, "v2"), ("gluon", True, "v2"),
-                                               ("gluon", True, "wgmma")])
+                                               ("gluon", True, "wgmma"), ("gluon", True, "wgmma_st")])
 def test_gluon_rows_fall_back_to_the_triton_rows_off_hopper(tmp_path, engine, solve, mma):
     """On the CPU the Gluon rows never run: the Triton rows of the same knobs do (and with rows_solve the Triton
     solve, whatever solve_mma says), outputs identical and right."""
@@ -68,9 +68,14 @@ def test_gluon_rows_plan_and_where_they_run(tmp_path, monkeypatch):
     # solve_mma "wgmma": one warpgroup (rows_engine "gluon"), the rows' product unextracted (no rows_fold)
     wgs = {**solve, "solve_mma": "wgmma"}
     assert fam._plan(128, 128, wgs)["SOLVE_WG"] and not fam._plan(128, 128, solve)["SOLVE_WG"]
+    # "wgmma_st": the same solve, its outputs through shared memory
+    wst = {**solve, "solve_mma": "wgmma_st"}
+    assert fam._plan(128, 128, wst)["SOLVE_WG"] and fam._plan(128, 128, wst)["SOLVE_ST"]
+    assert not fam._plan(128, 128, wgs)["SOLVE_ST"]
     for over in ({"rows_engine": "gluon8"}, {"rows_fold": True}):
-        with pytest.raises(ValueError, match="solve_mma"):
-            fam._plan(128, 128, {**wgs, **over})
+        for mma in (wgs, wst):
+            with pytest.raises(ValueError, match="solve_mma"):
+                fam._plan(128, 128, {**mma, **over})
     # it writes the wgmma scan's inputs (readout "pre", u and au in bf16) from the Gluon rows' registers
     for over in ({"rows_engine": "triton"}, {"u_store": "fp32"}, {"au": "fp32"}, {"readout": "aqk"}):
         with pytest.raises(ValueError, match="rows_solve"):
@@ -132,36 +137,42 @@ def desc(shape, dtype, bits):  # a host descriptor argument, typed as Triton's l
 
 out = {}
 # two warpgroups (gluon8, and K 256) through K 256's compile; rows_fold at K 128; rows_solve (flagged for a scan
-# beside it) at K 128 and 64, with the mma_v2 solve and the wgmma one (solve_mma)
-for K, WG, maxnreg, FOLD, SOLVE, WGS in ((128, 1, 168, False, False, False), (64, 1, 168, False, False, False),
-                                         (32, 1, 168, False, False, False), (256, 2, 0, False, False, False),
-                                         (128, 1, 168, True, False, False), (128, 1, 168, False, True, False),
-                                         (64, 1, 168, False, True, False), (128, 1, 168, False, True, True),
-                                         (64, 1, 168, False, True, True)):
+# beside it) at K 128 and 64, with the mma_v2 solve and the wgmma one (solve_mma), its outputs stored directly or
+# through shared memory ("wgmma_st")
+for K, WG, maxnreg, FOLD, SOLVE, WGS, WST in (
+        (128, 1, 168, False, False, False, False), (64, 1, 168, False, False, False, False),
+        (32, 1, 168, False, False, False, False), (256, 2, 0, False, False, False, False),
+        (128, 1, 168, True, False, False, False), (128, 1, 168, False, True, False, False),
+        (64, 1, 168, False, True, False, False), (128, 1, 168, False, True, True, False),
+        (64, 1, 168, False, True, True, False), (128, 1, 168, False, True, True, True),
+        (64, 1, 168, False, True, True, True)):
     BT = 32
     sig = {"q_desc": desc([1, BT, 1, K], "bf16", 16), "k_desc": desc([1, BT, 1, K], "bf16", 16),
            "g_desc": desc([1, BT, 1, K], "fp32", 32), "gs_desc": desc([BT, K], "fp32", 32), "g_ptr": "*fp32",
            "beta_ptr": "*bf16", "aqk_ptr": "*bf16", "akk_ptr": "*fp32", "gt_ptr": "*fp32", "scale": "fp32",
            "T": "i32", "TP": "i32", "NT": "i32", "H": "i32", "lo_off": "i32"}
     sig.update({n: "i32" for n in ("s_gb", "s_gt", "s_gh", "s_bb", "s_bt", "s_bh")})
-    sig.update({n: "constexpr" for n in ("K", "BT", "FLOOR", "LIMIT", "WR", "WG", "FOLD", "V", "SOLVE", "FLAG", "WGS")})
+    sig.update({n: "constexpr" for n in ("K", "BT", "FLOOR", "LIMIT", "WR", "WG", "FOLD", "V", "SOLVE", "FLAG", "WGS", "WST")})
     # the value tile's descriptor (solve_mma "wgmma"), swizzled as the host makes it
     sig["v_desc"] = (f"tensordesc<bf16[1, {BT}, 1, {K}],{gl.NVMMASharedLayout.get_default_for([1, BT, 1, K], gl.bfloat16)!r}>"
                      if WGS else "constexpr")
     sig.update({"v_ptr": "*bf16", "s_vb": "i32", "s_vt": "i32", "s_vh": "i32", "w_ptr": "*bf16", "kd_ptr": "*bf16",
                 "qd_ptr": "*bf16", "u_ptr": "*bf16", "au_ptr": "*bf16", "gl_ptr": "*fp32", "flag_ptr": "*i32"})
     cx = {"K": K, "BT": BT, "FLOOR": -30.0, "LIMIT": 120.0 if FOLD else 160.0, "WR": 4 * WG * 32 // K, "WG": WG, "FOLD": FOLD,
-          "V": K, "SOLVE": SOLVE, "FLAG": SOLVE, "WGS": WGS, **({} if WGS else {"v_desc": None})}
+          "V": K, "SOLVE": SOLVE, "FLAG": SOLVE, "WGS": WGS, "WST": WST, **({} if WGS else {"v_desc": None})}
     opts = {"num_warps": 4 * WG, **({"maxnreg": maxnreg} if maxnreg else {})}
-    c = triton.compile(GluonASTSource(fam._kda_rows_gluon, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
-                       options=opts)
+    # pointers 16-byte aligned, as the launcher specialises torch's allocations
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fam._kda_rows_gluon.arg_names)
+             if sig.get(n, "").startswith("*")}
+    c = triton.compile(GluonASTSource(fam._kda_rows_gluon, sig, constexprs=cx, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options=opts)
     ptx = c.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "k.ptx").write_text(ptx)
         notes = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(Path(tmp) / "k.ptx"), "-o", str(Path(tmp) / "k.cubin")],
                                capture_output=True, text=True).stderr
     regs = int(notes.split("Used ")[1].split(" registers")[0])
-    out[f"K{K} WG{WG} cap{maxnreg}" + (" fold" if FOLD else "") + (" solve" if SOLVE else "") + (" wgmma" if WGS else "")] = {
+    out[f"K{K} WG{WG} cap{maxnreg}" + (" fold" if FOLD else "") + (" solve" if SOLVE else "") + (" wgmma" if WGS else "") + (" st" if WST else "")] = {
         "shared": c.metadata.shared, "regs": regs, "cap": maxnreg or 255,
         "tma_loads": ptx.count("cp.async.bulk.tensor.4d.shared::cluster.global"),
         "tma_stores": ptx.count("cp.async.bulk.tensor.2d.global.shared::cta"),
@@ -171,6 +182,8 @@ for K, WG, maxnreg, FOLD, SOLVE, WGS in ((128, 1, 168, False, False, False), (64
         "wgmma_bf16": ptx.count("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16"),
         "wgmma_bf16_out": ptx.count(f"wgmma.mma_async.sync.aligned.m64n{K}k16.f32.bf16.bf16"),
         "flag_release": ptx.count("atom.global.gpu.release.exch"),
+        # global stores of 16 bytes and of 4 (the direct stores of bf16 pairs from an accumulator)
+        "st_v4": ptx.count("st.global.v4.b32"), "st_b32": ptx.count("st.global.b32"),
         # the running sums' store, its wait, and what lies between them in program order
         "store_at": ptx.find("cp.async.bulk.tensor.2d.global.shared::cta"), "wait_at": ptx.find("cp.async.bulk.wait_group"),
         "first_wgmma_at": ptx.find("wgmma.mma_async"),
@@ -185,7 +198,8 @@ def test_gluon_rows_compile_for_hopper(tmp_path):
     result = json.loads(compile_in_child(_COMPILE, str(FAMILY_PATH), cache_dir=tmp_path / "cache").strip().splitlines()[-1])
     for name, info in result.items():
         K = int(name.split()[0][1:])
-        wgs = name.endswith("wgmma")
+        wst = name.endswith(" st")
+        wgs = name.endswith("wgmma") or wst
         solve = name.endswith("solve") or wgs
         # q, k and g by three TMA boxes (and v by a fourth with the wgmma solve), the running sums out by one (no
         # per-element loads of the chunk); with rows_solve nothing of the rows leaves, and one release flags the chunk
@@ -198,6 +212,10 @@ def test_gluon_rows_compile_for_hopper(tmp_path):
         assert info["wgmma_tf32"] > 0 and (info["mma_bf16"] == 0) == wgs, (name, info)
         if wgs:
             assert info["wgmma_bf16"] == 7 * 3 * 2 and info["wgmma_bf16_out"] == (4 + 2) * 2, (name, info)
+        # "wgmma_st": the two stacked [2 BT, K] bf16 output tiles leave as 16-byte stores, 2 * 64 K / (16 * 128)
+        # per thread, and none as bf16 pairs
+        if wst:
+            assert info["st_v4"] == K // 8 and info["st_b32"] < result[name[:-3]]["st_b32"], (name, info)
         assert info["regs"] <= info["cap"], (name, info["notes"])
         # q and k land inside the products' [2 BT, K] float32 operand buffer: that, the [BT, K] column operand and g's
         # box (16 BT K bytes in all), the mbarrier and at most 2 KB of the compiler's scratch (at K 128 and 4 warps:
@@ -218,3 +236,6 @@ def test_gluon_rows_compile_for_hopper(tmp_path):
     assert result["K128 WG1 cap168 solve"]["mma_bf16"] > result["K128 WG1 cap168"]["mma_bf16"]
     assert result["K128 WG1 cap168 solve"]["shared"] * 3 <= 232448
     assert result["K128 WG1 cap168 solve wgmma"]["shared"] * 3 <= 232448
+    # the staged stores reuse the rows' operand buffer: no more shared memory than the direct ones
+    for K in (128, 64):
+        assert result[f"K{K} WG1 cap168 solve wgmma st"]["shared"] == result[f"K{K} WG1 cap168 solve wgmma"]["shared"]
