@@ -226,7 +226,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 # kopt:knobs-begin
-KNOBS = {'BT': 32, 'BC': 16, 'BK': 64, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 8, 'solve_warps': 2, 'block_maxnreg': 'uncap_k128', 'solve_maxnreg': 168, 'scan_warps': 2, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'rows', 'scan_bv': 'auto', 'inv_dot': 'bf16x3', 'row_prefetch': False, 'scan_overlap': 'auto', 'pair_elems': 512, 'rows_engine': 'gluon', 'rows_fold': False, 'rows_solve': True, 'solve_mma': 'wgmma'}
+KNOBS = {'BT': 32, 'BC': 16, 'BK': 64, 'BV': 16, 'diag': 'guarded', 'recentre': 'midpoint', 'merge': 'mma', 'prec': 'tf32', 'readout': 'pre', 'subst': 'rows', 'fuse_prep': False, 'fuse_output': False, 'scan_dot': 'mixed', 'scan_layout': 'kv', 'block_warps': 8, 'solve_warps': 2, 'block_maxnreg': 'uncap_k128', 'solve_maxnreg': 168, 'scan_warps': 2, 'scan_stages': 3, 'out_warps': 4, 'block_prog': 'row', 'out_bv': 64, 'au': 'bf16', 'pair': 'split', 'solve_stages': 1, 'u_store': 'bf16', 'off_tile': 'tight', 'diag_cols': 'trans', 'scan_engine': 'wgmma_ws', 'scan_ring': 4, 'diag_floor': 30, 'kd_sum': 'rows', 'scan_bv': 'auto', 'inv_dot': 'bf16x3', 'row_prefetch': False, 'scan_overlap': 'auto', 'pair_elems': 512, 'rows_engine': 'gluon', 'rows_fold': False, 'rows_solve': True, 'solve_mma': 'wgmma_st'}
 # kopt:knobs-end
 SPACE = {
     "BT": [32, 64],
@@ -343,7 +343,10 @@ SPACE = {
     # each (the rows stay in registers, the accumulator's layout being the operand's) and a merge of the two blocks,
     # and w, qd, u and Aqk u as two stacked products, qd's q exp(G) scale added inside the product (H200, session 18:
     # fastest at all six of fla's shapes, errors as the mma_v2 solve's)
-    "solve_mma": ["v2", "wgmma"],
+    # "wgmma_st" (session 19): "wgmma" with the four outputs leaving through shared memory as 16-byte stores (Nsight
+    # Compute, H200, session 19: the accumulators' 4-byte stores, 8 rows x 16 bytes per warp instruction, held ~10 %
+    # of the fused program's stall samples, most of them throttled in the load / store unit)
+    "solve_mma": ["v2", "wgmma", "wgmma_st"],
 }
 # What _plan refuses at every shape, as data the search agent reads (pytest_kopt/families.py): each
 # (when, then) pair mirrors one of _plan's checks below, which stay the authority;
@@ -361,7 +364,7 @@ REQUIRES = [
     ({"rows_fold": True}, {"rows_engine": ["gluon", "gluon8"]}),
     ({"rows_solve": [True, "auto"]}, {"rows_engine": ["gluon", "gluon8"], "readout": ["pre"], "u_store": ["bf16"],
                                       "au": ["bf16"]}),
-    ({"solve_mma": "wgmma"}, {"rows_engine": ["gluon"], "rows_fold": [False]}),
+    ({"solve_mma": ["wgmma", "wgmma_st"]}, {"rows_engine": ["gluon"], "rows_fold": [False]}),
     ({"rows_engine": ["gluon", "gluon8"]}, {"BT": [32], "fuse_prep": [False], "subst": ["rows"], "kd_sum": ["rows"],
                                             "recentre": ["midpoint"], "inv_dot": ["bf16x3"], "prec": ["tf32"]}),
 ]
@@ -435,18 +438,22 @@ REQUIRES = [
 # call 2: 300.9 us at the headline against 321.1 at 168 registers) and capped, and "auto". Call 4: uncapped (07b3ab8c)
 # 329.2 us on the geomean, capped (ec9f72a6) 329.4; uncapped faster at K 128, capped at K 64 (block_maxnreg above). So
 # first now: uncapped at K 128 only (not yet measured).
-TRY_EARLY = [{"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "BK": "auto", "scan_overlap": "auto",
-              "pair_elems": "auto", "rows_engine": "gluon", "block_maxnreg": "uncap_k128", "rows_solve": True, "solve_mma": "wgmma"},
-             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "BK": "auto", "scan_overlap": "auto",
-              "pair_elems": "auto", "rows_engine": "gluon", "block_maxnreg": "auto", "rows_solve": True, "solve_mma": "wgmma"},
-             {"u_store": "bf16", "scan_warps": 4, "out_bv": 64, "off_tile": "tight", "diag_cols": "trans",
-              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "inv_dot": "bf16x3", "solve_warps": 2,
-              "solve_maxnreg": 168, "block_warps": 1, "BK": "auto", "scan_overlap": "auto",
-              "pair_elems": "auto", "rows_engine": "gluon", "block_maxnreg": "auto", "rows_solve": "auto", "solve_mma": "wgmma"}]
+# Session 19: call 1 measured "uncap_k128" (412b6b7f, 322.0 us on the geomean against 07b3ab8c's 329.2 re-timed in
+# session 18: the headline unchanged, B8 T1024 96.8 -> 90.4 us) and the loop went on to 2e6c0948 (BK 64, scan_warps 2:
+# 321.7, within noise). Nsight Compute on the fused program (headline, not beside the scan): 226 us, 0.29 issued per
+# scheduler; ~10 % of stall samples on the solve's 4-byte output stores (load / store unit throttled), ~9 % waiting
+# for the chunk's TMA loads. The entries: 2e6c0948 with those outputs through shared memory as 16-byte stores
+# (solve_mma "wgmma_st"), and the same uncapped everywhere.
+TRY_EARLY = [{"BK": 64, "block_warps": 8, "solve_warps": 2, "block_maxnreg": "uncap_k128", "solve_maxnreg": 168,
+              "scan_warps": 2, "out_bv": 64, "u_store": "bf16", "off_tile": "tight", "diag_cols": "trans",
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "scan_bv": "auto", "inv_dot": "bf16x3",
+              "scan_overlap": "auto", "pair_elems": 512, "rows_engine": "gluon", "rows_solve": True,
+              "solve_mma": "wgmma_st"},
+             {"BK": 64, "block_warps": 8, "solve_warps": 2, "block_maxnreg": 0, "solve_maxnreg": 168,
+              "scan_warps": 2, "out_bv": 64, "u_store": "bf16", "off_tile": "tight", "diag_cols": "trans",
+              "scan_engine": "wgmma_ws", "diag_floor": 30, "kd_sum": "rows", "scan_bv": "auto", "inv_dot": "bf16x3",
+              "scan_overlap": "auto", "pair_elems": 512, "rows_engine": "gluon", "rows_solve": True,
+              "solve_mma": "wgmma_st"}]
 
 # kd_sum "f32": the solve raises the gates it loads to at least -_KD_FLOOR, so that every running sum it forms is
 # at most 30 BT in size and G_last - G_j, a float32 difference, is within ~1e-4 nats of the sum it stands for (kd is
@@ -1789,8 +1796,29 @@ def _gl_prod3(a, b, acc, HALF: gl.constexpr, bh_s, bl_s, BT: gl.constexpr, ACC: 
 
 
 @gluon.jit
+def _gl_store_stacked(acc, st_flat, top_ptr, bot_ptr, ld, BT: gl.constexpr, N: gl.constexpr):
+    """Rows ..BT of the [2 BT, N] float32 accumulator acc to top_ptr, rows BT.. to bot_ptr (row stride ld), as bf16,
+    through shared memory (st_flat: a flat float32 view of at least BT * N elements, free): the accumulator's layout
+    holds 2 columns per thread, so a direct store is 8 rows x 16 bytes per warp instruction; read back 8 columns
+    per thread, every store is 16 bytes and a warp instruction covers whole rows."""
+    SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BT, N], gl.bfloat16)
+    st = st_flat.slice(0, BT * N)._reinterpret(gl.bfloat16, [2 * BT, N], SL)
+    st.store(acc.to(gl.bfloat16))
+    gl.thread_barrier()
+    TPR: gl.constexpr = N // 8 if N < 256 else 32
+    LB: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // TPR, TPR], warps_per_cta=[4, 1],
+                                        order=[1, 0])
+    r = gl.arange(0, BT, layout=gl.SliceLayout(1, LB))[:, None]
+    c = gl.arange(0, N, layout=gl.SliceLayout(0, LB))[None, :]
+    gl.store(top_ptr + r * ld + c, st.slice(0, BT).load(LB))
+    gl.store(bot_ptr + r * ld + c, st.slice(BT, BT).load(LB))
+    gl.thread_barrier()  # every warp has read the tile before the next one overwrites it
+
+
+@gluon.jit
 def _gl_solve_wg(z, scale, beta_ptr, s_bt, t0, T, kdec_s, qh_s, ql_s, v_s, v_bar, bh_s, bl_s,
-                 w_ptr, qd_ptr, u_ptr, au_ptr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr):
+                 w_ptr, qd_ptr, u_ptr, au_ptr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, st_flat=None,
+                 WST: gl.constexpr = False):
     """``solve_mma="wgmma"``: ``_gl_solve`` (and the diagonal blocks' inverse before it) as stacked warpgroup
     products. z: the rows' [2 BT, BT] product as it is (Aqk unscaled over Akk, both lower triangular, Akk strictly).
 
@@ -1804,7 +1832,9 @@ def _gl_solve_wg(z, scale, beta_ptr, s_bt, t0, T, kdec_s, qh_s, ql_s, v_s, v_bar
     are the final products' operands:
     [qd; w] = [-Aqk A; A] @ [k exp(G)] + [I; 0] @ [q exp(G) scale] and [Aqk u; u] = [Aqk A; A] @ v
     (Aqk A as a bf16 hi / lo pair, A rounded to bf16 as ``_gl_solve`` rounds it). qh_s, ql_s: q exp(G) scale as a
-    bf16 hi / lo pair; kdec_s: k exp(G) (bf16); v_s: v's tile, arriving on v_bar."""
+    bf16 hi / lo pair; kdec_s: k exp(G) (bf16); v_s: v's tile, arriving on v_bar. WST: the outputs leave through
+    st_flat (the rows' operand buffer, 2 BT x K float32, free once the inverse is formed) as 16-byte stores, where a
+    [2 BT, 128]-at-most output tile fits in it."""
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     r = gl.arange(0, 2 * BT, layout=gl.SliceLayout(1, ACC))[:, None]
     c = gl.arange(0, BT, layout=gl.SliceLayout(0, ACC))[None, :]
@@ -1840,9 +1870,12 @@ def _gl_solve_wg(z, scale, beta_ptr, s_bt, t0, T, kdec_s, qh_s, ql_s, v_s, v_bar
     acc = warpgroup_mma(gl.convert_layout(ident, OPW), qh_s, acc, is_async=True)
     acc = warpgroup_mma(gl.convert_layout(ident, OPW), ql_s, acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    rw = gl.arange(0, 2 * BT, layout=gl.SliceLayout(1, AW))[:, None]
-    cw = gl.arange(0, K, layout=gl.SliceLayout(0, AW))[None, :]
-    gl.store(gl.where(rw < BT, qd_ptr + rw * K + cw, w_ptr + (rw - BT) * K + cw), acc.to(gl.bfloat16))
+    if WST:
+        _gl_store_stacked(acc, st_flat, qd_ptr, w_ptr, K, BT, K)
+    else:
+        rw = gl.arange(0, 2 * BT, layout=gl.SliceLayout(1, AW))[:, None]
+        cw = gl.arange(0, K, layout=gl.SliceLayout(0, AW))[None, :]
+        gl.store(gl.where(rw < BT, qd_ptr + rw * K + cw, w_ptr + (rw - BT) * K + cw), acc.to(gl.bfloat16))
     # u and Aqk u, at most 128 value columns at a time (the accumulator's registers)
     NB: gl.constexpr = V if V <= 128 else 128
     AU: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NB, 16])
@@ -1857,7 +1890,10 @@ def _gl_solve_wg(z, scale, beta_ptr, s_bt, t0, T, kdec_s, qh_s, ql_s, v_s, v_bar
         acc = warpgroup_mma(hi_u, vb, gl.zeros([2 * BT, NB], gl.float32, AU), use_acc=False, is_async=True)
         acc = warpgroup_mma(lo_u, vb, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        gl.store(gl.where(ru < BT, au_ptr + ru * V + n0 + cu, u_ptr + (ru - BT) * V + n0 + cu), acc.to(gl.bfloat16))
+        if WST and NB <= 2 * K:
+            _gl_store_stacked(acc, st_flat, au_ptr + n0, u_ptr + n0, V, BT, NB)
+        else:
+            gl.store(gl.where(ru < BT, au_ptr + ru * V + n0 + cu, u_ptr + (ru - BT) * V + n0 + cu), acc.to(gl.bfloat16))
 
 
 @gluon.jit
@@ -1867,7 +1903,7 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
                     WR: gl.constexpr, WG: gl.constexpr, FOLD: gl.constexpr = False,
                     v_ptr=None, s_vb=0, s_vt=0, s_vh=0, w_ptr=None, kd_ptr=None, qd_ptr=None, u_ptr=None, au_ptr=None,
                     gl_ptr=None, flag_ptr=None, V: gl.constexpr = 0, SOLVE: gl.constexpr = False,
-                    FLAG: gl.constexpr = False, v_desc=None, WGS: gl.constexpr = False):
+                    FLAG: gl.constexpr = False, v_desc=None, WGS: gl.constexpr = False, WST: gl.constexpr = False):
     """``rows_engine="gluon"``: both 16-row block rows of one chunk (BT 32) in one program, one key channel per
     thread (WR threads per channel, each over BT / WR rows), so that each running sum is mostly a thread's own
     loop over its rows and every load of the chunk is issued at once. (The Triton rows: a 1-warp program per
@@ -1893,7 +1929,8 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
     of Aqk, Akk and the running sums. FLAG: on grid (batch * heads, chunks), each chunk flagged once written, for a
     scan running beside (``scan_overlap``). WGS (``solve_mma="wgmma"``, without FOLD): the solve is ``_gl_solve_wg``,
     on the rows' product as it is; v arrives by TMA (v_desc) into the column operand's buffer once the rows' products
-    are done, and q exp(G) scale is set aside as a bf16 hi / lo pair."""
+    are done, and q exp(G) scale is set aside as a bf16 hi / lo pair. WST (``solve_mma="wgmma_st"``): the solve's
+    outputs leave through the rows' operand buffer as 16-byte stores."""
     BC: gl.constexpr = 16
     NW: gl.constexpr = 4 * WG
     L: gl.constexpr = gl.BlockedLayout(size_per_thread=[BT // WR, 1], threads_per_warp=[1, 32],
@@ -2057,7 +2094,7 @@ def _kda_rows_gluon(q_desc, k_desc, g_desc, gs_desc, g_ptr, beta_ptr, aqk_ptr, a
         tma.async_copy_global_to_shared(v_desc, [i_b, t0, i_h, 0], v_bar, v_s)
         _gl_solve_wg(z, scale, beta_ptr, s_bt, t0, T, kdec_s, qh_s, ql_s, v_s.reshape([BT, V]), v_bar, bh_s, bl_s,
                      w_ptr + row_base * K, qd_ptr + row_base * K, u_ptr + row_base * V, au_ptr + row_base * V,
-                     K, V, BT)
+                     K, V, BT, a_flat, WST)
         mbarrier.invalidate(v_bar)
         if FLAG:
             gl.thread_barrier()
@@ -2220,8 +2257,8 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
                                     or knobs.get("u_store") != "bf16" or knobs.get("au") != "bf16"):
         raise ValueError(f"rows_solve={knobs.get('rows_solve')!r} is served with rows_engine 'gluon' or 'gluon8', readout 'pre', u_store 'bf16' "
                          "and au 'bf16' only (the Gluon rows' solve writes the wgmma scan's inputs in that form)")
-    if knobs.get("solve_mma") == "wgmma" and (knobs.get("rows_engine") != "gluon" or knobs.get("rows_fold")):
-        raise ValueError("solve_mma='wgmma' is served with rows_engine 'gluon' and rows_fold False only (one "
+    if knobs.get("solve_mma") in ("wgmma", "wgmma_st") and (knobs.get("rows_engine") != "gluon" or knobs.get("rows_fold")):
+        raise ValueError(f"solve_mma={knobs.get('solve_mma')!r} is served with rows_engine 'gluon' and rows_fold False only (one "
                          "warpgroup holds the stacked products' rows; it takes the rows' products unextracted)")
     for name, choices in SPACE.items():
         if knobs.get(name) not in choices:
@@ -2278,7 +2315,8 @@ def _plan(K: int, V: int, knobs: dict) -> dict:
         # rows_fold: at K >= 64 (the [2 BT, 2 BT] result is read back through the operand buffer's first 16 KB)
         "ROWS_FOLD": bool(knobs["rows_fold"]) and K >= 64,
         "ROWS_SOLVE": knobs["rows_solve"] if knobs["rows_solve"] == "auto" else bool(knobs["rows_solve"]),
-        "SOLVE_WG": knobs["solve_mma"] == "wgmma",
+        "SOLVE_WG": knobs["solve_mma"] in ("wgmma", "wgmma_st"),
+        "SOLVE_ST": knobs["solve_mma"] == "wgmma_st",
         "ROWS_MAXNREG": (0 if knobs["rows_engine"] == "triton" or K > 128 or (knobs["block_maxnreg"] == "uncap_k128" and K >= 128)
                          else 168 if knobs["rows_engine"] == "gluon" else 128)
                         if knobs["block_maxnreg"] in ("auto", "uncap_k128") else knobs["block_maxnreg"],
@@ -2365,7 +2403,8 @@ def _gluon_rows_launch(q, k, g, beta, aqk, akk, g_sums, g_tots, scale, T, TP, NT
             # operand has no wgmma layout)
             meta.update(v_desc=GluonDescriptor(v, list(v.shape), list(v.stride()), [1, BT, 1, v.shape[-1]],
                                                gl.NVMMASharedLayout.get_default_for([1, BT, 1, v.shape[-1]],
-                                                                                    gl.bfloat16)), WGS=plan["SOLVE_WG"])
+                                                                                    gl.bfloat16)), WGS=plan["SOLVE_WG"],
+                        WST=plan["SOLVE_ST"])
         if flags is not None:
             grid = (BH, NT)
     if warmup:
