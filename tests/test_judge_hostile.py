@@ -59,18 +59,37 @@ EXPECT = {
     "pure_torch": hostile("pure_torch", "correctness", "no Triton kernel was launched", "torch computed during the call (aten.mul"),
     "empty_output": hostile("empty_output", "correctness", "200 of 200 elements were never written (uninitialised memory)"),
     "caches_results": hostile("caches_results", "correctness", "second call: new data at the same addresses", "not allocated during this call"),
-    "mutates_inputs": hostile("mutates_inputs", "correctness", "input y was modified"),
+    # inputs are read-only memory in the runner: writing one is a fault, named as such
+    "mutates_inputs": hostile("mutates_inputs", "compile", *(("input",) if ON_GPU else ("SIGSEGV", "inputs are mapped read-only"))),
     "returns_nan": hostile("returns_nan", "correctness", "out: contains NaN or Inf"),
-    "fast_later": hostile("fast_later", "benchmark", "timed call", "outputs of timed calls are checked too", upto="benchmark"),
+    "fast_later": hostile("fast_later", "benchmark", "timed eager call", "every timed output is checked", upto="benchmark"),
     "small_shapes_only": hostile("small_shapes_only", "correctness", "minimal failing shape found by hypothesis", quick=False),
     # runtime checks without the policy's help
     "getattr_einsum_runtime": hostile("getattr_einsum", "correctness", "torch computed during the call (aten.mul", static_policy=False),
-    "patches_harness_runtime": hostile("patches_harness", "compile", "torch.allclose was replaced", "torch.Tensor.norm was replaced", static_policy=False),
-    "tensor_subclass_runtime": hostile("tensor_subclass", "correctness", "output out is of type Agreeable, not a plain torch.Tensor", static_policy=False),
-    # writes a passing result file, then os._exit(0) before the judge writes its own
-    "forges_result_runtime": hostile("forges_result", "compile", "forged result", static_policy=False),
+    # patching the runner's torch changes nothing the verdict depends on: the supervisor compares
+    "patches_harness_runtime": hostile("patches_harness", "correctness", "out: relative RMS error", static_policy=False),
+    "tensor_subclass_runtime": hostile("tensor_subclass", "compile", "output 0 is of type Agreeable, not a plain torch.Tensor", static_policy=False),
+    # writes a passing result file, then os._exit(0): nobody reads the runner's files
+    "forges_result_runtime": hostile("forges_result", "compile", "exited with code 0 during 'load'", static_policy=False),
+    # class 1: reaching the judge from inside the process (the policy stops the chain; at run time
+    # there is nothing of the judge's to reach: the verdict is decided in another process)
+    "reaches_judge": hostile("reaches_judge", "policy", "is not allowed"),
+    "reaches_judge_runtime": hostile("reaches_judge", "correctness", "out: relative RMS error", static_policy=False),
+    # class 2 and 3: planting files for later evaluations, reading the judge's secrets (it computes
+    # honestly, so it passes; test_nothing_was_planted checks the files)
+    "persists_runtime": hostile("persists", "correctness", static_policy=False),
+    "reads_secrets_runtime": hostile("reads_secrets", "correctness", static_policy=False),
+    # class 4: stale or memoised outputs while timed (fresh inputs every timed call, every output checked)
+    "stale_when_timed": hostile("stale_when_timed", "benchmark", "timed eager call", "every timed output is checked", upto="benchmark"),
+    "memo_when_timed": hostile("memo_when_timed", "benchmark", "timed eager call", "every timed output is checked", upto="benchmark"),
+    # class 5: a sweep that runs out of time fails
+    "stalls_unseen_runtime": hostile("stalls_unseen", "correctness", "random-shape sweep judged only", "at least 4 are required",
+                                     static_policy=False, timeout_s=90.0),
+    # class 6 and 7: numerics on stress inputs, and sequences longer than a chunk, on the CPU
+    "mla_no_max": Expect(HOSTILE / "mla_no_max.py", "correctness", ("contains NaN or Inf",), "mla"),
+    "kda_first_48": Expect(HOSTILE / "kda_first_48.py", "correctness", ("T200", "relative RMS error"), "kda"),
     # faults: the harness carries on
-    "hangs": hostile("hangs", "compile", "timed out after 8 s", "process group was killed", timeout_s=8.0),
+    "hangs": hostile("hangs", "compile", "timed out", timeout_s=45.0),
     # a wild load: the interpreter segfaults, a GPU reports an illegal address
     "crashes": hostile("crashes", "compile", *(("CUDA error",) if ON_GPU else ("SIGSEGV", "candidate line 12"))),
     "raises": hostile("raises", "compile", "KeyError: 'BLOCKS'", "candidate line 15"),
@@ -83,13 +102,42 @@ def _run(expect: Expect) -> dict:
     return evaluate(expect.problem, expect.path, **options)
 
 
+SLOW = ("stalls_unseen_runtime", "mla_baseline", "kda_baseline", "kda_first_48", "mla_no_max", "hangs", "small_shapes_only")
+# files a persisting candidate would change or create (tests/hostile/persists.py)
+PACKAGE = Path(__file__).resolve().parent.parent / "pytest_kopt"
+PLANTED = [PACKAGE / "kopt_planted.py", Path(torch.__file__).resolve().parent.parent / "kopt_planted.pth"]
+GUARDED = PACKAGE / "problems" / "base.py"
+
+
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict]:
-    # slow ones first so the pool's tail is short
-    order = sorted(EXPECT, key=lambda k: (k not in ("mla_baseline", "kda_baseline", "hangs", "small_shapes_only"), k))
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {name: pool.submit(_run, EXPECT[name]) for name in order}
-        return {name: future.result() for name, future in futures.items()}
+    import os
+
+    before = GUARDED.read_bytes()
+    os.environ["OPENAI_API_KEY"] = "sk-kopt-probe-0123456789"  # reads_secrets must not find it anywhere
+    try:
+        order = sorted(EXPECT, key=lambda k: (k not in SLOW, k))  # slow ones first so the pool's tail is short
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            futures = {name: pool.submit(_run, EXPECT[name]) for name in order}
+            found = {name: future.result() for name, future in futures.items()}
+    finally:
+        os.environ.pop("OPENAI_API_KEY", None)
+    found["_guarded_after"] = GUARDED.read_bytes() == before  # type: ignore[assignment]
+    return found
+
+
+def test_nothing_was_planted(results: dict[str, dict]) -> None:
+    """The persisting candidate ran (it passed), and none of its writes landed."""
+    assert results["persists_runtime"]["verdict"] == "pass", results["persists_runtime"]["reasons"]
+    assert results["_guarded_after"] is True, "the problem's source was changed by a candidate"
+    assert not [p for p in PLANTED if p.exists()], "a candidate planted a file"
+
+
+def test_every_verdict_records_its_isolation(results: dict[str, dict]) -> None:
+    for name, result in results.items():
+        if name.startswith("_") or result["stage"] == "policy":
+            continue
+        assert result["isolation"]["level"] in ("uid", "namespace", "process"), name
 
 
 @pytest.mark.parametrize("name", sorted(EXPECT))
@@ -121,7 +169,13 @@ def test_a_passing_result_carries_the_documented_fields(results: dict[str, dict]
     roofline = result["roofline"]
     assert roofline["floor_us"] > 0 and roofline["achieved_GBps"] > 0 and 0 < roofline["floor_fraction"] < 1
     assert all(e["ok"] and 0 <= e["rel_rms"] <= e["tolerance"] for e in result["errors"])
-    assert [b["name"] for b in result["benchmarks"]] == ["candidate", "torch-eager", "reference"]
+    names = [b["name"] for b in result["benchmarks"]]
+    if not ON_GPU:  # one clock on the CPU: device is the eager figure, and there are no graphs
+        assert [n for n in names if n.startswith("candidate")] == ["candidate[eager]", "candidate[device]"]
+    assert {n.split("[")[0] for n in names} == {"candidate", "torch-eager", "reference"}
+    figures = timings["figures"]
+    assert figures["eager"] == pytest.approx(timings["candidate_us"]) and (figures["graph"] is None) == (not timings["graph_safe"])
+    assert result["isolation"]["level"] in ("uid", "namespace", "process")
     assert ON_GPU or any("indicative" in note for note in result["notes"])
 
 
@@ -136,7 +190,7 @@ def test_errors_report_each_output_against_its_tolerance(results: dict[str, dict
 
 
 def test_stages_are_the_documented_ones(results: dict[str, dict]) -> None:
-    assert {r["stage"] for r in results.values()} <= set(STAGES)
+    assert {r["stage"] for k, r in results.items() if not k.startswith("_")} <= set(STAGES)
 
 
 requires_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")

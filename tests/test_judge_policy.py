@@ -62,7 +62,17 @@ REFUSED = {
     "getattr by alias": (candidate("g = getattr\nreturn g(torch, 'mm')(x, y)"), "only be called directly"),
     "dunder": (candidate("return x.__class__.__dict__"), "no reflection on internals"),
     "frames": (candidate("def gen():\n    yield 1\ng = gen()\nreturn g.gi_frame.f_back"), "not allowed"),
-    "private torch": (candidate("torch._C._set_grad_enabled(False)\nreturn x"), "private torch internals"),
+    "private torch": (candidate("torch._C._set_grad_enabled(False)\nreturn x"), "private internals are not allowed"),
+    # allowed modules re-export the rest of Python: every chain stops at its first link
+    "torch.sys": (candidate("return torch.sys.modules['pytest_kopt']"), "not allowed"),
+    "torch.os": (candidate("torch.os.system('true')\nreturn x"), "attribute os is not allowed"),
+    "typing.sys": (candidate("return typing.sys.modules", "import typing\n"), "not allowed"),
+    "dataclasses.builtins": (candidate("return dataclasses.builtins.open", "import dataclasses\n"), "attribute builtins is not allowed"),
+    "dataclasses.inspect": (candidate("return dataclasses.inspect.stack()", "import dataclasses\n"), "attribute inspect is not allowed"),
+    "triton time": (candidate("return triton.compiler.compiler.time.time()"), "not allowed"),
+    "typing.operator": (candidate("return typing.operator.attrgetter('x')", "import typing\n"), "not allowed"),
+    "getattr machinery": (candidate("return getattr(typing, 'sys')", "import typing\n"), "not allowed"),
+    "private dataclasses": (candidate("return dataclasses._FIELDS", "import dataclasses\n"), "private internals"),
     # patching
     "patch allclose": (candidate("return x") + "\ntorch.allclose = lambda *a, **k: True\n", "patching modules"),
     "patch method": (candidate("return x") + "\ntorch.Tensor.copy_ = None\n", "patching modules"),

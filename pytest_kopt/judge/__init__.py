@@ -1,22 +1,23 @@
-"""The judge: the one place candidate code runs, and the only source of verdicts.
+"""The judge: the only source of verdicts. Candidate code never runs where a verdict is decided.
 
-``evaluate(problem, candidate)`` applies the static policy in this process (policy.py), then
-runs everything else in a child process (child.py, via sandbox.py): compile, runtime honesty
-checks (checks.py), correctness on explicit and hypothesis-generated shapes, a benchmark with
-the project's one timer (timing.py) against the problem's baselines and reference, and a
-per-kernel profile with roofline figures (profile.py). The result is a plain dict; its keys
-are pinned in docs/architecture.md.
+``evaluate(problem, candidate)`` applies the static policy in this process (policy.py: a cheap
+first filter with good messages), then starts a trusted **supervisor** process (supervisor.py)
+that makes the inputs from seeds it keeps, computes the reference, checks, times and decides. The
+candidate is imported only by an untrusted **runner** process (runner.py), isolated from the
+supervisor by user id or namespaces (sandbox.py), which calls ``kernel`` on inputs handed to it
+through shared memory (arena.py, channel.py, client.py). Timing: rounds.py and bench.py, with the
+project's one timer module (timing.py). The result is a plain dict; its keys are pinned in
+docs/architecture.md; the threat model is docs/judge.md.
 
 ``problem`` is a registry name (``kda``) or ``package.module:attribute``; a problem registered
-only in this process is found by the child through its class's module (problemref.py).
+only in this process is found by the supervisor through its class's module (problemref.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
-import secrets
+import os
 import shutil
 import tempfile
 import time
@@ -24,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 STAGES = ("policy", "compile", "correctness", "benchmark", "profile")
+METRICS = ("eager", "device", "graph")
 
 # Imported once here, not inside evaluate(): callers evaluate from threads, and CPython 3.11's
 # compile() is not thread-safe while pytest's assertion rewriting imports these modules
-# ("AST constructor recursion depth mismatch").  child needs STAGES, hence the placement.
-from .child import sign  # noqa: E402
+# ("AST constructor recursion depth mismatch").
 from .policy import check_source  # noqa: E402
 from .problemref import hints, resolve_problem  # noqa: E402
-from .sandbox import run_child, tail  # noqa: E402
+from .sandbox import remove_stale_workdirs, run_supervisor, tail  # noqa: E402
 
 
 def candidate_id(source: str) -> str:
@@ -50,26 +51,34 @@ def evaluate(
     seed: int | None = None,
     static_policy: bool = True,
     hypothesis: bool = True,
+    metric: str = "eager",
+    incumbent: str | Path | None = None,
+    slot: int = 0,
+    min_examples: int | None = None,
 ) -> dict:
     """Judge one candidate file; returns the result dict (``verdict`` is "pass" or "fail").
 
     ``upto`` is the last stage to run (policy|compile|correctness|benchmark|profile); quick
-    mode runs the first headline shape, few random shapes and fewer rounds (the command-line
-    front ends also stop quick evaluations before the profile unless told otherwise). ``seed`` makes the hidden input seeds
-    reproducible (default: fresh secret seeds). ``static_policy=False`` skips the AST policy,
-    for tests that prove the runtime checks hold on their own. ``hypothesis=False`` leaves out the
-    random-shape sweep (the explicit cases still run, on fresh inputs): for a file that already
-    passed it, so that timing it again does not pay for the sweep again.
+    mode runs the first headline shape, fewer random shapes and fewer rounds. ``seed`` makes the
+    hidden input seeds reproducible (default: fresh secret seeds). ``static_policy=False`` skips
+    the AST policy, for tests that prove the runtime stands on its own. ``hypothesis=False``
+    leaves out the random-shape sweep (for a file that already passed it). ``metric`` names the
+    figure ``candidate_us`` and the speedup use (eager|device|graph). ``incumbent`` is another
+    candidate file timed beside this one, interleaved round by round (``result["incumbent"]``).
+    ``slot`` picks the runner's user (parallel evaluations use different slots);
+    ``min_examples`` overrides how many random shapes the sweep must judge.
     """
 
     if upto not in STAGES:
         raise ValueError(f"upto must be one of {', '.join(STAGES)}; got {upto!r}")
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}; got {metric!r}")
     started = time.monotonic()
     path = Path(candidate_path)
     result: dict[str, Any] = {
         "verdict": "fail", "stage": "policy", "reasons": [], "problem": problem_name, "candidate": str(path),
         "candidate_id": None, "device": None, "duration_s": None, "upto": upto, "quick": quick, "errors": [],
-        "timings": None, "speedup": None, "roofline": None, "profile": None,
+        "timings": None, "speedup": None, "roofline": None, "profile": None, "isolation": None,
     }
     try:
         source = path.read_text()
@@ -91,8 +100,13 @@ def evaluate(
         elif upto == "policy":
             result.update(verdict="pass", stage="policy")
         else:
-            result.update(_run_in_child(problem_name, problem, hints(problem), source, upto=upto, quick=quick,
-                                        timeout_s=timeout_s, seed=seed, hypothesis=hypothesis))
+            incumbent_source, incumbent_error = _incumbent(incumbent, static_policy)
+            result.update(_supervise(problem_name, problem, source, upto=upto, quick=quick, timeout_s=timeout_s, seed=seed,
+                                     hypothesis=hypothesis, metric=metric, incumbent=incumbent_source, slot=slot,
+                                     min_examples=min_examples))
+            if incumbent is not None and incumbent_error:
+                result["incumbent"] = None
+                result["incumbent_error"] = incumbent_error
     result["duration_s"] = time.monotonic() - started
     if json_out is not None:
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
@@ -100,71 +114,62 @@ def evaluate(
     return result
 
 
-def _run_in_child(problem_ref: str, problem: Any, problem_hints: tuple[str, str], source: str, *, upto: str, quick: bool,
-                  timeout_s: float, seed: int | None, hypothesis: bool = True) -> dict:
-
-    scratch = Path(tempfile.mkdtemp(prefix="kopt-eval-"))
+def _incumbent(path: str | Path | None, static_policy: bool) -> tuple[str | None, str | None]:
+    """The incumbent's source when it can be timed, else (None, why)."""
+    if path is None:
+        return None, None
     try:
-        candidate = scratch / "candidate.py"
-        candidate.write_text(source)  # the text the policy saw, not whatever the path holds by now
-        out, progress = scratch / "result.json", scratch / "progress.jsonl"
-        key = secrets.token_hex(32)
+        source = Path(path).read_text()
+    except OSError as exc:
+        return None, f"cannot read the incumbent: {exc}"
+    report = check_source(source, Path(path).name) if static_policy else None
+    if report is not None and not report.ok:
+        return None, "the incumbent fails the policy: " + "; ".join(report.reasons[:3])
+    return source, None
+
+
+def _supervise(problem_ref: str, problem: Any, source: str, *, upto: str, quick: bool, timeout_s: float, seed: int | None,
+               hypothesis: bool, metric: str, incumbent: str | None, slot: int, min_examples: int | None) -> dict:
+    """Run the supervisor process on ``source``; its result, or a failure saying how it ended."""
+    remove_stale_workdirs()
+    workdir = Path(tempfile.mkdtemp(prefix=f"kopt-eval-{os.getpid()}-"))  # 0700: the supervisor's alone
+    try:
+        (workdir / "candidate.py").write_text(source)  # the text the policy saw, not whatever the path holds by now
+        module, qualname = hints(problem)
         ref = problem_ref if ":" in problem_ref else problem.name
-        argv = ["-m", "pytest_kopt.judge.child", "--problem", ref, "--problem-module", problem_hints[0],
-                "--problem-class", problem_hints[1], "--candidate", str(candidate), "--out", str(out),
-                "--progress", str(progress), "--upto", upto]
+        argv = ["--problem", ref, "--problem-module", module, "--problem-class", qualname, "--candidate", str(workdir / "candidate.py"),
+                "--upto", upto, "--metric", metric, "--deadline", repr(time.time() + timeout_s), "--slot", str(slot)]
+        if incumbent is not None:
+            (workdir / "incumbent.py").write_text(incumbent)
+            argv += ["--incumbent", str(workdir / "incumbent.py")]
         if quick:
             argv.append("--quick")
         if seed is not None:
             argv += ["--seed", str(seed)]
         if not hypothesis:
             argv.append("--no-hypothesis")
-        run = run_child(argv, scratch=scratch, timeout_s=timeout_s, stdin=(key + "\n").encode())
-        forged = False
-        if out.exists():  # a signed result counts even if the process died afterwards (e.g. CUDA teardown)
+        if min_examples is not None:
+            argv += ["--min-examples", str(min_examples)]
+        run, payload = run_supervisor(argv, timeout_s=timeout_s, workdir=workdir)
+        if payload:
             try:
-                document = json.loads(out.read_text())
-                result = document["result"]
-                if isinstance(result, dict) and secrets.compare_digest(str(document["hmac"]), sign(result, key.encode())):
+                result = json.loads(payload.decode())
+                if isinstance(result, dict):
                     return result
-            except (ValueError, KeyError, TypeError):
+            except (UnicodeDecodeError, ValueError):
                 pass
-            forged = True
-        stage = _last_stage(progress)
         if run.timed_out:
-            reason = f"timed out after {timeout_s:g} s during {stage}: the whole process group was killed"
+            reason = f"timed out after {timeout_s:g} s: the evaluation was killed"
         else:
-            reason = f"the evaluation process {run.death()} during {stage} without writing a result"
-        reason += _candidate_lines(run.stderr, source)
-        output = tail(run.stderr) or tail(run.stdout)
-        reasons = [reason] + ([f"output of the process:\n{output}"] if output else [])
-        if forged:
-            reasons.insert(0, "a result file the judge did not sign was found (forged result)")
-        return {"stage": stage, "reasons": reasons}
+            reason = f"the judge's supervisor {run.death()} without a result"
+        output = tail(run.stderr)
+        return {"stage": "compile", "reasons": [reason] + ([f"output of the supervisor:\n{output}"] if output else [])}
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _candidate_lines(stderr: str, source: str) -> str:
-    """" (candidate line 12: `...`)" for the candidate's frames in a crash dump, innermost first."""
-    lines = source.splitlines()
-    found = []
-    for match in re.finditer(r'candidate\.py", line (\d+)', stderr):
-        number = int(match.group(1))
-        text = lines[number - 1].strip() if 0 < number <= len(lines) else ""
-        if (number, text) not in found:
-            found.append((number, text))
-    return (" (" + "; ".join(f"candidate line {n}: `{t}`" for n, t in found[:3]) + ")") if found else ""
-
-
-def _last_stage(progress: Path) -> str:
-    stage = "compile"
-    try:
-        for line in progress.read_text().splitlines():
-            stage = json.loads(line).get("stage", stage)
-    except (OSError, ValueError):
-        pass
-    return stage if stage in STAGES else "compile"
+def _us(value: Any) -> str:
+    return f"{value:.1f} us" if isinstance(value, (int, float)) else "n/a"
 
 
 def summary(result: dict) -> str:
@@ -172,13 +177,31 @@ def summary(result: dict) -> str:
     lines = [f"{result.get('verdict', '?').upper()} at {result.get('stage')}  {result.get('problem')}  "
              f"{result.get('candidate')} [{result.get('candidate_id')}]  on {result.get('device')}"]
     lines += [f"  - {r}" for r in result.get("reasons") or []]
+    isolation = result.get("isolation") or {}
+    if isolation:
+        lines.append(f"  isolation: {isolation.get('level')} ({isolation.get('detail')})")
     timings = result.get("timings") or {}
     if timings.get("candidate_us") is not None:
-        base = ", ".join(f"{k} {v:.1f} us" for k, v in (timings.get("baselines") or {}).items())
-        lines.append(f"  time on {timings.get('case')}: candidate {timings['candidate_us']:.1f} us; {base}"
-                     + (f"; reference {timings['reference_us']:.1f} us" if timings.get("reference_us") else ""))
+        figures = timings.get("figures") or {}
+        lines.append(f"  time on {timings.get('case')} ({timings.get('metric', 'device')}): candidate {_us(timings['candidate_us'])}"
+                     + (f"  [eager {_us(figures.get('eager'))}, device {_us(figures.get('device'))}, graph {_us(figures.get('graph'))}]" if figures else ""))
+        for name, value in (timings.get("baselines") or {}).items():
+            figs = (timings.get("baseline_figures") or {}).get(name) or {}
+            lines.append(f"  baseline {name}: {_us(value)}" + (f"  [eager {_us(figs.get('eager'))}, device {_us(figs.get('device'))}, "
+                                                               f"graph {_us(figs.get('graph'))}]" if figs else ""))
+        if timings.get("reference_us"):
+            lines.append(f"  reference: {_us(timings['reference_us'])}")
+        if timings.get("host_us") is not None:
+            lines.append(f"  host time per call (runner's report): {_us(timings['host_us'])}")
     if result.get("speedup"):
         lines.append(f"  speedup vs {timings.get('baseline')}: {result['speedup']:.3g}x")
+    incumbent = result.get("incumbent")
+    if incumbent and (incumbent.get("ratio") or {}).get("median"):
+        ratio = incumbent["ratio"]
+        lines.append(f"  vs incumbent {incumbent.get('candidate_id')}: {ratio['median']:.3f}x faster "
+                     f"(95% interval {ratio['lo']:.3f}-{ratio['hi']:.3f}, {ratio['rounds']} rounds, {ratio['metric']})")
+    elif result.get("incumbent_error"):
+        lines.append(f"  incumbent not timed: {result['incumbent_error']}")
     roof = result.get("roofline") or {}
     if roof.get("floor_us") is not None:
         lines.append(f"  roofline: floor {roof['floor_us']:.2f} us, {roof.get('achieved_GBps') or 0:.1f} GB/s, "
@@ -190,4 +213,4 @@ def summary(result: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["STAGES", "candidate_id", "evaluate", "summary"]
+__all__ = ["METRICS", "STAGES", "candidate_id", "evaluate", "summary"]

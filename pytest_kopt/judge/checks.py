@@ -1,6 +1,8 @@
-"""Runtime honesty checks: what a candidate actually did during one call, judged from data.
+"""Runtime honesty checks the runner makes around a checked call (advisory: the runner is the
+candidate's process, so these catch honest mistakes and the naive cheats; the verdict's data
+and times are the supervisor's).
 
-Static policy is bypassed by computed names, so the child also watches the call itself:
+Static policy is bypassed by computed names, so the runner also watches the call itself:
 - ``LaunchMonitor`` wraps Triton's launch entry points (compiled ``JITFunction.run`` and the
   interpreter's ``InterpretedFunction.run``): how many kernels ran, on which stream, how long
   each took on the host (the CPU profile);
@@ -8,8 +10,6 @@ Static policy is bypassed by computed names, so the child also watches the call 
   recorded (only allocation, views, copies and fills are allowed), fresh allocations are
   remembered (outputs must be among them) and ``empty`` memory is filled with a NaN pattern,
   so an output element nobody wrote is found exactly;
-- ``TamperCheck`` snapshots the namespaces the judge relies on (torch, triton, the judge and
-  the problem) and lists what the candidate replaced or deleted;
 - ``inspect_call`` turns all of that, plus inputs before/after and the outputs, into reasons.
 """
 
@@ -89,6 +89,7 @@ class LaunchMonitor:
         self.host_seconds: Counter[str] = Counter()
         self.side_stream: list[str] = []
         self.expected_stream: Any = None  # set by the guard during a call on a GPU
+        self.enabled = True  # off for timed calls: its bookkeeping would be timed too
         self._installed = False
 
     def install(self) -> None:
@@ -112,7 +113,7 @@ class LaunchMonitor:
 
         def wrap(original):
             def run(self, *args, grid, warmup, **kwargs):
-                if warmup:
+                if warmup or not monitor.enabled:
                     return original(self, *args, grid=grid, warmup=warmup, **kwargs)
                 name = getattr(getattr(self, "fn", None), "__name__", None) or getattr(self, "__name__", "kernel")
                 monitor.launches += 1
@@ -179,67 +180,6 @@ class CallGuard(TorchDispatchMode):
 
 
 # ---------------------------------------------------------------------------------------
-_DATA_TYPES = (int, float, complex, str, bytes, bool, type(None), tuple, list, dict, set, frozenset)
-
-
-class TamperCheck:
-    """Identity snapshot of namespaces; ``changes()`` names entries replaced or deleted since."""
-
-    def __init__(self, namespaces: Iterable[tuple[str, Any]]) -> None:
-        self._snap: list[tuple[str, Any, dict[str, Any]]] = []
-        for label, obj in namespaces:
-            try:
-                entries = dict(vars(obj))
-            except TypeError:
-                continue
-            kept = {k: v for k, v in entries.items() if not isinstance(v, _DATA_TYPES)}
-            self._snap.append((label, obj, kept))
-
-    def changes(self) -> list[str]:
-        found = []
-        for label, obj, before in self._snap:
-            now = vars(obj)
-            for key, value in before.items():
-                if key not in now:
-                    found.append(f"{label}.{key} was deleted")
-                elif now[key] is not value:
-                    found.append(f"{label}.{key} was replaced")
-        return found
-
-
-def judge_namespaces(problem: Any) -> list[tuple[str, Any]]:
-    """The objects whose behaviour the verdict depends on."""
-    import builtins
-    import math
-
-    import triton
-    import triton.language as tl
-    from triton.runtime import autotuner, jit
-
-    spaces: list[tuple[str, Any]] = [
-        ("builtins", builtins), ("math", math), ("time", time), ("torch", torch), ("torch.Tensor", torch.Tensor),
-        ("torch.nn.functional", torch.nn.functional), ("torch.linalg", torch.linalg), ("torch.testing", torch.testing),
-        ("torch.cuda", torch.cuda), ("triton", triton), ("triton.language", tl), ("JITFunction", jit.JITFunction),
-        ("KernelInterface", jit.KernelInterface), ("Autotuner", autotuner.Autotuner),
-    ]
-    try:
-        from triton.runtime import interpreter
-
-        spaces += [("InterpretedFunction", interpreter.InterpretedFunction), ("GridExecutor", interpreter.GridExecutor),
-                   ("InterpreterBuilder", interpreter.InterpreterBuilder)]
-    except Exception:  # pragma: no cover
-        pass
-    for name, module in list(sys.modules.items()):
-        if module is not None and (name.startswith(("pytest_kopt", "kernels.reference"))):
-            spaces.append((name, module))
-    cls = type(problem)
-    spaces += [(f"problem {problem.name}", problem), (f"{cls.__module__}.{cls.__name__}", cls)]
-    for base in cls.__mro__[1:]:
-        if base is not object:
-            spaces.append((f"{base.__module__}.{base.__name__}", base))
-    return spaces
-
-
 # ---------------------------------------------------------------------------------------
 def snapshot_inputs(inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}

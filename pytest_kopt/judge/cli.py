@@ -1,7 +1,7 @@
 """Judge one candidate: policy, compile, honesty checks, correctness, benchmark, profile.
 
-    kopt eval --problem PROBLEM CANDIDATE.py [--json OUT.json] [--quick] [--upto STAGE]
-              [--timeout S] [--seed N] [--benchmark-json PATH]
+    kopt eval --problem PROBLEM CANDIDATE.py [--json OUT.json] [--quick] [--upto STAGE] [--metric eager|device|graph]
+              [--incumbent OTHER.py] [--timeout S] [--seed N] [--benchmark-json PATH]
 
 Exit status 0 only when the candidate passes every stage up to ``--upto``.
 """
@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before the evaluation is killed (default 900)")
     parser.add_argument("--seed", type=int, default=None, help="reproducible hidden input seeds (default: fresh secret seeds)")
     parser.add_argument("--benchmark-json", help="also save the timings as pytest-benchmark JSON here")
+    parser.add_argument("--metric", default="eager", choices=("eager", "device", "graph"),
+                        help="the figure the speedup uses (default eager: back-to-back calls, host time included)")
+    parser.add_argument("--incumbent", help="another candidate timed beside this one, round by round (prints the ratio)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         sys.path.insert(0, os.getcwd())
     upto = args.upto or ("benchmark" if args.quick else "profile")
     result = evaluate(args.problem, args.candidate, upto=upto, quick=args.quick, timeout_s=args.timeout,
-                      json_out=args.json_out, seed=args.seed)
+                      json_out=args.json_out, seed=args.seed, metric=args.metric, incumbent=args.incumbent)
     print(summary(result))
     if args.benchmark_json and result.get("benchmarks"):
         from .timing import benchmark_json

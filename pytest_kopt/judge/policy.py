@@ -73,6 +73,14 @@ RUNTIME_HOOKS = frozenset({
     "f_back", "f_locals", "f_globals", "f_builtins", "f_code", "tb_frame", "tb_next", "gi_frame", "gi_code",
     "cr_frame", "cr_code", "ag_frame", "co_code", "co_consts",
 })
+# Allowed modules re-export the rest of Python (torch.sys, typing.sys, dataclasses.inspect,
+# dataclasses.builtins, triton.compiler.compiler.time, typing.operator): an attribute with one of
+# these names is refused on anything, so the chain stops at its first link.
+MACHINERY_ATTRIBUTES = MACHINERY | frozenset({
+    "modules", "operator", "compiler", "traceback", "linecache", "warnings", "posix", "nt", "_os", "_sys", "spec",
+    "loader", "_bootstrap", "__loader__", "__spec__", "utils", "jit_functions",
+})
+
 REFUSED_BUILTINS = frozenset({
     "__import__", "eval", "exec", "compile", "open", "globals", "locals", "vars", "setattr", "delattr",
     "breakpoint", "input", "exit", "quit", "__builtins__", "help", "memoryview",
@@ -235,8 +243,10 @@ class _Checker(ast.NodeVisitor):
         before = len(self.report.reasons)
         if name.startswith("__") and name.endswith("__") and name not in ALLOWED_DUNDERS:
             self.refuse(node, f"attribute {name} is not allowed: no reflection on internals")
-        elif full_base is not None and _root(full_base) == "torch" and name.startswith("_"):
-            self.refuse(node, f"{full_base}.{name}: private torch internals are not allowed")
+        elif name in MACHINERY_ATTRIBUTES and name != "jit":
+            self.refuse(node, f"attribute {name} is not allowed: modules re-exported by allowed ones (sys, os, inspect, ...) are machinery too")
+        elif full_base is not None and _root(full_base) in ("torch", "triton", "typing", "functools", "dataclasses", "itertools", "enum", "math") and name.startswith("_"):
+            self.refuse(node, f"{full_base}.{name}: private internals are not allowed")
         elif self.jit_depth == 0:
             label = f"{base}.{name}" if base else name
             neutral = _is_neutral(full_base)
@@ -255,7 +265,7 @@ class _Checker(ast.NodeVisitor):
                 self.refuse(node, f"{func.id} with a computed attribute name is not allowed (write the attribute out)")
             else:
                 attr = node.args[1].value
-                if attr in TORCH_COMPUTE or attr in RUNTIME_HOOKS or (attr.startswith("_") and attr not in ALLOWED_DUNDERS):
+                if attr in TORCH_COMPUTE or attr in RUNTIME_HOOKS or attr in MACHINERY_ATTRIBUTES or (attr.startswith("_") and attr not in ALLOWED_DUNDERS):
                     self.refuse(node, f"{func.id}(..., {attr!r}) is not allowed")
         self.generic_visit(node)
 

@@ -112,6 +112,11 @@ class Problem(ABC):
     def reference(self, **inputs: Any) -> tuple[Any, ...]:
         """Ground truth in float32 or better, as a tuple in the order of ``outputs``."""
 
+    def timed_reference(self, **inputs: Any) -> tuple[Any, ...]:
+        """The reference the judge checks timed calls against (there is one per timed call, so a
+        problem may give a faster form here, as long as it is float32-or-better truth)."""
+        return self.reference(**inputs)
+
     @abstractmethod
     def case_strategy(self, device: str) -> Any:
         """A hypothesis strategy of cases: small ones for the CPU interpreter, larger on a GPU."""
@@ -130,6 +135,20 @@ class Problem(ABC):
         if str(device).startswith("cuda") and self.headline_cases:
             return tuple(self.headline_cases[i] for i in self.timed_headline)
         return (self.smoke_case,)
+
+    # explicit cases the judge checks on the CPU beside the smoke case: small heads and dims, but
+    # long enough to cross several tiles or chunks (a kernel right only for its first tile fails)
+    cpu_cases: tuple[Case, ...] = ()
+    # input distributions the hypothesis strategies draw beside the typical one ("dist" in a case)
+    stress: tuple[str, ...] = ()
+
+    def correctness_cases(self, device: str, *, quick: bool = False) -> tuple[Case, ...]:
+        """Explicit cases checked after the smoke case: the headline cases (the first only when
+        quick) and the timed ones on a GPU; ``cpu_cases`` on the CPU interpreter, quick or not."""
+        if str(device).startswith("cuda") and self.headline_cases:
+            explicit = list(self.headline_cases[:1] if quick else self.headline_cases)
+            return tuple(explicit + [c for c in self.timed_cases(device) if c not in explicit])
+        return tuple(self.cpu_cases)
 
     def timed_label(self, device: str) -> str:
         """How the objective names what is timed: a case, or the geometric mean of several."""

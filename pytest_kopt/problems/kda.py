@@ -59,6 +59,15 @@ class KDAProblem(Problem):
     # headline alone, the chunked family ran 1.9x slower than fla at B2 T16384 (kernels/notes/kda.md)
     timed_headline = (0, 2, 5)
     smoke_case = {"B": 1, "T": 32, "H": 2, "K": 32, "V": 32, "initial_state": True, "output_final_state": True}
+    # beside the typical gates: "long_memory" (every gate near 0: nothing decays, the state grows
+    # over the whole sequence) and "wipes" (a -1000 reset every few steps, whole heads and channels)
+    stress = ("long_memory", "wipes")
+    # several 64-step chunks with small heads (the CPU sweep's shapes alone stop short of that)
+    cpu_cases = (
+        {"B": 1, "T": 200, "H": 1, "K": 16, "V": 16, "initial_state": True, "output_final_state": True},
+        {"B": 1, "T": 150, "H": 1, "K": 32, "V": 16, "initial_state": False, "output_final_state": True, "dist": "long_memory"},
+        {"B": 1, "T": 130, "H": 2, "K": 16, "V": 32, "initial_state": True, "output_final_state": False, "dist": "wipes"},
+    )
 
     # ---- inputs ------------------------------------------------------------------------
     def make_inputs(self, case: Case, *, device: str | torch.device, seed: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
@@ -76,7 +85,7 @@ class KDAProblem(Problem):
         k = F.normalize(randn(B, T, H, K), dim=-1).to(dtype)
         v = randn(B, T, H, V).to(dtype)
         beta = torch.sigmoid(randn(B, T, H)).to(dtype)
-        g = self._gates(B, T, H, K, randn, randint, device)
+        g = self._gates(B, T, H, K, randn, randint, device, case.get("dist"))
         initial_state = randn(B, H, K, V) if case.get("initial_state") else None
         return {
             "q": q, "k": k, "v": v, "g": g, "beta": beta,
@@ -86,11 +95,16 @@ class KDAProblem(Problem):
         }
 
     @staticmethod
-    def _gates(B: int, T: int, H: int, K: int, randn, randint, device: torch.device) -> torch.Tensor:
+    def _gates(B: int, T: int, H: int, K: int, randn, randint, device: torch.device, dist: str | None = None) -> torch.Tensor:
         """float32 log-decays: each key channel has its own strength, spread from mild
         (g ~ -0.001, long memory) to strong (g ~ -5); on top, runs of very strong decay
         (g ~ -10 per step, up to 32 steps) and isolated -1000 resets of whole heads and of
-        single channels."""
+        single channels. ``dist="long_memory"``: every gate in (-1e-3, 0]; ``"wipes"``: the
+        typical gates with a whole-head reset every ~4 steps."""
+        if dist == "long_memory":
+            return -1e-3 * torch.sigmoid(randn(B, T, H, K))
+        if dist not in (None, "typical", "wipes"):
+            raise ValueError(f"kda: unknown input distribution {dist!r}")
         strengths = torch.linspace(-5.0, 7.0, K, device=device)
         centre = strengths[randn(H, K).argsort(dim=-1)]  # each head gets the spread, shuffled
         g = F.logsigmoid(centre + randn(B, T, H, K))
@@ -104,6 +118,9 @@ class KDAProblem(Problem):
             n = max(1, B * T * H // 128)
             g[randint(B, n), randint(T, n), randint(H, n)] = -1000.0  # the whole state forgets
             g[randint(B, n), randint(T, n), randint(H, n), randint(K, n)] = -1000.0  # one channel does
+            if dist == "wipes":
+                n = max(1, B * T * H // 4)
+                g[randint(B, n), randint(T, n), randint(H, n)] = -1000.0
         return g
 
     # ---- truth -------------------------------------------------------------------------
@@ -121,6 +138,11 @@ class KDAProblem(Problem):
             return naive_recurrent_kda(**inputs, accum_dtype=torch.float64)
         return chunk_kda_reference(**inputs, chunk_size=64, accum_dtype=torch.float32)
 
+    def timed_reference(self, **inputs: Any) -> tuple[Any, ...]:
+        """The chunked form at every length (a few launches per 64 steps instead of a few per
+        step; ~1e-7 from the float64 recurrence): the judge computes one per timed call."""
+        return chunk_kda_reference(**inputs, chunk_size=64, accum_dtype=torch.float32)
+
     def expected_dtypes(self, inputs: Mapping[str, Any]) -> dict[str, torch.dtype]:
         return {"o": inputs["v"].dtype, "final_state": torch.float32}
 
@@ -130,9 +152,10 @@ class KDAProblem(Problem):
 
         if str(device).startswith("cuda"):
             b_max, t_max, h_max, dims = 3, 1000, 4, [16, 32, 64, 128, 256]
-        else:
-            b_max, t_max, h_max, dims = 2, 40, 2, [16, 32, 64]
+        else:  # lengths past two 64-step chunks; small heads and dims keep the interpreter quick
+            b_max, t_max, h_max, dims = 2, 160, 2, [16, 32]
         return st.fixed_dictionaries({
+            "dist": st.sampled_from(("typical",) + self.stress),
             "B": st.integers(1, b_max),
             "T": st.integers(1, t_max),
             "H": st.integers(1, h_max),
@@ -164,6 +187,8 @@ class KDAProblem(Problem):
             label += " +hT"
         if case.get("scale") is not None:
             label += f" scale={case['scale']:g}"
+        if case.get("dist") not in (None, "typical"):
+            label += f" {case['dist']}"
         return label
 
     # ---- what the candidate is timed against -------------------------------------------

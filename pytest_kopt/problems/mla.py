@@ -41,13 +41,19 @@ class _MLAProblem(Problem):
     )
     reference_path = KERNELS_DIR / "reference" / "mla.py"
     baseline_candidate_path = KERNELS_DIR / "families" / "mla_naive.py"
+    # beside unit-variance inputs: logits 32x larger (a softmax without a running max overflows)
+    # and 100x smaller (nearly flat weights over every key)
+    stress = ("q_x32", "q_x0.01")
+    Q_SCALE = {None: 1.0, "typical": 1.0, "q_x32": 32.0, "q_x0.01": 0.01}
 
     def make_inputs(self, case: Case, *, device: str | torch.device, seed: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
         B, Sq, H, Skv = (int(case[k]) for k in ("B", "Sq", "H", "Skv"))
         if not 1 <= Sq <= Skv:
             raise ValueError(f"{self.name}: need 1 <= Sq <= Skv, got {self.describe(case)}")
+        if case.get("dist") not in self.Q_SCALE:
+            raise ValueError(f"{self.name}: unknown input distribution {case.get('dist')!r}")
         gen = torch.Generator(device=device).manual_seed(seed)
-        q = torch.randn(B, Sq, H, HEAD_DIM, generator=gen, device=device) * INPUT_STD
+        q = torch.randn(B, Sq, H, HEAD_DIM, generator=gen, device=device) * INPUT_STD * self.Q_SCALE[case.get("dist")]
         kv = torch.randn(B, Skv, HEAD_DIM, generator=gen, device=device) * INPUT_STD
         return {"q": q.to(dtype), "kv": kv.to(dtype), "scale": DEEPSEEK_SCALE}
 
@@ -69,7 +75,8 @@ class _MLAProblem(Problem):
         return Cost(bytes=float(bytes_), flops=float(flops))
 
     def describe(self, case: Case) -> str:
-        return f"B{case['B']} Sq{case['Sq']} H{case['H']} Skv{case['Skv']}"
+        label = f"B{case['B']} Sq{case['Sq']} H{case['H']} Skv{case['Skv']}"
+        return label if case.get("dist") in (None, "typical") else f"{label} {case['dist']}"
 
     def baselines(self, device: str) -> list[Baseline]:
         return [Baseline("torch-eager-bf16", mla_eager_bf16), Baseline("torch-fp32-reference", mla_reference)]
@@ -96,6 +103,11 @@ class MLADecode(_MLAProblem):
     # alone, promoted a kernel that over-split B64 (1348 GB/s where the family default gives 2067)
     timed_headline = (0, 3)
     smoke_case = {"B": 1, "Sq": 2, "H": 16, "Skv": 64}
+    cpu_cases = (
+        {"B": 1, "Sq": 4, "H": 2, "Skv": 300},
+        {"B": 1, "Sq": 2, "H": 16, "Skv": 130, "dist": "q_x32"},
+        {"B": 2, "Sq": 1, "H": 2, "Skv": 100, "dist": "q_x0.01"},
+    )
 
     def case_strategy(self, device: str) -> Any:
         from hypothesis import strategies as st
@@ -108,7 +120,8 @@ class MLADecode(_MLAProblem):
         @st.composite
         def cases(draw):
             sq = draw(Sq)
-            return {"B": draw(B), "Sq": sq, "H": draw(H), "Skv": draw(st.integers(sq, max_skv))}
+            return {"B": draw(B), "Sq": sq, "H": draw(H), "Skv": draw(st.integers(sq, max_skv)),
+                    "dist": draw(st.sampled_from(("typical",) + self.stress))}
 
         return cases()
 
@@ -122,6 +135,7 @@ class MLAPrefill(_MLAProblem):
     families = ("mla_naive", "mla_prefill")
     headline_cases = ({"B": 1, "Sq": 8192, "H": 64, "Skv": 8192},)
     smoke_case = {"B": 1, "Sq": 32, "H": 2, "Skv": 32}
+    cpu_cases = ({"B": 1, "Sq": 80, "H": 1, "Skv": 80}, {"B": 1, "Sq": 24, "H": 2, "Skv": 24, "dist": "q_x32"})
 
     def make_inputs(self, case: Case, *, device: str | torch.device, seed: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
         if case["Sq"] != case["Skv"]:
@@ -143,7 +157,7 @@ class MLAPrefill(_MLAProblem):
             b, h = draw(st.integers(1, 2)), draw(H)
             cap = max_s if max_programs is None else min(max_s, max_programs // (b * h))
             s = draw(st.integers(1, cap))
-            return {"B": b, "Sq": s, "H": h, "Skv": s}
+            return {"B": b, "Sq": s, "H": h, "Skv": s, "dist": draw(st.sampled_from(("typical",) + self.stress))}
 
         return cases()
 

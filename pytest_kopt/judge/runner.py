@@ -1,0 +1,436 @@
+"""The untrusted runner: the only process that imports and calls candidate code.
+
+    python -s -m pytest_kopt.judge.runner --fd N --device cpu|cuda [--namespace --scratch DIR [--writable DIR ...]]
+
+It is started by the supervisor (supervisor.py) through sandbox.py, as another user or in its own
+namespaces, and does what the supervisor asks over the socket on ``--fd`` (channel.py):
+``arena`` maps shared memory, ``load`` imports the candidate, ``prepare`` builds the input views
+of a slot, ``call`` makes one checked call, ``capture`` records CUDA graphs, ``batch`` runs timed
+calls back to back (``eager``, ``graph`` replay or ``device``-timed with the L2 flushed),
+``profile`` runs the profiler, ``exit`` leaves.
+
+Nothing here decides anything. Once the candidate is imported this process may be entirely the
+candidate's: its honesty findings and CUDA-event times are reports the supervisor weighs
+against what it measured and checked itself. The code below only has to serve an honest
+candidate well and give an honest mistake a clear message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.util
+import os
+import resource
+import signal
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .channel import Channel, ChannelError
+
+FATAL_MARKERS = ("CUDA error", "illegal memory access", "AcceleratorError", "device-side assert", "CUBLAS_STATUS", "misaligned address")
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+FILE_SIZE_LIMIT = 1 << 30  # no file the runner writes may pass 1 GiB (a full disk hurts the whole loop)
+
+
+# ---- before anything of the candidate's exists -------------------------------------------
+def bootstrap(args: argparse.Namespace) -> None:
+    """Die with the supervisor, never gain privileges, cap file sizes, and in namespace mode
+    make every mount read-only except the scratch and cache directories."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if args.parent_pid and os.getppid() != args.parent_pid and not args.namespace:
+        os._exit(3)  # the supervisor died before the death signal was armed
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
+    if args.namespace:
+        from .sandbox import read_only_mounts
+
+        read_only_mounts([args.scratch, *args.writable])
+    os.chdir(args.scratch)
+
+
+def describe_exception(exc: BaseException, candidate: str, limit: int = 1500) -> str:
+    """``ValueError: msg (candidate line 12: `x = ...`)``, trimmed, naming the candidate's lines."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if len(text) > limit:
+        text = text[:limit] + " ..."
+    lines = [f"candidate line {f.lineno}: `{(f.line or '').strip()}`" for f in traceback.extract_tb(exc.__traceback__)
+             if Path(f.filename).name == candidate]
+    if lines:
+        text += " (" + "; ".join(lines[-3:]) + ")"
+    return text
+
+
+class CandidateFault(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.fatal = any(m in reason for m in FATAL_MARKERS)
+
+
+# ---- the service -------------------------------------------------------------------------
+class Runner:
+    def __init__(self, channel: Channel, device: str) -> None:
+        import torch
+
+        from . import checks
+
+        self.torch = torch
+        self.channel = channel
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        if self.cuda and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.arenas: dict[int, Any] = {}
+        self.slots: dict[str, dict] = {}  # slot id -> {"inputs": {...}, "regions": [...], "shapes": [...]}
+        self.graphs: dict[tuple, tuple[Any, Any]] = {}  # slot ids -> (one CUDA graph of a call on each, their outputs)
+        self.kernel: Any = None
+        self.monitor = checks.LaunchMonitor()
+        self.monitor.install()
+        self.candidate_name = "candidate.py"
+
+    def serve(self) -> None:
+        while True:
+            try:
+                message, fds = self.channel.recv()
+            except ChannelError:
+                os._exit(0)
+            command = message.get("cmd")
+            handler = getattr(self, f"do_{command}", None) if isinstance(command, str) else None
+            try:
+                if handler is None:
+                    raise ValueError(f"unknown command {command!r}")
+                reply = handler(message, fds)
+            except CandidateFault as fault:
+                reply = {"ok": False, "error": fault.reason, "fatal": fault.fatal}
+            except Exception as exc:  # noqa: BLE001 - a bad request is answered, never fatal
+                reply = {"ok": False, "error": f"runner: {type(exc).__name__}: {exc}"[:2000], "fatal": False}
+            try:
+                self.channel.send(reply)
+            except ChannelError:
+                os._exit(0)
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    # ---- set-up ------------------------------------------------------------------------
+    def do_hello(self, message: dict, fds: list[int]) -> dict:
+        import triton
+
+        return {"ok": True, "pid": os.getpid(), "uid": os.getuid(), "gid": os.getgid(), "torch": self.torch.__version__,
+                "triton": triton.__version__, "device": "cuda" if self.cuda else "cpu"}
+
+    def do_arena(self, message: dict, fds: list[int]) -> dict:
+        from .arena import Arena
+
+        if len(fds) != 1:
+            raise ValueError("an arena comes with exactly one descriptor")
+        arena = Arena.attach(int(message["id"]), int(message["nbytes"]), self.device, fds[0], bool(message["writable"]))
+        self.arenas[arena.id] = arena
+        return {"ok": True}
+
+    def do_load(self, message: dict, fds: list[int]) -> dict:
+        path = Path(os.getcwd()) / self.candidate_name
+        path.write_text(str(message["source"]))
+        start = time.perf_counter()
+        try:
+            spec = importlib.util.spec_from_file_location("kopt_candidate", path)
+            module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+            sys.modules["kopt_candidate"] = module
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+        except BaseException as exc:  # noqa: BLE001
+            raise CandidateFault(f"importing the candidate failed: {describe_exception(exc, self.candidate_name)}") from None
+        self.kernel = getattr(module, "kernel", None)
+        if not callable(self.kernel):
+            raise CandidateFault("the candidate defines no callable kernel(...)")
+        return {"ok": True, "import_s": time.perf_counter() - start}
+
+    def do_prepare(self, message: dict, fds: list[int]) -> dict:
+        """Build (once) the input views of a slot and remember where its outputs go."""
+        from .arena import TensorSpec
+
+        inputs = {}
+        for name, item in message["inputs"].items():
+            if "tensor" in item:
+                spec = TensorSpec.from_json(item["tensor"], arenas=self.arenas)
+                inputs[name] = self.arenas[spec.arena].view(spec)
+            else:
+                inputs[name] = item.get("value")
+        arenas = {int(r["arena"]) for r in message["outputs"]}
+        arenas |= {int(item["tensor"]["arena"]) for item in message["inputs"].values() if "tensor" in item}
+        regions = message["outputs"]
+        for region in regions:
+            region["expected"] = {"dtype": region.get("dtype"), "shape": region.get("shape")}
+        self.slots[str(message["slot"])] = {"inputs": inputs, "regions": regions, "arenas": arenas,
+                                            "destinations": [self.destination(r) for r in regions]}
+        self.graphs.clear()
+        return {"ok": True}
+
+    def do_release(self, message: dict, fds: list[int]) -> dict:
+        """Forget the slots (and graphs) that use these arenas, then unmap the arenas."""
+        ids = {int(i) for i in message["arenas"]}
+        for slot_id in [s for s, slot in self.slots.items() if slot["arenas"] & ids]:
+            del self.slots[slot_id]
+        self.graphs.clear()
+        self.sync()
+        for arena_id in ids:
+            arena = self.arenas.pop(arena_id, None)
+            if arena is not None:
+                arena.close()
+        return {"ok": True}
+
+    # ---- calls -------------------------------------------------------------------------
+    def set_values(self, message: dict) -> None:
+        """Non-tensor inputs of the slots' current draws (a scale, a flag)."""
+        for slot_id, values in (message.get("values") or {}).items():
+            self.slots[str(slot_id)]["inputs"].update(values)
+
+    def invoke(self, inputs: dict) -> Any:
+        try:
+            return self.kernel(**inputs)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are candidate faults too
+            raise CandidateFault(f"the candidate raised {describe_exception(exc, self.candidate_name)}") from None
+
+    def plain_outputs(self, outputs: Any, count: int) -> list[Any]:
+        """The outputs as a list of plain tensors or None; a tensor or tuple subclass could answer
+        anything, so neither is accepted."""
+        torch = self.torch
+        if type(outputs) is torch.Tensor:
+            outputs = (outputs,)
+        if type(outputs) not in (tuple, list):
+            raise CandidateFault(f"kernel(...) returned a {type(outputs).__name__}: it must return a tuple of {count} tensors")
+        outputs = list(outputs)
+        if len(outputs) != count:
+            raise CandidateFault(f"kernel(...) returned {len(outputs)} outputs, expected {count}")
+        for i, out in enumerate(outputs):
+            if out is not None and type(out) is not torch.Tensor:
+                raise CandidateFault(f"output {i} is of type {type(out).__name__}, not a plain torch.Tensor")
+        return outputs
+
+    def destination(self, region: dict) -> Any:
+        """The region as a tensor of the expected dtype and shape (None when either is not pinned)."""
+        from .arena import DTYPES, TensorSpec, contiguous_strides
+
+        if not region.get("dtype") or region.get("shape") is None:
+            return None
+        shape = tuple(int(n) for n in region["shape"])
+        spec = TensorSpec(int(region["arena"]), int(region["offset"]), region["dtype"], shape, contiguous_strides(shape))
+        if spec.end() - spec.offset > int(region["capacity"]) or region["dtype"] not in DTYPES:
+            raise ValueError("a region smaller than its expected output")
+        return self.arenas[spec.arena].view(spec)
+
+    def store(self, results: list[Any], slots: list[dict]) -> list[Any]:
+        """Copy every output into the supervisor's region for it (one fused copy when the outputs
+        have their expected dtype and shape); report each output's dtype and shape."""
+        from .arena import dtype_name
+
+        torch = self.torch
+        dsts, srcs, described = [], [], []
+        for result, slot in zip(results, slots):
+            outputs = self.plain_outputs(result, len(slot["regions"]))
+            desc = []
+            for out, region, dest in zip(outputs, slot["regions"], slot["destinations"]):
+                if out is None:
+                    desc.append(None)
+                    continue
+                if out.device.type != self.device.type or (out.device.index or 0) != (self.device.index or 0):
+                    raise CandidateFault(f"output {region['name']} is on {out.device}, the inputs on {self.device}")
+                if dest is not None and out.dtype == dest.dtype and out.shape == dest.shape:
+                    dsts.append(dest)
+                    srcs.append(out.detach())
+                    desc.append(region["expected"])
+                    continue
+                data = out.detach().contiguous().view(-1).view(torch.uint8) if out.numel() else out.new_empty(0, dtype=torch.uint8)
+                if data.numel() > int(region["capacity"]):
+                    raise CandidateFault(f"output {region['name']} has shape {tuple(out.shape)} and dtype {out.dtype}: "
+                                         f"more than the {region['capacity']} bytes its expected shape allows")
+                start = int(region["offset"])
+                self.arenas[int(region["arena"])].tensor[start:start + data.numel()].copy_(data)
+                desc.append({"dtype": dtype_name(out.dtype), "shape": list(out.shape)})
+            described.append(desc)
+        if dsts:
+            torch._foreach_copy_(dsts, srcs)
+        return described
+
+    @staticmethod
+    def compact(described: list[Any]) -> dict:
+        """``{"outputs_all": d}`` when every slot's description is the same, else ``{"outputs": [...]}``."""
+        if described and all(d == described[0] for d in described):
+            return {"outputs_all": described[0], "count": len(described)}
+        return {"outputs": described}
+
+    def do_call(self, message: dict, fds: list[int]) -> dict:
+        """One call under the honesty guard (advisory: the supervisor checks the outputs)."""
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        from .checks import CallGuard, inspect_call, snapshot_inputs
+
+        self.set_values(message)
+        slot = self.slots[str(message["slot"])]
+        inputs, regions = slot["inputs"], slot["regions"]
+        torch = self.torch
+        before = snapshot_inputs(inputs)
+        self.sync()
+        self.monitor.reset()
+        guard = CallGuard(poison_fresh=True)
+        stream = torch.cuda.current_stream() if self.cuda else None
+        guard.expected_stream = self.monitor.expected_stream = stream
+        start = time.perf_counter()
+        try:
+            with guard:
+                outputs = self.invoke(inputs)
+                mode_lost = guard not in _get_current_dispatch_mode_stack()
+            try:
+                self.sync()
+            except BaseException as exc:  # noqa: BLE001 - an illegal address surfaces at the sync
+                raise CandidateFault(f"the candidate's kernels failed: {describe_exception(exc, self.candidate_name)}") from None
+        finally:
+            self.monitor.expected_stream = None
+        seconds = time.perf_counter() - start
+        outputs = self.plain_outputs(outputs, len(regions))
+        names = [r["name"] for r in regions]
+        expected = {r["name"]: getattr(torch, r["dtype"]) for r in regions if r.get("dtype")}
+        honesty = inspect_call(outputs=tuple(outputs), output_names=names, inputs=inputs, before=before, guard=guard,
+                               monitor=self.monitor, expected_dtypes=expected, device=self.device)
+        if mode_lost:
+            honesty.append("the candidate switched off the judge's dispatch guard")
+        described = self.store([outputs], [slot])[0]
+        self.sync()
+        return {"ok": True, "outputs": described, "honesty": honesty, "seconds": seconds, "launches": self.monitor.launches}
+
+    def do_capture(self, message: dict, fds: list[int]) -> dict:
+        """One CUDA graph holding a call on each of the given slots (after two warm-up calls
+        each on a side stream, as capture requires); not capturable is an answer, not a failure."""
+        self.set_values(message)
+        torch = self.torch
+        self.graphs.clear()
+        if not self.cuda:
+            return {"ok": True, "graph_safe": False, "reason": "no CUDA graphs on the CPU"}
+        slot_ids = [str(s) for s in message["slots"]]
+        slots = [self.slots[s] for s in slot_ids]
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    for slot in slots:
+                        self.invoke(slot["inputs"])
+            torch.cuda.current_stream().wait_stream(side)
+            self.sync()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outputs = [self.invoke(slot["inputs"]) for slot in slots]
+            graph.replay()
+            self.sync()
+            self.graphs[tuple(slot_ids)] = (graph, [self.plain_outputs(o, len(s["regions"])) for o, s in zip(outputs, slots)])
+        except BaseException as exc:  # noqa: BLE001
+            self.graphs.clear()
+            try:
+                self.sync()
+            except BaseException:  # noqa: BLE001
+                pass
+            return {"ok": True, "graph_safe": False, "reason": describe_exception(exc, self.candidate_name)[:500]}
+        return {"ok": True, "graph_safe": True}
+
+    def do_batch(self, message: dict, fds: list[int]) -> dict:
+        """Timed calls back to back: ``eager`` calls, ``graph`` replays, or ``device``: each call
+        (a replay when captured) between CUDA events after an L2 flush. Outputs are copied to
+        the supervisor's regions after the last call."""
+        torch = self.torch
+        self.set_values(message)
+        mode = message["mode"]
+        slot_ids = [str(s) for s in message["slots"]]
+        slots = [self.slots[s] for s in slot_ids]
+        started = time.perf_counter()
+        results: list[list[Any]] = []
+        event_us: list[float] = []
+        host_us: list[float] = []
+        self.monitor.enabled = False
+        try:
+            if mode == "eager":
+                for slot in slots:
+                    results.append(self.invoke(slot["inputs"]))
+            elif mode == "graph":
+                graph, outputs = self.graphs[tuple(slot_ids)]
+                graph.replay()
+                results.extend(outputs)
+            elif mode == "device":
+                from .timing import flush_l2
+
+                window = int(message.get("window_cycles") or 0)
+                pairs = []
+                for slot_id, slot in zip(slot_ids, slots):
+                    flush_l2(self.device, window) if window else flush_l2(self.device)
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    host = time.perf_counter()
+                    start.record()
+                    outputs = self.invoke(slot["inputs"])
+                    end.record()
+                    host_us.append((time.perf_counter() - host) * 1e6)
+                    pairs.append((start, end))
+                    results.append(outputs)
+            else:
+                raise ValueError(f"unknown batch mode {mode!r}")
+        finally:
+            self.monitor.enabled = True
+        try:
+            self.sync()
+        except BaseException as exc:  # noqa: BLE001
+            raise CandidateFault(f"the candidate's kernels failed: {describe_exception(exc, self.candidate_name)}") from None
+        event_us = [s.elapsed_time(e) * 1e3 for s, e in pairs] if mode == "device" else []
+        described = self.store(results, slots)
+        self.sync()
+        return {"ok": True, **self.compact(described), "event_us": event_us, "host_us": host_us,
+                "batch_us": (time.perf_counter() - started) * 1e6}
+
+    def do_profile(self, message: dict, fds: list[int]) -> dict:
+        from .profile import profile_kernels
+
+        self.set_values(message)
+        slot = self.slots[str(message["slot"])]
+        try:
+            kernels = profile_kernels(lambda: self.invoke(slot["inputs"]), device=self.device, monitor=self.monitor)
+        except CandidateFault:
+            raise
+        except BaseException as exc:  # noqa: BLE001
+            raise CandidateFault(f"the candidate raised while profiled: {describe_exception(exc, self.candidate_name)}") from None
+        return {"ok": True, "kernels": kernels[:40]}
+
+    def do_exit(self, message: dict, fds: list[int]) -> dict:
+        os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pytest_kopt.judge.runner")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--scratch", required=True)
+    parser.add_argument("--namespace", action="store_true", help="make every mount read-only but --scratch and --writable")
+    parser.add_argument("--writable", action="append", default=[])
+    parser.add_argument("--parent-pid", type=int, default=0)
+    args = parser.parse_args(argv)
+    sock = socket.socket(fileno=args.fd)
+    bootstrap(args)
+    from .. import interpret
+
+    interpret.configure()  # before any @triton.jit is defined: the candidate's too
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    runner = Runner(Channel(sock), device)
+    runner.serve()
+
+
+if __name__ == "__main__":
+    from pytest_kopt.judge import runner as _runner
+
+    _runner.main()

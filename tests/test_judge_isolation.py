@@ -1,0 +1,106 @@
+"""The judge's processes: the supervisor and the runner die with their caller, orphans and stale
+scratch of an earlier evaluation are cleaned up, secrets stay out of the runner's environment,
+and the isolation level is chosen as documented (docs/judge.md)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_kopt.judge import sandbox
+
+HOSTILE = Path(__file__).resolve().parent / "hostile"
+TESTS = Path(__file__).resolve().parent
+
+
+def _alive(pid: int) -> bool:
+    """Running or sleeping; a zombie waiting for its reaper is dead."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _processes(fragment: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if fragment in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def test_scrub_env_drops_anything_named_like_a_secret() -> None:
+    env = {"PATH": "/bin", "HOME": "/root", "OPENAI_API_KEY": "sk-1", "GITHUB_TOKEN": "t", "MY_SECRET": "s",
+           "DB_PASSWORD": "p", "AWS_REGION": "x", "HF_HOME": "h", "CUDA_VISIBLE_DEVICES": "0", "OPENAI_BASE_URL": "u"}
+    assert sandbox.scrub_env(env) == {"PATH": "/bin", "HOME": "/root", "CUDA_VISIBLE_DEVICES": "0"}
+
+
+def test_a_level_is_chosen_and_an_unknown_one_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    level, why = sandbox.choose_level()
+    assert level in sandbox.LEVELS and why
+    monkeypatch.setenv("KOPT_ISOLATION", "chroot")
+    with pytest.raises(ValueError, match="KOPT_ISOLATION"):
+        sandbox.choose_level()
+    monkeypatch.setenv("KOPT_ISOLATION", "process")
+    assert sandbox.choose_level()[0] == "process"
+
+
+def test_stale_scratch_of_a_dead_supervisor_is_removed() -> None:
+    base = sandbox.runner_base()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = base / f"s0-{dead.pid}-leftover"
+    stale.mkdir()
+    (stale / "junk").write_text("x")
+    mine = base / f"s0-{os.getpid()}-alive"
+    mine.mkdir()
+    try:
+        sandbox.remove_stale_scratch(base)
+        assert not stale.exists() and mine.exists()
+    finally:
+        mine.rmdir()
+
+
+def test_supervisor_and_runner_die_with_their_caller(tmp_path: Path) -> None:
+    """kill -9 of the loop mid-evaluation takes the supervisor and the runner with it."""
+    script = tmp_path / "caller.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(TESTS)!r})
+        import judge_toy_problem
+        from pytest_kopt.judge import evaluate
+        evaluate(judge_toy_problem.AXPY.name, {str(HOSTILE / 'hangs.py')!r}, quick=True, upto="correctness", timeout_s=600)
+    """))
+    caller = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        supervisors = runners = []
+        while time.monotonic() < deadline:
+            supervisors = _processes(f"kopt-eval-{caller.pid}-")
+            runners = [pid for s in supervisors for pid in _processes(f"s0-{s}-")] if supervisors else []
+            if runners and all(_alive(p) for p in runners):
+                break
+            time.sleep(0.5)
+        assert supervisors and runners, "the evaluation never reached its runner"
+        time.sleep(2)  # the runner is inside the candidate's endless loop by now
+        os.kill(caller.pid, signal.SIGKILL)
+        caller.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(p) for p in supervisors + runners):
+            time.sleep(0.2)
+        assert not [p for p in supervisors + runners if _alive(p)], "a judge process outlived its caller"
+    finally:
+        if caller.poll() is None:
+            os.killpg(caller.pid, signal.SIGKILL)
