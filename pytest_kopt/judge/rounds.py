@@ -118,6 +118,7 @@ class CaseBench:
         self.use = min(self.count, 4)  # slots a round uses: set from the warm-up rounds (``calibrate``)
         self.window = timing.HOST_WINDOW_CYCLES
         self.timeline: list[dict] = []  # per round: where the time went (diagnostic, in the result)
+        self.copyout_s = 0.0  # the transport's copy of a round's outputs (``copyout_seconds``)
 
     def _slot_count(self) -> int:
         """Slots to allocate: as many as memory and the references' cost allow, up to MAX_SLOTS."""
@@ -126,6 +127,26 @@ class CaseBench:
         by_memory = SLOT_MEMORY // max(self.slot_bytes, 1)
         by_reference = int(REFERENCE_BUDGET_S / max(self.reference_s, 1e-6))
         return max(2, min(MAX_SLOTS, by_memory, by_reference))
+
+    def copyout_seconds(self, slots: CaseSlots) -> float:
+        """The supervisor's own time for what the runner does with a round's outputs (one fused copy
+        per dtype into the arena), measured here on tensors of the same shapes: subtracted from each
+        round, so the candidate's figures are its calls' and not the transport's."""
+        from .arena import DTYPES
+        from .runner import grouped_copy
+
+        shapes = [(tuple(r["shape"]), DTYPES[r["dtype"]]) for i in range(min(self.use, slots.count))
+                  for r in slots.regions[i] if r.get("dtype") and r.get("shape") is not None]
+        dsts = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in shapes]
+        srcs = [torch.empty_like(d) for d in dsts]
+        times = []
+        for _ in range(3):
+            timing.synchronize(self.device)
+            start = time.perf_counter()
+            grouped_copy(dsts, srcs)
+            timing.synchronize(self.device)
+            times.append(time.perf_counter() - start)
+        return min(times)
 
     def calibrate(self, client: RunnerClient, slots: CaseSlots, snapshot_s: float) -> None:
         """Two warm-up eager rounds (not counted) set how many slots a round uses, aiming at
@@ -136,6 +157,7 @@ class CaseBench:
             per_call, _reply = self.runner_round(client, slots, "eager", snapshot_s, "the candidate")
             self.use = max(2, min(self.count, math.ceil(ROUND_TARGET_S / max(per_call, 1e-7))))
         self.window = timing.host_window_cycles(per_call)
+        self.copyout_s = self.copyout_seconds(slots)
 
     # ---- draws ---------------------------------------------------------------------------
     def draws(self, n: int, *, with_reference: bool = True) -> list[tuple[dict, Any]]:
@@ -204,46 +226,17 @@ class CaseBench:
             changed = slots.inputs_intact(i, inputs)
             if changed:
                 raise TimedFailure([f"{who}: timed calls modified input(s) {', '.join(changed)}: inputs must be left unchanged"])
-        return max(elapsed - snapshot_s, 0.0) / len(draws), reply
+        return max(elapsed - snapshot_s - self.copyout_s, 0.0) / len(draws), reply
 
 
     # ---- in-process (baselines, the reference) ----------------------------------------------------
     def local_figures(self, name: str, fn: Callable[..., Any], order: list[str]) -> tuple[dict, list]:
-        """Three figures of a trusted callable, with the candidate's rounds, fresh inputs and copies."""
+        """Three figures of a trusted callable, with the candidate's rounds and fresh inputs."""
         count = 2 if name == "reference" else self.use
         sets = [self.sup.make(self.case) for _ in range(count)]
         first = fn(**sets[0])  # warm-up (fla's chunk_kda autotunes on its first call in a process)
         timing.synchronize(self.device)
-        outs = [o for o in (first if isinstance(first, (tuple, list)) else (first,)) if isinstance(o, torch.Tensor)]
-        buffer = torch.empty(max(sum(o.numel() * o.element_size() for o in outs), 1), dtype=torch.uint8, device=self.device)
-        snapshot = torch.empty_like(buffer)
-
-        shapes = [(o.shape, o.dtype) for o in outs]
-        views, offset = [], 0
-        for shape, dtype in shapes:  # typed views of the buffer, as the runner's regions are
-            nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-            views.append(buffer[offset:offset + nbytes].view(dtype).view(shape))
-            offset += nbytes
-
-        def copy_out(results: list) -> None:
-            """What the runner does with a round's outputs: one fused copy into shared memory."""
-            dsts, srcs = [], []
-            for result in results:
-                tensors = [o for o in (result if isinstance(result, (tuple, list)) else (result,)) if isinstance(o, torch.Tensor)]
-                dsts += views[:len(tensors)]
-                srcs += [t.detach() for t in tensors]
-            if dsts:
-                torch._foreach_copy_(dsts, srcs)
-            snapshot.copy_(buffer)
-
-        def snap_s() -> float:
-            timing.synchronize(self.device)
-            start = time.perf_counter()
-            snapshot.copy_(buffer)
-            timing.synchronize(self.device)
-            return time.perf_counter() - start
-
-        overhead = min(snap_s() for _ in range(3))
+        del first
         series = Series()
         graphs = None
         modes = [m for m in order if name != "reference" or m != "graph"]
@@ -253,16 +246,16 @@ class CaseBench:
             sets = [self.sup.make(self.case) for _ in range(count)]
             calls = [lambda s=s: fn(**s) for s in sets]
             if mode == "eager":
-                series.rounds["eager"].append(max(timing.eager_seconds(calls, self.device, copy_out) - overhead / count, 0.0))
+                series.rounds["eager"].append(timing.eager_seconds(calls, self.device))
             elif mode == "graph":
                 if graphs is False:
                     continue
-                graphs_now, _why = timing.capture_graphs(calls, self.device)
+                graphs_now, _why = timing.capture_graphs([lambda: [c() for c in calls]], self.device)  # one graph of the round's calls
                 if graphs_now is None:
                     graphs = False
                     continue
                 graphs = True
-                series.rounds["graph"].append(max(timing.replay_seconds(graphs_now, self.device, copy_out) - overhead / count, 0.0))
+                series.rounds["graph"].append(timing.replay_seconds(graphs_now, self.device) / count)
                 del graphs_now
             else:
                 times = timing.device_seconds(calls, self.device, self.window or timing.HOST_WINDOW_CYCLES)

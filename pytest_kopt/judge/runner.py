@@ -67,6 +67,20 @@ def describe_exception(exc: BaseException, candidate: str, limit: int = 1500) ->
     return text
 
 
+def grouped_copy(dsts: list, srcs: list) -> None:
+    """``dst.copy_(src)`` for every pair, as one fused copy per dtype (a list that mixes dtypes
+    would fall back to a launch per tensor)."""
+    import torch
+
+    groups: dict = {}
+    for dst, src in zip(dsts, srcs):
+        pair = groups.setdefault((dst.dtype, src.dtype), ([], []))
+        pair[0].append(dst)
+        pair[1].append(src)
+    for d, s in groups.values():
+        torch._foreach_copy_(d, s)
+
+
 class CandidateFault(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -255,8 +269,7 @@ class Runner:
                 self.arenas[int(region["arena"])].tensor[start:start + data.numel()].copy_(data)
                 desc.append({"dtype": dtype_name(out.dtype), "shape": list(out.shape)})
             described.append(desc)
-        if dsts:
-            torch._foreach_copy_(dsts, srcs)
+        grouped_copy(dsts, srcs)
         return described
 
     @staticmethod
