@@ -276,8 +276,8 @@ def _mla_paged_fwd(
         kn_desc = tl.make_tensor_descriptor(kv, shape=[n_rows, DN + DR], strides=[stride_ks, 1], block_shape=[BLOCK_N, HALF])
         kr_desc = tl.make_tensor_descriptor(kv, shape=[n_rows, DN + DR], strides=[stride_ks, 1], block_shape=[BLOCK_N, DR])
 
-    for b in range(b_first, b_stop):
-        b = tl.cast(b, tl.int64)
+    for b_i in range(b_first, b_stop):
+        b = tl.cast(b_i, tl.int64)
         n_b = tl.load(lens + b)
         bad = (n_b < Sq) | (n_b > capacity)
         n_b = tl.where(bad, Sq, n_b)
