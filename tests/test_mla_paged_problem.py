@@ -259,10 +259,13 @@ def test_flashmla_paged_takes_the_problem_s_layout_as_it_is(fake_flash_mla):
     errors = MLA_PAGED.compare(flashmla.paged(**inputs), MLA_PAGED.reference(**inputs))
     assert all(e.rel_rms < 5e-3 for e in errors), errors
     flashmla.paged(**inputs)
-    assert fake_flash_mla[0] is fake_flash_mla[1]  # an unchanged lengths tensor: the scheduler metadata is reused
-    inputs["cache_seqlens"].copy_(torch.tensor([65, 130], dtype=torch.int32))  # written in place: fresh metadata
-    flashmla.paged(**inputs)
+    assert fake_flash_mla[0] is fake_flash_mla[1]  # the same lengths tensor: the scheduler metadata is reused (per layer)
+    flashmla.paged(**{**inputs, "cache_seqlens": inputs["cache_seqlens"].clone()})  # another lengths tensor: made again
     assert fake_flash_mla[2] is not fake_flash_mla[1]
+    fresh = mla_problem.FlashMLA(sys.modules["flash_mla"], fresh_metadata=True)
+    fresh.paged(**inputs)
+    fresh.paged(**inputs)
+    assert fake_flash_mla[3] is not fake_flash_mla[4]
     with pytest.raises(ValueError, match="pages of 64"):
         flashmla.paged(**MLA_PAGED.make_inputs(MLA_PAGED.smoke_case, device="cpu", seed=0))
 
