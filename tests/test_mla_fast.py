@@ -203,8 +203,8 @@ def test_decode_balanced_schedule_matches_reference(tmp_dir, case, seed, merge, 
 
 
 def test_decode_balanced_plan_fills_the_sms_at_every_batch():
-    """On 132 SMs: B32 (which the grid schedule ran on 16-row tiles, B32 costing as much as B64)
-    and B1 MTP get the wide 64-row tiles; every plan is one wave; B64 cuts each sequence into at most
+    """On 132 SMs: B32 (which the grid schedule ran on 16-row tiles, B32 costing as much as B64),
+    B1 MTP and B1 Skv 131072 get the wide 64-row tiles; every plan is one wave; B64 cuts each sequence into at most
     three pieces; a batch whose sequences are never cut needs no merge."""
     module = importlib.util.module_from_spec(importlib.util.spec_from_file_location("mla_decode_plan", DECODE))
     module.__spec__.loader.exec_module(module)
@@ -213,6 +213,7 @@ def test_decode_balanced_plan_fills_the_sms_at_every_batch():
     plans = {shape: module._plan(knobs, *shape, 0) for shape in [(1, 1, 64, 8192), (1, 4, 64, 8192), (32, 1, 64, 8192), (64, 1, 64, 8192),
                                                                   (32, 4, 64, 8192), (1, 1, 64, 131072), (8, 1, 16, 16)]}
     assert plans[(1, 1, 64, 8192)]["block_h"] == 16 and plans[(1, 4, 64, 8192)]["block_h"] == 64
+    assert plans[(1, 1, 64, 131072)]["block_h"] == 64  # a long cache: read once by 64-row tiles, not four times by 16-row ones
     assert plans[(32, 1, 64, 8192)]["block_h"] == 64 and plans[(32, 1, 64, 8192)]["grid"] == (1, 132, 1)
     assert module._plan({**knobs, "SCHEDULE": "grid"}, 32, 1, 64, 8192, 0)["block_h"] == 16  # the grid schedule as before
     for (B, Sq, H, Skv), plan in plans.items():

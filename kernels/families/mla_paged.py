@@ -93,10 +93,10 @@ TRY_EARLY = [
 ]
 
 # CONFIG "auto": a tile config per regime, from the dense family's measurements (mla_decode.py's
-# REGIMES, kernels/notes/mla.md). "narrow" (one query at small batch: fewer than 8 (sequence,
-# 64-row block) pairs and fewer than 128 rows): 16 rows per program, keys as the M. "wide"
-# (everything else, MTP at B1 included: every query of a sequence shares each tile): 64 rows,
-# TMA, QK_SPLIT on 8 warps.
+# REGIMES, kernels/notes/mla.md). "narrow" (one query at small batch and a short cache: fewer than
+# 8 (sequence, 64-row block) pairs, fewer than 128 rows, fewer than 65536 tokens of table): 16 rows
+# per program, keys as the M. "wide" (everything else, MTP at B1 included: every query of a
+# sequence shares each tile): 64 rows, TMA, QK_SPLIT on 8 warps.
 REGIMES = {
     "narrow": {"BLOCK_H": 16, "BLOCK_N": 64, "KEYS_AS_M": True, "VALUES_AS_M": False, "QK_SPLIT": False,
                "num_warps": 4, "num_stages": 3, "KV_LOAD": "pointer"},
@@ -105,6 +105,7 @@ REGIMES = {
 }
 WIDE_FROM_PAIRS = 8  # (sequence, 64-row block) pairs from which "wide" applies
 WIDE_FROM_ROWS = 128  # rows per sequence (Sq * H) from which "wide" applies at any batch
+WIDE_FROM_TOKENS = 65536  # cache capacity of the batch (B * max_pages * page_size) from which "wide" applies
 
 D_NOPE = 512
 D_ROPE = 64
@@ -440,11 +441,11 @@ def _check_lengths(q, kv_cache, block_table, cache_seqlens):
             raise ValueError(f"cache_seqlens[{b}] = {n}: need Sq={q.shape[1]} <= length <= max_pages * page_size = {capacity}")
 
 
-def _tiles(knobs, B, R, n_sms):
+def _tiles(knobs, B, R, capacity):
     """The tile knobs in force: the knobs, or under CONFIG "auto" the regime's (module doc)."""
     tiles = dict(knobs)
     if knobs["CONFIG"] == "auto":
-        wide = B * triton.cdiv(R, 64) >= WIDE_FROM_PAIRS or R >= WIDE_FROM_ROWS
+        wide = B * triton.cdiv(R, 64) >= WIDE_FROM_PAIRS or R >= WIDE_FROM_ROWS or B * capacity >= WIDE_FROM_TOKENS
         tiles.update(REGIMES["wide" if wide else "narrow"])
     return tiles
 
@@ -462,7 +463,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index):
     num_pages, page, _ = kv_cache.shape
     R = Sq * H
     n_sms = _sm_count(dev_index)
-    tiles = _tiles(knobs, B, R, n_sms)
+    tiles = _tiles(knobs, B, R, block_table.shape[1] * page)
     block_n, block_h, warps = tiles["BLOCK_N"], tiles["BLOCK_H"], tiles["num_warps"]
     if block_n not in (16, 32, 64, 128):
         raise ValueError(f"BLOCK_N must be 16, 32, 64 or 128 (a tl.dot dimension), got {block_n}")
