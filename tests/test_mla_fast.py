@@ -239,6 +239,27 @@ def test_decode_direct_launch_passes_every_argument_in_signature_order(tmp_dir):
     assert all(entry["compiled"] is None for entry in module._LAUNCHES.values())  # the interpreter always goes through the JIT
 
 
+def test_promoted_knobs_keep_their_meaning(tmp_dir):
+    """kernels/best/mla.py's knobs (written before SCHEDULE, OVERHEAD and LAUNCH existed) are
+    valid knobs of the family and plan what the promoted kernel plans: the same grid, splits,
+    tiles and merge at the headline shapes and at B32, on an H200's 132 SMs."""
+    best = load_family(mla_problem.KERNELS_DIR / "best" / "mla.py")
+    family, space = read_knobs(DECODE)
+    assert set(best.knobs) <= set(space) and all(best.knobs[k] in space[k] for k in best.knobs)
+    rendered = render(DECODE, best.knobs, tmp_dir)
+    promoted = importlib.util.module_from_spec(importlib.util.spec_from_file_location("mla_best_plan", best.path))
+    promoted.__spec__.loader.exec_module(promoted)
+    for module in (rendered, promoted):
+        module._sm_count = lambda index: 132
+    same = ("block_n", "block_h", "keys_as_m", "values_as_m", "splits", "blocks_per_split", "mode", "n_mergers", "mergers",
+            "tma", "qk_split", "grid", "merge_grid", "pdl", "num_warps", "num_stages")
+    for case in [*MLA.headline_cases, {"B": 32, "Sq": 1, "H": 64, "Skv": 8192}]:
+        shape = (case["B"], case["Sq"], case["H"], case["Skv"], 0)
+        ours, theirs = rendered._plan(rendered.KNOBS, *shape), promoted._plan(promoted.KNOBS, *shape)
+        assert {k: ours[k] for k in same} == {k: theirs[k] for k in same}, case
+    check(MLA, rendered.kernel, {"B": 2, "Sq": 2, "H": 3, "Skv": 45}, seed=3)
+
+
 def test_decode_every_space_value(tmp_dir):
     knobs, space = decode_knobs()
     case = {"B": 2, "Sq": 3, "H": 8, "Skv": 45}  # 45 keys: a partial last block for every BLOCK_N
