@@ -13,6 +13,7 @@ conftest) makes it round like the GPU, without which bf16 partials alone exceed 
 
 from __future__ import annotations
 
+import importlib.util
 import random
 
 import pytest
@@ -178,6 +179,87 @@ def decode_knobs() -> tuple[dict, dict]:
     return {**knobs, "CONFIG": "knobs"}, space
 
 
+@settings(max_examples=3, deadline=None)
+@given(case=MLA.case_strategy("cpu"), seed=SEEDS, merge=st.sampled_from(["fused", "kernel"]), overhead=st.sampled_from([0, 5]),
+       load=st.sampled_from([("pointer", False, 4), ("tma", False, 4), ("tma", True, 8)]), n_sms=st.sampled_from([3, 7, 40]))
+def test_decode_balanced_schedule_matches_reference(tmp_dir, case, seed, merge, overhead, load, n_sms):
+    """SCHEDULE "balanced": one wave of parts over the work line, sequences cut where parts end
+    (few SMs: parts span several sequences; many: every sequence is cut), written directly when in
+    one piece, merged otherwise; pointer and TMA kernels, split score dots. The second call reuses
+    the scratch: the fused merge must have left its counters at zero."""
+    kv_load, qk_split, warps = load
+    knobs = {**decode_knobs()[0], "SCHEDULE": "balanced", "MERGE": merge, "OVERHEAD": overhead, "BLOCK_N": 16, "KV_LOAD": kv_load,
+             "QK_SPLIT": qk_split, "num_warps": warps, "num_stages": 2}
+    module = render(DECODE, knobs, tmp_dir)
+    module._sm_count = lambda index: n_sms
+    module._PLANS.clear()
+    module._LAUNCHES.clear()
+    check(MLA, module.kernel, case, seed)
+    check(MLA, module.kernel, case, seed + 1)
+    plan = next(iter(module._PLANS.values()))
+    assert plan["balanced"] and plan["grid"][2] == 1
+    if plan["mode"] == 2:
+        assert not next(iter(plan["scratch"].values()))[2].any()
+
+
+def test_decode_balanced_plan_fills_the_sms_at_every_batch():
+    """On 132 SMs: B32 (which the grid schedule ran on 16-row tiles, B32 costing as much as B64),
+    B1 MTP and B1 Skv 131072 get the wide 64-row tiles; every plan is one wave; B64 cuts each sequence into at most
+    three pieces; a batch whose sequences are never cut needs no merge."""
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location("mla_decode_plan", DECODE))
+    module.__spec__.loader.exec_module(module)
+    module._sm_count = lambda index: 132
+    knobs = {**module.KNOBS, "SCHEDULE": "balanced"}
+    plans = {shape: module._plan(knobs, *shape, 0) for shape in [(1, 1, 64, 8192), (1, 4, 64, 8192), (32, 1, 64, 8192), (64, 1, 64, 8192),
+                                                                  (32, 4, 64, 8192), (1, 1, 64, 131072), (8, 1, 16, 16)]}
+    assert plans[(1, 1, 64, 8192)]["block_h"] == 16 and plans[(1, 4, 64, 8192)]["block_h"] == 64
+    assert plans[(1, 1, 64, 131072)]["block_h"] == 64  # a long cache: read once by 64-row tiles, not four times by 16-row ones
+    assert plans[(32, 1, 64, 8192)]["block_h"] == 64 and plans[(32, 1, 64, 8192)]["grid"] == (1, 132, 1)
+    assert module._plan({**knobs, "SCHEDULE": "grid"}, 32, 1, 64, 8192, 0)["block_h"] == 16  # the grid schedule as before
+    for (B, Sq, H, Skv), plan in plans.items():
+        assert plan["grid"][0] * plan["grid"][1] <= 132
+    assert plans[(64, 1, 64, 8192)]["splits"] <= 3 and plans[(64, 1, 64, 8192)]["mode"] == 1
+    assert plans[(8, 1, 16, 16)]["mode"] == 0 and plans[(8, 1, 16, 16)]["splits"] == 1  # 8 sequences of one tile: never cut
+
+
+def test_decode_direct_launch_passes_every_argument_in_signature_order(tmp_dir):
+    """LAUNCH "direct" calls the compiled kernels with the runtime arguments and then the trailing
+    ones (constexprs, B; cost, per) in signature order: the plan must name every parameter once."""
+    module = render(DECODE, {**decode_knobs()[0], "SCHEDULE": "balanced", "LAUNCH": "direct"}, tmp_dir)
+    for kv_load in ("pointer", "tma"):
+        inputs = MLA.make_inputs({"B": 2, "Sq": 2, "H": 2, "Skv": 40}, device="cpu", seed=0)
+        plan = module._plan({**module.KNOBS, "KV_LOAD": kv_load}, 2, 2, 2, 40, None)
+        launch = module._launch_plan(plan, inputs["q"], inputs["kv"])
+        runtime = 7 + len(launch["strides"]) + len(launch["sizes"]) + 1
+        assert runtime + len(launch["const_values"]) == len(launch["fn"].arg_names)
+        assert launch["fn"].arg_names[runtime:] == [n for n in launch["fn"].arg_names if n in launch["const"]]
+        merge_names = module._mla_decode_merge.arg_names
+        assert 4 + len(launch["merge_sizes"]) + len(launch["merge_const_values"]) == len(merge_names)
+    module.kernel(**inputs)
+    assert all(entry["compiled"] is None for entry in module._LAUNCHES.values())  # the interpreter always goes through the JIT
+
+
+def test_promoted_knobs_keep_their_meaning(tmp_dir):
+    """kernels/best/mla.py's knobs (written before SCHEDULE, OVERHEAD and LAUNCH existed) are
+    valid knobs of the family and plan what the promoted kernel plans: the same grid, splits,
+    tiles and merge at the headline shapes and at B32, on an H200's 132 SMs."""
+    best = load_family(mla_problem.KERNELS_DIR / "best" / "mla.py")
+    family, space = read_knobs(DECODE)
+    assert set(best.knobs) <= set(space) and all(best.knobs[k] in space[k] for k in best.knobs)
+    rendered = render(DECODE, best.knobs, tmp_dir)
+    promoted = importlib.util.module_from_spec(importlib.util.spec_from_file_location("mla_best_plan", best.path))
+    promoted.__spec__.loader.exec_module(promoted)
+    for module in (rendered, promoted):
+        module._sm_count = lambda index: 132
+    same = ("block_n", "block_h", "keys_as_m", "values_as_m", "splits", "blocks_per_split", "mode", "n_mergers", "mergers",
+            "tma", "qk_split", "grid", "merge_grid", "pdl", "num_warps", "num_stages")
+    for case in [*MLA.headline_cases, {"B": 32, "Sq": 1, "H": 64, "Skv": 8192}]:
+        shape = (case["B"], case["Sq"], case["H"], case["Skv"], 0)
+        ours, theirs = rendered._plan(rendered.KNOBS, *shape), promoted._plan(promoted.KNOBS, *shape)
+        assert {k: ours[k] for k in same} == {k: theirs[k] for k in same}, case
+    check(MLA, rendered.kernel, {"B": 2, "Sq": 2, "H": 3, "Skv": 45}, seed=3)
+
+
 def test_decode_every_space_value(tmp_dir):
     knobs, space = decode_knobs()
     case = {"B": 2, "Sq": 3, "H": 8, "Skv": 45}  # 45 keys: a partial last block for every BLOCK_N
@@ -289,6 +371,7 @@ def test_strided_inputs(tmp_dir, path):
         (PREFILL, {"QK_SPLIT": True, "KV_LOAD": "tma", "KEYS_AS_M": True, "BLOCK_M": 32, "BLOCK_N": 64, "num_stages": 3}),
         (PREFILL, {"KV_LOAD": "descriptor"}), (DECODE, {"PDL": 3}), (PREFILL, {"ROWSUM": "lazy"}),
         (PREFILL, {"BLOCK_M": 48}), (PREFILL, {"BLOCK_N": 8}), (PREFILL, {"V_SPLIT": 3}), (PREFILL, {"HEADS_PER_TILE": 3}),
+        (DECODE, {"SCHEDULE": "persistent"}), (DECODE, {"LAUNCH": "graph"}), (DECODE, {"OVERHEAD": -2}),
     ],
     ids=str,
 )
@@ -360,12 +443,13 @@ for name, k in [("decode-knobs", dec.KNOBS)] + [(f"decode-{r}", {**dec.KNOBS, **
                                                     MODE=2 if k["MERGE"] == "fused" else 1, MERGERS=k["MERGERS"], S_P2=32,
                                                     CHUNK=max(1, min(32, 8192 // (k["BLOCK_H"] * w))),
                                                     TAU=float(k["RESCALE_TAU"]), DN=512, DR=64), k)
-for name, regime, split in (("decode-tma", "narrow", False), ("decode-tma-wide-qk-split", "wide", True)):
+for name, regime, split, balanced in (("decode-tma", "narrow", False, False), ("decode-tma-wide-qk-split", "wide", True, False),
+                                      ("decode-tma-wide-qk-split-balanced", "wide", True, True)):
     k = {**dec.KNOBS, **dec.REGIMES[regime]}
     out[name] = build(dec._mla_decode_tma, dict(BLOCK_H=k["BLOCK_H"], BLOCK_N=k["BLOCK_N"], KEYS_AS_M=k["KEYS_AS_M"], VALUES_AS_M=False,
                                                 MODE=1 if split else 2, MERGERS=k["MERGERS"], S_P2=32,
                                                 CHUNK=max(1, min(32, 8192 // (k["BLOCK_H"] * 512 // k["MERGERS"]))),
-                                                TAU=0.0, DN=512, DR=64, QK_SPLIT=split), k)
+                                                TAU=0.0, DN=512, DR=64, QK_SPLIT=split, BALANCED=balanced, OVERHEAD=5), k)
 k = pre.KNOBS
 for name, split in (("prefill-tma", k["QK_SPLIT"]), ("prefill-tma-qk-split", True)):
     out[name] = build(pre._mla_prefill_tma, dict(BLOCK_M=k["BLOCK_M"], BLOCK_N=k["BLOCK_N"], HEADS_PER_TILE=k["HEADS_PER_TILE"],
@@ -408,7 +492,7 @@ def test_compiles_for_hopper():
         assert info["shared"] <= h100_smem, f"{family}: {info['shared']} bytes of shared memory at the default knobs"
     # QK_SPLIT exists to take the score dot off Triton's chained-dot layout (all 8 warps on M = 64, i.e.
     # both warpgroups computing the whole score tile): its score dots must split the warps [4, 2]
-    for name in ("prefill-tma-qk-split", "prefill-qk-split-defer", "decode-tma-wide-qk-split"):
+    for name in ("prefill-tma-qk-split", "prefill-qk-split-defer", "decode-tma-wide-qk-split", "decode-tma-wide-qk-split-balanced"):
         layouts = [line for line in result[name]["ttgir"].splitlines() if "nvidia_mma" in line]
         assert any("warpsPerCTA = [4, 2], instrShape = [16, 32, 16]" in line for line in layouts), (name, layouts)
     if not read_knobs(PREFILL)[0]["QK_SPLIT"]:  # the chained default: [8, 1] on the 64 x 64 score tile

@@ -16,6 +16,7 @@ attention with a 576-wide key and a 512-wide value taken from the same rows:
     o[b, i, h, :] = sum_j exp(s[b, h, i, j] - lse[b, h, i]) * kv[b, j, :512]
 
 Both functions return ``(o [B, Sq, H, 512], lse [B, H, Sq] float32)`` and need Sq <= Skv.
+The paged forms (``mla_paged_reference``, ``mla_paged_eager_bf16``) are at the end of the file.
 """
 
 from __future__ import annotations
@@ -114,4 +115,96 @@ def mla_eager_bf16(q: torch.Tensor, kv: torch.Tensor, scale: float) -> tuple[tor
     lse = torch.logsumexp(scores, dim=-1)  # [B, Sq, H]
     probs = scores.sub_(lse[..., None]).exp_().to(dtype)
     o = torch.bmm(probs.view(B, Sq * H, Skv), kv[..., :LATENT_DIM]).view(B, Sq, H, LATENT_DIM)
+    return o, lse.permute(0, 2, 1).contiguous()
+
+
+# ---- the paged cache (problem ``mla-paged``) ------------------------------------------------
+#
+# An inference engine keeps the latent cache in fixed-size pages, a page table per sequence and
+# a length per sequence:
+#
+#     kv_cache       [num_pages, page_size, 576]   pages in any order, shared by all sequences
+#     block_table    [B, max_pages] int32          sequence b's token t sits in page
+#                                                  block_table[b, t // page_size], slot t % page_size
+#     cache_seqlens  [B] int32                     sequence b's length Skv_b (its Sq new tokens at
+#                                                  its end: query i sees keys j <= i + Skv_b - Sq)
+#
+# Entries of block_table past a sequence's last page, and slots of a page past its sequence's
+# length, are never read: they may hold anything (the problem fills them with NaN).
+
+
+def check_paged(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor) -> tuple[int, int, int, int]:
+    """(B, Sq, H, page_size) of a paged call; ValueError naming what is wrong. Reads the lengths
+    and the pages they use on the host (the reference may synchronise; a kernel should not)."""
+    if q.dim() != 4 or q.shape[-1] != HEAD_DIM:
+        raise ValueError(f"q must be [B, Sq, H, {HEAD_DIM}], got {tuple(q.shape)}")
+    B, Sq, H, _ = q.shape
+    if kv_cache.dim() != 3 or kv_cache.shape[-1] != HEAD_DIM:
+        raise ValueError(f"kv_cache must be [num_pages, page_size, {HEAD_DIM}], got {tuple(kv_cache.shape)}")
+    if kv_cache.dtype != q.dtype:
+        raise ValueError(f"q and kv_cache dtypes differ: {q.dtype} vs {kv_cache.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] != B or block_table.dtype != torch.int32:
+        raise ValueError(f"block_table must be int32 [B={B}, max_pages], got {block_table.dtype} {tuple(block_table.shape)}")
+    if cache_seqlens.shape != (B,) or cache_seqlens.dtype != torch.int32:
+        raise ValueError(f"cache_seqlens must be int32 [B={B}], got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+    if len({t.device for t in (q, kv_cache, block_table, cache_seqlens)}) != 1:
+        raise ValueError("q, kv_cache, block_table and cache_seqlens must be on one device")
+    num_pages, page_size, _ = kv_cache.shape
+    capacity = block_table.shape[1] * page_size
+    lengths = cache_seqlens.tolist()
+    for b, n in enumerate(lengths):
+        if not Sq <= n <= capacity:
+            raise ValueError(f"cache_seqlens[{b}] = {n}: need Sq={Sq} <= length <= max_pages * page_size = {capacity}")
+        pages = block_table[b, : -(-n // page_size)]
+        if pages.numel() and not (0 <= int(pages.min()) and int(pages.max()) < num_pages):
+            raise ValueError(f"block_table[{b}] names a page outside kv_cache's {num_pages} pages")
+    return B, Sq, H, page_size
+
+
+def gather_sequence(kv_cache: torch.Tensor, pages: torch.Tensor, length: int) -> torch.Tensor:
+    """One sequence's cache rows in order, [length, 576]: its pages gathered and cut at its length."""
+    page_size = kv_cache.shape[1]
+    return kv_cache[pages[: -(-length // page_size)].long()].reshape(-1, kv_cache.shape[-1])[:length]
+
+
+@torch.no_grad()
+def mla_paged_reference(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
+                        scale: float, *, accum_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The truth for a paged cache: each sequence gathered to a contiguous [1, Skv_b, 576] cache,
+    then ``mla_reference`` (float64 on the CPU, float32 on a GPU). Returns (o [B, Sq, H, 512] in
+    ``accum_dtype``, lse [B, H, Sq] float32)."""
+    B, Sq, H, _ = check_paged(q, kv_cache, block_table, cache_seqlens)
+    if accum_dtype is None:
+        accum_dtype = torch.float32 if q.device.type == "cuda" else torch.float64
+    o = torch.empty(B, Sq, H, LATENT_DIM, dtype=accum_dtype, device=q.device)
+    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
+    for b, length in enumerate(cache_seqlens.tolist()):
+        kv = gather_sequence(kv_cache, block_table[b], length)
+        o[b], lse[b] = (x[0] for x in mla_reference(q[b:b + 1], kv[None], scale, accum_dtype=accum_dtype))
+    return o, lse
+
+
+@torch.no_grad()
+def mla_paged_eager_bf16(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
+                         scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a user would write in eager PyTorch for a paged cache, without synchronising: gather
+    every sequence's pages to a padded [B, max_pages * page_size, 576] cache, zero the rows past
+    each length (a page's unused slots may hold NaN, and 0 * NaN is NaN), then ``mla_eager_bf16``'s
+    math with each sequence's own causal limit. Shapes and dtypes are checked, lengths are not."""
+    if q.dim() != 4 or kv_cache.dim() != 3 or block_table.dim() != 2 or cache_seqlens.dim() != 1:
+        raise ValueError("expected q [B, Sq, H, 576], kv_cache [num_pages, page_size, 576], block_table [B, max_pages], cache_seqlens [B]")
+    B, Sq, H, _ = q.shape
+    kv = kv_cache[block_table.long()].flatten(1, 2)  # [B, S, 576], S = max_pages * page_size
+    S = kv.shape[1]
+    j = torch.arange(S, device=q.device)
+    lengths = cache_seqlens.long()
+    kv = kv.masked_fill((j[None, :] >= lengths[:, None])[..., None], 0)
+    scores = torch.bmm(q.reshape(B, Sq * H, HEAD_DIM), kv.transpose(1, 2)).float().view(B, Sq, H, S)
+    scores.mul_(scale)
+    i = torch.arange(Sq, device=q.device)
+    hidden = j[None, None, :] > (i[None, :, None] + lengths[:, None, None] - Sq)  # [B, Sq, S]
+    scores.masked_fill_(hidden[:, :, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [B, Sq, H]
+    probs = scores.sub_(lse[..., None]).exp_().to(q.dtype)
+    o = torch.bmm(probs.view(B, Sq * H, S), kv[..., :LATENT_DIM]).view(B, Sq, H, LATENT_DIM)
     return o, lse.permute(0, 2, 1).contiguous()

@@ -1,4 +1,4 @@
-"""The problem registry: built-ins (``kda``, ``mla``, ``mla-prefill``) plus user problems.
+"""The problem registry: built-ins (``kda``, ``mla``, ``mla-prefill``, ``mla-paged``) plus user problems.
 
 A user registers a problem of their own either by calling ``register_problem(MyProblem())``
 (e.g. from a ``conftest.py``) or through the ``pytest_kopt.problems`` entry-point group,
@@ -35,7 +35,7 @@ def _load() -> None:
         if _LOADED_BUILTINS:
             return
         _LOADED_BUILTINS = True
-        from . import kda, mla  # noqa: F401  (each registers itself)
+        from . import kda, mla, mla_paged  # noqa: F401  (each registers itself)
 
         for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
             obj = entry.load()

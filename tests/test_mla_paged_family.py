@@ -1,0 +1,363 @@
+"""The ``mla-paged`` families on the CPU interpreter: kernels/families/mla_paged.py (the tuned
+family) and mla_paged_naive.py (the baseline candidate), rendered as the search agent renders them.
+
+Every case is checked against the problem's float64 reference with the problem's tolerances, on
+inputs as an allocator leaves them (NaN in every slot no sequence owns). The scheduler is checked
+twice: a Python mirror of its arithmetic (every tile of every sequence in exactly one piece, the
+partial slots distinct, the parts balanced) and the kernel's own record of it (MERGE "kernel"
+writes each sequence's first part and piece count) against that mirror. The kernels are also
+compiled for sm_90 (no GPU needed): wgmma, shared memory, and tile loops that read no table entry.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from family_modules import CANDIDATE_IMPORTS, compile_in_child, import_rendered, imported_modules
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_kopt.families import load_family
+from pytest_kopt.problems.base import rel_rms
+from pytest_kopt.problems.mla_paged import MLA_PAGED, case_lengths
+
+FAMILY = load_family("mla_paged")
+NAIVE = load_family("mla_paged_naive")
+SEEDS = st.integers(0, 2**31 - 1)
+SMALL = {"CONFIG": "knobs", "BLOCK_H": 16, "BLOCK_N": 16, "KEYS_AS_M": True, "QK_SPLIT": False, "num_warps": 4, "KV_LOAD": "pointer"}
+
+_RENDERED: dict = {}
+
+
+def render(knobs: dict, tmp_dir, family=FAMILY):
+    key = (family.name, tuple(sorted(knobs.items())))
+    if key not in _RENDERED:
+        _RENDERED[key] = import_rendered(family, knobs, tmp_dir)
+    return _RENDERED[key]
+
+
+@pytest.fixture(scope="module")
+def tmp_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("mla_paged")
+
+
+def check(kernel, case, seed, dtype=torch.bfloat16):
+    inputs = MLA_PAGED.make_inputs(case, device="cpu", seed=seed, dtype=dtype)
+    o, lse = kernel(**inputs)
+    assert o.dtype == dtype and lse.dtype == torch.float32
+    errors = MLA_PAGED.compare((o, lse), MLA_PAGED.reference(**inputs))
+    assert all(e.ok for e in errors), (case, [e.reason for e in errors if not e.ok])
+    return inputs, (o, lse)
+
+
+def with_sms(module, n_sms):
+    """The family planned for a device of ``n_sms`` SMs (more parts: more pieces and merges)."""
+    module._sm_count = lambda index: n_sms
+    module._PLANS.clear()
+    return module
+
+
+# ---- the scheduler, written out -----------------------------------------------------------------
+def schedule(lengths, Sq, block_n, overhead, parts):
+    """The kernel's work line in Python: {(part, b): (t0, t1, slot)} and per sequence (first part,
+    pieces, first_odd)."""
+    lengths = [n if n >= Sq else Sq for n in lengths]
+    tiles = [-(-n // block_n) for n in lengths]
+    cost = [t + overhead for t in tiles]
+    starts = [sum(cost[:b]) for b in range(len(cost))]
+    total = sum(cost)
+    per = -(-total // parts)
+    pieces, record = {}, {}
+    for b, (start, t) in enumerate(zip(starts, tiles)):
+        first = (start + overhead) // per
+        record[b] = (first, (start + overhead + t - 1) // per - first + 1, int(start > first * per))
+    for p in range(parts):
+        u0, u1 = p * per, min((p + 1) * per, total)
+        for b, (start, t) in enumerate(zip(starts, tiles)):
+            t0, t1 = max(u0 - start - overhead, 0), min(u1 - start - overhead, t)
+            if t1 > t0:
+                first, _, odd = record[b]
+                pieces[(p, b)] = (t0, t1, 2 * p + (odd if p == first else 0))
+    return pieces, record, per
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=40), block_n=st.sampled_from([16, 64]),
+       overhead=st.sampled_from([0, 2, 5, 20]), parts=st.integers(1, 140))
+def test_schedule_covers_every_tile_once_and_balances_parts(lengths, block_n, overhead, parts):
+    pieces, record, per = schedule(lengths, 1, block_n, overhead, parts)
+    for b, n in enumerate(lengths):
+        spans = sorted((t0, t1) for (p, bb), (t0, t1, _) in pieces.items() if bb == b)
+        assert spans[0][0] == 0 and spans[-1][1] == -(-n // block_n)
+        assert all(a[1] == c[0] for a, c in zip(spans, spans[1:]))  # contiguous, no overlap, no gap
+        first, count, _ = record[b]
+        assert count == len(spans) and {p for (p, bb) in pieces if bb == b} == set(range(first, first + count))
+    split = [slot for (p, b), (_, _, slot) in pieces.items() if record[b][1] > 1]
+    assert len(split) == len(set(split)) and all(0 <= s < 2 * parts for s in split)  # distinct partial slots
+    for p in range(parts):  # a part's work: at most its share of the line plus one piece's overhead
+        mine = [(b, t1 - t0) for (pp, b), (t0, t1, _) in pieces.items() if pp == p]
+        assert sum(t for _, t in mine) + overhead * len(mine) <= per + overhead
+
+
+def test_long_sequences_are_cut_where_short_ones_are_not():
+    """Token balance: at B128 with the headline's long-tailed lengths on 132 parts, the 32k-token
+    sequences are cut into several pieces, every sequence into no more than its tokens call for, and
+    no part gets more than its share."""
+    lengths = case_lengths(MLA_PAGED.headline_cases[4])
+    pieces, record, per = schedule(lengths, 1, 64, 5, 132)
+    longest = max(range(len(lengths)), key=lambda b: lengths[b])
+    assert record[longest][1] >= 4
+    for b, n in enumerate(lengths):  # cut by tokens: never into more pieces than its share of parts, plus one
+        assert record[b][1] <= -(-(-(-n // 64) + 5) // per) + 1
+    loads = [sum(t1 - t0 + 5 for (pp, _), (t0, t1, _) in pieces.items() if pp == p) for p in range(132)]
+    assert max(loads) <= per + 5 and sum(loads) / len(loads) > 0.8 * per
+
+
+# ---- the contract -------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", [FAMILY, NAIVE], ids=lambda f: f.name)
+def test_family_file_follows_the_contract(family):
+    assert set(family.knobs) == set(family.space)
+    assert all(family.knobs[k] in family.space[k] for k in family.knobs)
+    assert all(k in family.space and v in family.space[k] for entry in family.try_early for k, v in entry.items())
+    assert imported_modules(family.source) <= CANDIDATE_IMPORTS
+    assert len(family.source.splitlines()) <= 900
+
+
+# ---- correctness ----------------------------------------------------------------------------------
+@settings(max_examples=6, deadline=None)
+@given(case=MLA_PAGED.case_strategy("cpu"), seed=SEEDS)
+def test_default_knobs_match_reference(tmp_dir, case, seed):
+    check(render({}, tmp_dir).kernel, case, seed)
+
+
+@settings(max_examples=3, deadline=None)
+@given(case=MLA_PAGED.case_strategy("cpu"), seed=SEEDS, merge=st.sampled_from(["fused", "kernel"]), overhead=st.sampled_from([0, 2]),
+       n_sms=st.sampled_from([3, 16]))
+def test_split_sequences_merge_right(tmp_dir, case, seed, merge, overhead, n_sms):
+    """Many parts over few tiles: most sequences split; both merges. The second call reuses the
+    scratch, so the fused merge must have left its counters at zero."""
+    module = with_sms(render({**SMALL, "MERGE": merge, "OVERHEAD": overhead}, tmp_dir), n_sms)
+    check(module.kernel, case, seed)
+    check(module.kernel, case, seed + 1)
+    counters = next(iter(next(iter(module._PLANS.values()))["scratch"].values()))[2]
+    assert not counters.any()
+
+
+def test_the_kernel_schedules_as_written_out(tmp_dir):
+    """MERGE "kernel" records each sequence's first part and piece count: they are the mirror's."""
+    module = with_sms(render({**SMALL, "MERGE": "kernel", "OVERHEAD": 2}, tmp_dir), 12)
+    case = {"B": 4, "Sq": 2, "H": 2, "page_size": 16, "lengths": [3, 70, 18, 41]}
+    check(module.kernel, case, seed=3)
+    plan = next(iter(module._PLANS.values()))
+    parts = plan["grid"][1]
+    meta = next(iter(plan["scratch"].values()))[3].view(-1, 4)
+    _, record, _ = schedule(case["lengths"], 2, 16, 2, parts)
+    assert [tuple(meta[b, :3].tolist()) for b in range(4)] == [record[b] for b in range(4)]
+    assert max(count for _, count, _ in record.values()) > 1 and not meta[:, 3].any()
+
+
+@settings(max_examples=3, deadline=None)
+@given(case=MLA_PAGED.case_strategy("cpu"), seed=SEEDS, keys_as_m=st.booleans(), qk_split=st.booleans(), n_sms=st.sampled_from([2, 8]))
+def test_tma_tiles_and_the_masked_last_tile(tmp_dir, case, seed, keys_as_m, qk_split, n_sms):
+    """KV_LOAD "tma": whole tiles by descriptors, a sequence's partial last tile (NaN past its end)
+    by masked pointers; both score orientations, the split score dots on 8 warps."""
+    knobs = {**SMALL, "KV_LOAD": "tma", "KEYS_AS_M": keys_as_m, "QK_SPLIT": qk_split, "num_warps": 8 if qk_split else 4}
+    module = with_sms(render(knobs, tmp_dir), n_sms)
+    case = {k: v for k, v in case.items() if k != "shared_pages"}
+    check(module.kernel, {**case, "page_size": 16}, seed)
+    assert next(iter(module._PLANS.values()))["tma"]
+
+
+def test_every_space_value(tmp_dir):
+    """Each knob value away from a small base config, one at a time (values that change nothing on
+    the interpreter, or only a scheduler constant between ones that are run, are rendered only)."""
+    base = {**FAMILY.knobs, **SMALL}
+    case = {"B": 2, "Sq": 3, "H": 3, "page_size": 16, "lengths": [45, 7]}  # a partial tile and page for every BLOCK_N
+    check(render(base, tmp_dir).kernel, case, seed=0)
+    for name, values in FAMILY.space.items():
+        for value in values:
+            knobs = {**base, name: value}
+            if value == base[name]:
+                continue
+            if name in ("num_warps", "num_stages", "PDL", "LAUNCH") or (name == "OVERHEAD" and value not in (0, max(values))):
+                render(knobs, tmp_dir)  # GPU-only, or no effect on the interpreter's arithmetic: renders and imports
+                continue
+            check(render(knobs, tmp_dir).kernel, case, seed=len(str(value)))
+
+
+def test_random_knob_combinations(tmp_dir):
+    rng = random.Random("mla_paged")
+    case = {"B": 3, "Sq": 1, "H": 4, "page_size": 4, "lengths": [29, 5, 12], "shared_pages": 1}
+    for i in range(3):
+        combo = {name: rng.choice(values) for name, values in FAMILY.space.items()}
+        try:
+            module = render(combo, tmp_dir)
+            check(module.kernel, case, seed=i)
+        except ValueError as exc:  # a combination the family refuses says why, naming a knob
+            assert any(k in str(exc) for k in FAMILY.space), exc
+
+
+@pytest.mark.parametrize("family", [FAMILY, NAIVE], ids=lambda f: f.name)
+def test_float32_inputs_are_exact(tmp_dir, family):
+    """No bf16 rounding to hide behind: a wrong mask edge, a dropped key or a wrong page shows far
+    above 1e-5."""
+    module = with_sms(render({**SMALL, "MERGE": "fused"} if family is FAMILY else {}, tmp_dir, family), 5) if family is FAMILY \
+        else render({}, tmp_dir, family)
+    for case in ({"B": 2, "Sq": 3, "H": 2, "page_size": 4, "lengths": [35, 9]}, {"B": 1, "Sq": 1, "H": 3, "page_size": 16, "lengths": [17]}):
+        inputs = MLA_PAGED.make_inputs(case, device="cpu", seed=11, dtype=torch.float32)
+        o, lse = module.kernel(**inputs)
+        want_o, want_lse = MLA_PAGED.reference(**inputs)
+        assert o.dtype == torch.float32
+        assert rel_rms(o, want_o) < 1e-5 and rel_rms(lse, want_lse) < 1e-6, (case, rel_rms(o, want_o), rel_rms(lse, want_lse))
+
+
+@pytest.mark.parametrize("family", [FAMILY, NAIVE], ids=lambda f: f.name)
+def test_strided_views(tmp_dir, family):
+    """q a view of a wider buffer, kv_cache pages with a gap between them (no descriptor can take
+    it: the pointer path), the block table a column slice of a wider one."""
+    module = render({**SMALL, "KV_LOAD": "tma"} if family is FAMILY else {}, tmp_dir, family)
+    inputs = MLA_PAGED.make_inputs({"B": 2, "Sq": 2, "H": 3, "page_size": 16, "lengths": [40, 23]}, device="cpu", seed=2)
+    n_pages = inputs["kv_cache"].shape[0]
+    q = torch.zeros(2, 2, 3, 640, dtype=torch.bfloat16)[..., :576]
+    q.copy_(inputs["q"])
+    kv = torch.full((n_pages, 17, 576), float("nan"), dtype=torch.bfloat16)[:, :16]
+    kv.copy_(inputs["kv_cache"])
+    table = torch.full((2, 9), -1, dtype=torch.int32)[:, 2:2 + inputs["block_table"].shape[1]]
+    table.copy_(inputs["block_table"])
+    assert not q.is_contiguous() and not kv.is_contiguous() and not table.is_contiguous()
+    strided = {**inputs, "q": q, "kv_cache": kv, "block_table": table}
+    errors = MLA_PAGED.compare(module.kernel(**strided), MLA_PAGED.reference(**inputs))
+    assert all(e.ok for e in errors), [e.reason for e in errors if not e.ok]
+    if family is FAMILY:
+        assert not next(iter(module._PLANS.values()))["tma"]
+
+
+BAD = {
+    "length beyond the table": (lambda i: {**i, "cache_seqlens": i["cache_seqlens"] + 10_000}, "max_pages"),
+    "length below Sq": (lambda i: {**i, "cache_seqlens": torch.ones_like(i["cache_seqlens"])}, "Sq=2"),
+    "int64 lengths": (lambda i: {**i, "cache_seqlens": i["cache_seqlens"].long()}, "cache_seqlens must be"),
+    "int64 table": (lambda i: {**i, "block_table": i["block_table"].long()}, "block_table must be int32"),
+    "float32 cache": (lambda i: {**i, "kv_cache": i["kv_cache"].float()}, "dtype"),
+    "512-wide cache": (lambda i: {**i, "kv_cache": i["kv_cache"][..., :512]}, "kv_cache must be"),
+    "3-d q": (lambda i: {**i, "q": i["q"][0]}, "q must be"),
+    "table of another batch": (lambda i: {**i, "block_table": i["block_table"][:1]}, "block_table must be"),
+}
+
+
+@pytest.mark.parametrize("family", [FAMILY, NAIVE], ids=lambda f: f.name)
+def test_bad_inputs_raise_a_clear_value_error(tmp_dir, family):
+    module = render({}, tmp_dir, family)
+    inputs = MLA_PAGED.make_inputs({"B": 2, "Sq": 2, "H": 1, "page_size": 4, "lengths": [9, 6]}, device="cpu", seed=0)
+    module.kernel(**inputs)  # a plan for the good shapes exists: a bad call must still be caught
+    for bad, (spoil, message) in BAD.items():
+        with pytest.raises(ValueError, match=message):
+            module.kernel(**spoil(inputs))
+
+
+@pytest.mark.parametrize("family", [FAMILY, NAIVE], ids=lambda f: f.name)
+def test_unchecked_bad_length_reads_nothing_outside_and_says_nan(tmp_dir, family):
+    """On a GPU a cached shape's lengths are not re-read on the host; the kernel then clamps a
+    length outside [Sq, max_pages * page_size] and writes NaN for that sequence alone."""
+    module = render({**SMALL, "MERGE": "fused"} if family is FAMILY else {}, tmp_dir, family)
+    inputs = MLA_PAGED.make_inputs({"B": 3, "Sq": 2, "H": 2, "page_size": 4, "lengths": [9, 14, 30]}, device="cpu", seed=4)
+    want_o, want_lse = MLA_PAGED.reference(**inputs)
+    saved = module._check_lengths
+    module._check_lengths = lambda *args: None
+    try:
+        for bad in (10_000, 1):
+            lengths = inputs["cache_seqlens"].clone()
+            lengths[1] = bad
+            o, lse = module.kernel(**{**inputs, "cache_seqlens": lengths})
+            assert o[1].isnan().all() and lse[1].isnan().all()
+            for b in (0, 2):
+                assert rel_rms(o[b], want_o[b]) < 5e-3 and rel_rms(lse[b], want_lse[b]) < 5e-4
+    finally:
+        module._check_lengths = saved
+
+
+def test_unservable_knobs_raise_value_error(tmp_dir):
+    inputs = MLA_PAGED.make_inputs(MLA_PAGED.smoke_case, device="cpu", seed=0)
+    for bad in ({"BLOCK_N": 24}, {"BLOCK_H": 8}, {"MERGE": "atomic"}, {"KV_LOAD": "descriptor"}, {"OVERHEAD": -1}, {"PDL": 3},
+                {"LAUNCH": "graph"}, {"PARTIAL_DTYPE": "float16"}, {"WAVES": 3}):
+        module = render({**SMALL, **bad}, tmp_dir)
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            module.kernel(**inputs)
+
+
+def test_plan_is_reused_and_direct_launch_values_follow_the_signature(tmp_dir):
+    module = render({}, tmp_dir)
+    for seed in (0, 1):
+        module.kernel(**MLA_PAGED.make_inputs(MLA_PAGED.smoke_case, device="cpu", seed=seed))
+    assert len(module._PLANS) == 1
+    plan = next(iter(module._PLANS.values()))
+    names = module._mla_paged_fwd.arg_names
+    runtime = len(names) - len(plan["constexprs"])
+    assert names[runtime:] == list(plan["constexprs"]) and plan["constexpr_values"] == list(plan["constexprs"].values())
+    assert not plan["direct"] and plan["compiled"] is None  # the interpreter always goes through the JIT entry
+
+
+# ---- sm_90 ----------------------------------------------------------------------------------------
+_SM90_SCRIPT = r"""
+import importlib.util, json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+spec = importlib.util.spec_from_file_location("mla_paged_sm90", sys.argv[1])
+fam = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fam)
+PTR = {"q": "*bf16", "kv": "*bf16", "table": "*i32", "lens": "*i32", "o": "*bf16", "lse": "*fp32", "part_o": "*fp32",
+       "part_lse": "*fp32", "counters": "*i32", "meta": "*i32"}
+ALIGNED = {"stride_qb", "stride_qs", "stride_qh", "stride_kp", "stride_ks", "n_rows"}  # multiples of 16 at the headline
+
+
+def build(fn, constexprs, warps, stages):
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in PTR:
+            sig[name], attrs[(i,)] = PTR[name], [["tt.divisibility", 16]]
+        else:
+            sig[name] = "fp32" if name == "qk_scale" else "i32"
+            if name in ALIGNED:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": warps, "num_stages": stages})
+    ir = c.asm["ttgir"]
+    loops = ir.split("scf.for")[1:]
+    buffers = [int(n) for n in re.findall(r"local_alloc : \(\) -> !ttg.memdesc<(\d+)x64x256xbf16", ir)]
+    return {"shared": c.metadata.shared, "wgmma": "wgmma" in c.asm["ptx"], "kv_buffers": min(buffers) if buffers else 0,
+            "tma": ir.count("ttng.async_tma_copy_global_to_local")}
+
+
+out = {}
+for regime, merge in (("narrow", 2), ("wide", 1)):  # each regime with one of the merges (a compile costs ~15 s)
+        t = fam.REGIMES[regime]
+        ce = dict(BLOCK_H=t["BLOCK_H"], BLOCK_N=t["BLOCK_N"], PAGE=64, KEYS_AS_M=t["KEYS_AS_M"], VALUES_AS_M=t["VALUES_AS_M"],
+                  QK_SPLIT=t["QK_SPLIT"] and t["num_warps"] == 8, TMA=t["KV_LOAD"] == "tma", MERGE=merge, OVERHEAD=5, B_P2=128,
+                  PAGE_CHUNK=fam.PAGE_CHUNK, MERGE_W=max(16, min(512, fam.FUSED_MERGE_ELEMS // t["BLOCK_H"])), DN=512, DR=64,
+                  PDL=1 if merge == 1 else 0)
+        out[f"{regime}-merge{merge}"] = build(fam._mla_paged_fwd, ce, t["num_warps"], t["num_stages"])
+out["merge-kernel"] = build(fam._mla_paged_merge, dict(BLOCK_V=64, CHUNK=fam.MERGE_SPLIT_CHUNK, DN=512, PDL=1), fam.MERGE_WARPS, 2)
+print(json.dumps(out))
+"""
+
+
+def test_compiles_for_hopper():
+    """Both regimes of CONFIG "auto" (one with each merge) compiled for sm_90 (no GPU): wgmma, within
+    the shared memory of one CTA, and the KV tiles multi-buffered (a page number read from the
+    table inside a tile loop would hold the pipeliner to one buffer); the wide regime by TMA."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    import json
+
+    result = json.loads(compile_in_child(_SM90_SCRIPT, str(FAMILY.path)).strip().splitlines()[-1])
+    merge = result.pop("merge-kernel")
+    assert merge["shared"] <= 232448
+    for name, info in result.items():
+        assert info["wgmma"], name
+        assert info["shared"] <= 232448, (name, info["shared"])
+        assert info["kv_buffers"] >= 2, (name, info)
+        assert (info["tma"] > 0) == name.startswith("wide"), (name, info)
