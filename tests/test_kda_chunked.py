@@ -309,10 +309,11 @@ def test_launch_knob_picks_the_compiled_kernel_or_the_jit_entry(tmp_path):
     kernel with the arguments in the kernel's order, "jit" goes through the JIT entry every call."""
     calls = []
 
-    class Kernel:
-        run = object()  # the launcher, loaded
+    class Kernel:  # what Triton's CompiledKernel offers: the launcher, loaded, and kernel[grid](*args)
+        run = object()
 
         def __getitem__(self, grid):
+            assert len(grid) == 3, "CompiledKernel's launcher reads grid[0], grid[1] and grid[2]"
             return lambda *args: calls.append(("compiled", grid, args))
 
     class Fn:
@@ -332,14 +333,15 @@ def test_launch_knob_picks_the_compiled_kernel_or_the_jit_entry(tmp_path):
         run = module._Launch(Fn(), (3, 1), {"a_ptr": "A", "n": 7, "BLOCK": 16}, {"num_warps": 2}, {"a_ptr": "x"}, True)
         run({"x": "X1"})
         run({"x": "X2"})
-        assert calls[0] == ("warmup", (3, 1), ("A", 7, 16), {"num_warps": 2})
+        assert calls[0] == ("warmup", (3, 1, 1), ("A", 7, 16), {"num_warps": 2})
         if launch == "compiled":
-            assert calls[1:] == [("compiled", (3, 1), ("X1", 7, 16)), ("compiled", (3, 1), ("X2", 7, 16))]
+            assert calls[1:] == [("compiled", (3, 1, 1), ("X1", 7, 16)), ("compiled", (3, 1, 1), ("X2", 7, 16))]
         else:
-            assert calls[1:] == [("jit", (3, 1), ("X1", 7, 16), {"num_warps": 2}), ("jit", (3, 1), ("X2", 7, 16), {"num_warps": 2})]
+            assert calls[1:] == [("jit", (3, 1, 1), ("X1", 7, 16), {"num_warps": 2}),
+                                 ("jit", (3, 1, 1), ("X2", 7, 16), {"num_warps": 2})]
         calls.clear()
         module._Launch(Fn(), (1,), {"a_ptr": "A", "n": 1, "BLOCK": 16}, {}, {}, False)({})
-        assert calls == [("jit", (1,), ("A", 1, 16), {})]  # the CPU interpreter: no warmup, the JIT entry
+        assert calls == [("jit", (1, 1, 1), ("A", 1, 16), {})]  # the CPU interpreter: no warmup, the JIT entry
 
 
 # ---- addresses: the interpreter does not bounds-check; the GPU faults --------------------------------------------

@@ -1016,7 +1016,8 @@ class _Launch:
     load lazily: the load would wait for the scan, which waits for it); launch "compiled" then calls it directly."""
 
     def __init__(self, fn, grid, args, options, roles, gpu):
-        self.fn, self.grid, self.options = fn, grid, options
+        # three dimensions: a compiled kernel's launcher reads grid[2]
+        self.fn, self.grid, self.options = fn, (*grid, *(1,) * (3 - len(grid))), options
         names = list(fn.arg_names)
         self.args = [args[name] for name in names]
         self.slots = [(names.index(name), role) for name, role in roles.items()]

@@ -19,7 +19,7 @@ without a mask (two copies of the loop body: more registers; at 64 x 512 it spil
 RESCALE_TAU > 0: the accumulator is rescaled only when some row's max grows by more than TAU
 (log2 units) over the max it is scaled to (a tile-uniform branch); otherwise the stale max stays
 and weights reach up to 2**TAU (exact in fp32, no worse in bf16). Saves the multiply of the whole
-accumulator on most tiles (the instruction-issue limit of the profile, kernels/notes/mla.md).
+accumulator on most tiles (the instruction-issue limit of the profile, kernels/notes/mla/).
 
 QK_SPLIT (TMA kernel): Triton gives a dot whose result feeds another dot all warps along M
 (its "chained dot" rule, meant for flash attention's in-warp row reductions). At BLOCK_M 64 on 8
