@@ -266,6 +266,7 @@ def test_a_plan_serves_every_call_of_its_kind_with_outputs_of_their_own(tmp_path
         x[name].copy_(y[name])
     o2, s2 = module.kernel(**x)
     assert len(module._PLANS) == 1 and next(iter(module._PLANS.values())) is plan
+    assert all(launch.args[i] is None for launch in plan.launches for i, _ in launch.slots)  # no caller tensor kept
     assert o1.data_ptr() != o2.data_ptr() and s1.data_ptr() != s2.data_ptr()
     assert not torch.equal(o1, o2)
     errors = PROBLEM.compare((o2, s2), PROBLEM.reference(**y))

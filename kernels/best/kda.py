@@ -42,10 +42,10 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDes
 
 
 # -- knobs.py ----------------------------------------------------------------------------------------------------------
-# The knobs. ``launch``: how a call launches its kernels once its plan is built (host.py): "compiled" straight
-# through the compiled kernels (``CompiledKernel[grid](*args)``), "jit" through ``JITFunction.run``, which binds and
-# specialises every argument again (tens of microseconds for the fused program). The CPU interpreter always takes the
-# second. The other choices this family had were measured on the H200 and retired (kernels/notes/kda/README.md).
+# The knobs. ``launch``: how a call launches its kernels once its plan is built (host.py): "compiled" straight through
+# the compiled kernels, "jit" through ``JITFunction.run`` (binding and specialising every argument again: tens of
+# microseconds); the CPU interpreter always takes the second. The family's other choices were measured on the H200 and
+# retired (kernels/notes/kda/README.md).
 
 # kopt:knobs-begin
 KNOBS = {"launch": "compiled"}
@@ -61,9 +61,8 @@ _LOG2E = tl.constexpr(1.4426950408889634)
 
 @triton.jit
 def _exp(x):
-    """e^x as one ex2.approx.ftz on the GPU. ``tl.exp`` adds a multiply-and-compare guard for subnormal results
-    around its ex2 (five instructions instead of two); every decay here is either a normal number or negligible
-    below e^-87, so flushing subnormals to zero changes nothing that matters."""
+    """e^x as one ex2.approx.ftz on the GPU (``tl.exp`` adds a guard for subnormal results: five instructions, not
+    two); every decay here is a normal number or negligible below e^-87, so flushing subnormals changes nothing."""
     return tl.exp2(x * _LOG2E)
 
 
@@ -94,8 +93,7 @@ def _dot3(a, b, acc):
 
 @triton.jit
 def _dot_tf32(a, b, acc):
-    """acc + a @ b for float32 operands as one tf32 tensor-core product (10 explicit mantissa bits per operand).
-    The CPU interpreter computes it in full float32; tests/test_kda_chunked.py emulates the operand rounding."""
+    """acc + a @ b for float32 operands as one tf32 tensor-core product (10 explicit mantissa bits per operand)."""
     return tl.dot(a, b, acc, input_precision="tf32")
 
 
@@ -179,11 +177,9 @@ def _kda_rows_kernel(
     K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, LIMIT: tl.constexpr,
     FLOOR: tl.constexpr, LOG_BC: tl.constexpr, SB: tl.constexpr, LOG_NS: tl.constexpr, DKS: tl.constexpr,
 ):
-    """Rows bi*BC .. bi*BC+BC-1 of one chunk's Aqk (scaled; hi and lo bf16 halves, the lo half lo_off elements
-    after) and Akk (beta-scaled, strictly lower, float32), all BT columns, the diagonal BC x BC block of Akk
-    replaced by the inverse of (I + that block); grid (chunks * BT // BC, batch * heads). The off-diagonal tile is
-    BT - BC columns wide (every column a block row can see). The block's running sums of its floored gates,
-    G_i - G_(r-1), go to gs ([BT, K] per chunk) and its totals to gt ([BT // BC, K] per chunk), for the solve."""
+    """Rows bi*BC.. of one chunk's Aqk (scaled; bf16 hi and lo halves, lo_off elements apart) and Akk (beta-scaled,
+    strictly lower, float32; the diagonal block replaced by the inverse of I + it); grid (chunks * BT // BC, batch *
+    heads). The block's running sums of its floored gates, G_i - G_(r-1), and its totals go to gs and gt."""
     NC: tl.constexpr = BT // BC
     i_t = tl.program_id(0).to(tl.int64) // NC
     bi = tl.program_id(0) % NC
@@ -293,15 +289,10 @@ def _kda_rows_kernel(
 
 
 # -- solve.py ----------------------------------------------------------------------------------------------------------
-# The solve in Triton: from one chunk's Aqk, Akk (its diagonal blocks already inverted by the block rows) and
-# running sums, the WY factors and the scan's pre-decayed tiles. Runs after ``_kda_rows_kernel`` wherever the fused
-# Gluon program does not.
-#
-# A = (I + Akk)^-1 diag(beta): the two diagonal blocks' inverses D^-1 are in Akk's place, so across the blocks
-# (D + L)^-1 = (I - N) D^-1 with N = D^-1 L (nilpotent of index 2). Then w = A (exp(G) k) and u = A v (the WY form
-# of the delta rule), kd = exp(G_last - G) k, gl = exp(G_last), and the read-out's intra-chunk part folded in:
-# qd = scale exp(G) q - Aqk w and au = Aqk u, so that the scan's read-out is o = qd S + au. G_i is the block rows'
-# running sum of its block plus the totals of the blocks before (floored gates, see rows.py).
+# The solve in Triton, after ``_kda_rows_kernel``: A = (I + Akk)^-1 diag(beta), with the diagonal blocks' inverses
+# D^-1 in Akk's place, so that across the blocks (D + L)^-1 = (I - N) D^-1, N = D^-1 L; then w = A (exp(G) k), u = A v,
+# kd = exp(G_last - G) k, gl = exp(G_last), qd = scale exp(G) q - Aqk w and au = Aqk u (the scan's read-out is then
+# o = qd S + au). G_i: the block rows' running sum of its block plus the totals of the blocks before.
 
 @triton.jit
 def _kda_solve_kernel(
@@ -386,13 +377,10 @@ def _kda_solve_kernel(
 
 
 # -- scan.py -----------------------------------------------------------------------------------------------------------
-# The state pass and the read-out in Triton, where the Gluon scan (gluon_scan.py) does not run.
-#
-# ``_kda_scan_kernel``: one program per (16 value columns, batch * head) walks the chunks in order with its K x 16
-# slice of the state S in registers: delta = u - w S, S = gl S + kd^T delta, storing the state entering each chunk
-# (bf16, the precision its products take it in). ``_kda_out_kernel``: o = qd h + au for every chunk at once, from
-# those stored states. Products with delta take it as a bf16 hi/lo pair (~16 bits); products with the state take
-# it rounded to bf16.
+# The state pass and the read-out in Triton, where the Gluon scan does not run. ``_kda_scan_kernel``: per (16 value
+# columns, batch * head), chunk after chunk, delta = u - w S, S = gl S + kd^T delta, storing the state entering each
+# chunk in bf16; ``_kda_out_kernel``: o = qd h + au for every chunk at once. Delta as a bf16 hi/lo pair (~16 bits) in
+# its products, the state rounded to bf16 in its own.
 
 @triton.jit
 def _kda_scan_kernel(
@@ -486,13 +474,10 @@ def _gl_pair(a_s, b_s, top, bottom, cols, ACC: gl.constexpr, BT: gl.constexpr):
 
 @gluon.jit
 def _gl_level(a_s, b_s, q, k, g, gn, ri, rr, cc, H: gl.constexpr, BT: gl.constexpr, ACC: gl.constexpr):
-    """One level of the exact split inside the 16-row blocks (where a block's decay span is past the guard):
-    the lower-left H x H quarter of every 2H x 2H diagonal block, factored around the later half's first row m:
-    exp(G_i - G_m) for rows i >= m and k_j exp(G_m - G_j) for columns j < m, both exponents <= 0
-    (``_split_level`` of the Triton rows). The exponents are running sums restarting at every H rows: forward
-    over the gates after m, backward over the next rows' gates gn (gn_j = g_(j+1)) up to m. g, gn: floored
-    gates; ri: the row index in their layout; rr, cc: row and column index of the [2 BT, BT] product (rows
-    BT.. the k rows). Returns the quarters of Aqk and Akk stacked, zero elsewhere."""
+    """One level of the exact split (the Triton rows' ``_split_level``): the lower-left H x H quarter of every 2H x 2H
+    diagonal block, factored around the later half's first row m, exp(G_i - G_m) k_j exp(G_m - G_j), exponents <= 0:
+    running sums restarting every H rows, forward over the gates after m, backward over the next rows' gates gn up to
+    m. ri: row index of g's layout; rr, cc: of the [2 BT, BT] product. Aqk's and Akk's quarters stacked, else 0."""
     later = (ri % (2 * H)) >= H
     restart = gl.where(ri % H == 0, 1.0, 0.0) + gl.zeros_like(g)
     fwd, _ = gl.associative_scan((gl.where(ri % H == 0, 0.0, g), restart), 0, _gl_seg_add)
@@ -967,8 +952,9 @@ def _kda_scan_wgmma_ws(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT
 # Plans. What depends only on a call's key (shapes, dtypes, strides and 16-byte alignment of the inputs, initial and
 # final state or not, device, stream) is built once: grids, argument lists, kernels compiled for the key,
 # intermediates, TMA descriptors, device properties. A call allocates o and the final state, writes its tensors
-# into the argument slots and the descriptors' ``base``, zeroes the flags where the scan runs beside, and launches.
-# Every call writes the intermediates in full before reading them; the four most recent plans are kept.
+# into the argument slots and the descriptors' ``base``, zeroes the flags where the scan runs beside, launches, and
+# lets go of its tensors. Every call writes the intermediates in full before reading them; the four most recent plans
+# are kept.
 
 BT = 32  # steps per chunk
 BC = 16  # rows per block row
@@ -1036,6 +1022,8 @@ class _Launch:
             self.kernel[self.grid](*args)
         else:
             self.fn[self.grid](*args, **self.options)
+        for i, _ in self.slots:  # hold no tensor of the caller's between calls
+            args[i] = None
 
 
 class _Plan:
@@ -1165,6 +1153,8 @@ class _Plan:
             self.flags.zero_()
         for launch in self.launches:
             launch(values)
+        for _, desc in self.descs:
+            desc.base = None
         return o, final
 
 

@@ -10,9 +10,8 @@ _LOG2E = tl.constexpr(1.4426950408889634)
 
 @triton.jit
 def _exp(x):
-    """e^x as one ex2.approx.ftz on the GPU. ``tl.exp`` adds a multiply-and-compare guard for subnormal results
-    around its ex2 (five instructions instead of two); every decay here is either a normal number or negligible
-    below e^-87, so flushing subnormals to zero changes nothing that matters."""
+    """e^x as one ex2.approx.ftz on the GPU (``tl.exp`` adds a guard for subnormal results: five instructions, not
+    two); every decay here is a normal number or negligible below e^-87, so flushing subnormals changes nothing."""
     return tl.exp2(x * _LOG2E)
 
 
@@ -43,6 +42,5 @@ def _dot3(a, b, acc):
 
 @triton.jit
 def _dot_tf32(a, b, acc):
-    """acc + a @ b for float32 operands as one tf32 tensor-core product (10 explicit mantissa bits per operand).
-    The CPU interpreter computes it in full float32; tests/test_kda_chunked.py emulates the operand rounding."""
+    """acc + a @ b for float32 operands as one tf32 tensor-core product (10 explicit mantissa bits per operand)."""
     return tl.dot(a, b, acc, input_precision="tf32")

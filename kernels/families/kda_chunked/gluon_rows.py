@@ -32,13 +32,10 @@ def _gl_pair(a_s, b_s, top, bottom, cols, ACC: gl.constexpr, BT: gl.constexpr):
 
 @gluon.jit
 def _gl_level(a_s, b_s, q, k, g, gn, ri, rr, cc, H: gl.constexpr, BT: gl.constexpr, ACC: gl.constexpr):
-    """One level of the exact split inside the 16-row blocks (where a block's decay span is past the guard):
-    the lower-left H x H quarter of every 2H x 2H diagonal block, factored around the later half's first row m:
-    exp(G_i - G_m) for rows i >= m and k_j exp(G_m - G_j) for columns j < m, both exponents <= 0
-    (``_split_level`` of the Triton rows). The exponents are running sums restarting at every H rows: forward
-    over the gates after m, backward over the next rows' gates gn (gn_j = g_(j+1)) up to m. g, gn: floored
-    gates; ri: the row index in their layout; rr, cc: row and column index of the [2 BT, BT] product (rows
-    BT.. the k rows). Returns the quarters of Aqk and Akk stacked, zero elsewhere."""
+    """One level of the exact split (the Triton rows' ``_split_level``): the lower-left H x H quarter of every 2H x 2H
+    diagonal block, factored around the later half's first row m, exp(G_i - G_m) k_j exp(G_m - G_j), exponents <= 0:
+    running sums restarting every H rows, forward over the gates after m, backward over the next rows' gates gn up to
+    m. ri: row index of g's layout; rr, cc: of the [2 BT, BT] product. Aqk's and Akk's quarters stacked, else 0."""
     later = (ri % (2 * H)) >= H
     restart = gl.where(ri % H == 0, 1.0, 0.0) + gl.zeros_like(g)
     fwd, _ = gl.associative_scan((gl.where(ri % H == 0, 0.0, g), restart), 0, _gl_seg_add)

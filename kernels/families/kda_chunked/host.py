@@ -10,8 +10,9 @@ and read-out: always so on the CPU interpreter.
 Plans. What depends only on a call's key (shapes, dtypes, strides and 16-byte alignment of the inputs, initial and
 final state or not, device, stream) is built once: grids, argument lists, kernels compiled for the key,
 intermediates, TMA descriptors, device properties. A call allocates o and the final state, writes its tensors
-into the argument slots and the descriptors' ``base``, zeroes the flags where the scan runs beside, and launches.
-Every call writes the intermediates in full before reading them; the four most recent plans are kept."""
+into the argument slots and the descriptors' ``base``, zeroes the flags where the scan runs beside, launches, and
+lets go of its tensors. Every call writes the intermediates in full before reading them; the four most recent plans
+are kept."""
 
 import torch
 import triton
@@ -92,6 +93,8 @@ class _Launch:
             self.kernel[self.grid](*args)
         else:
             self.fn[self.grid](*args, **self.options)
+        for i, _ in self.slots:  # hold no tensor of the caller's between calls
+            args[i] = None
 
 
 class _Plan:
@@ -221,6 +224,8 @@ class _Plan:
             self.flags.zero_()
         for launch in self.launches:
             launch(values)
+        for _, desc in self.descs:
+            desc.base = None
         return o, final
 
 

@@ -83,11 +83,9 @@ def _kda_rows_kernel(
     K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, LIMIT: tl.constexpr,
     FLOOR: tl.constexpr, LOG_BC: tl.constexpr, SB: tl.constexpr, LOG_NS: tl.constexpr, DKS: tl.constexpr,
 ):
-    """Rows bi*BC .. bi*BC+BC-1 of one chunk's Aqk (scaled; hi and lo bf16 halves, the lo half lo_off elements
-    after) and Akk (beta-scaled, strictly lower, float32), all BT columns, the diagonal BC x BC block of Akk
-    replaced by the inverse of (I + that block); grid (chunks * BT // BC, batch * heads). The off-diagonal tile is
-    BT - BC columns wide (every column a block row can see). The block's running sums of its floored gates,
-    G_i - G_(r-1), go to gs ([BT, K] per chunk) and its totals to gt ([BT // BC, K] per chunk), for the solve."""
+    """Rows bi*BC.. of one chunk's Aqk (scaled; bf16 hi and lo halves, lo_off elements apart) and Akk (beta-scaled,
+    strictly lower, float32; the diagonal block replaced by the inverse of I + it); grid (chunks * BT // BC, batch *
+    heads). The block's running sums of its floored gates, G_i - G_(r-1), and its totals go to gs and gt."""
     NC: tl.constexpr = BT // BC
     i_t = tl.program_id(0).to(tl.int64) // NC
     bi = tl.program_id(0) % NC

@@ -1,10 +1,7 @@
-"""The state pass and the read-out in Triton, where the Gluon scan (gluon_scan.py) does not run.
-
-``_kda_scan_kernel``: one program per (16 value columns, batch * head) walks the chunks in order with its K x 16
-slice of the state S in registers: delta = u - w S, S = gl S + kd^T delta, storing the state entering each chunk
-(bf16, the precision its products take it in). ``_kda_out_kernel``: o = qd h + au for every chunk at once, from
-those stored states. Products with delta take it as a bf16 hi/lo pair (~16 bits); products with the state take
-it rounded to bf16."""
+"""The state pass and the read-out in Triton, where the Gluon scan does not run. ``_kda_scan_kernel``: per (16 value
+columns, batch * head), chunk after chunk, delta = u - w S, S = gl S + kd^T delta, storing the state entering each
+chunk in bf16; ``_kda_out_kernel``: o = qd h + au for every chunk at once. Delta as a bf16 hi/lo pair (~16 bits) in
+its products, the state rounded to bf16 in its own."""
 
 import triton
 import triton.language as tl

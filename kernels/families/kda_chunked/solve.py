@@ -1,12 +1,7 @@
-"""The solve in Triton: from one chunk's Aqk, Akk (its diagonal blocks already inverted by the block rows) and
-running sums, the WY factors and the scan's pre-decayed tiles. Runs after ``_kda_rows_kernel`` wherever the fused
-Gluon program does not.
-
-A = (I + Akk)^-1 diag(beta): the two diagonal blocks' inverses D^-1 are in Akk's place, so across the blocks
-(D + L)^-1 = (I - N) D^-1 with N = D^-1 L (nilpotent of index 2). Then w = A (exp(G) k) and u = A v (the WY form
-of the delta rule), kd = exp(G_last - G) k, gl = exp(G_last), and the read-out's intra-chunk part folded in:
-qd = scale exp(G) q - Aqk w and au = Aqk u, so that the scan's read-out is o = qd S + au. G_i is the block rows'
-running sum of its block plus the totals of the blocks before (floored gates, see rows.py)."""
+"""The solve in Triton, after ``_kda_rows_kernel``: A = (I + Akk)^-1 diag(beta), with the diagonal blocks' inverses
+D^-1 in Akk's place, so that across the blocks (D + L)^-1 = (I - N) D^-1, N = D^-1 L; then w = A (exp(G) k), u = A v,
+kd = exp(G_last - G) k, gl = exp(G_last), qd = scale exp(G) q - Aqk w and au = Aqk u (the scan's read-out is then
+o = qd S + au). G_i: the block rows' running sum of its block plus the totals of the blocks before."""
 
 import triton
 import triton.language as tl
