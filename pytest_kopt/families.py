@@ -1,7 +1,7 @@
-"""Kernel families: parametric candidate files the search agent renders concrete candidates from.
+"""Kernel families: parametric candidates the search agent renders concrete candidates from.
 
-A family (``kernels/families/<name>.py``) is a complete candidate whose tunable constants sit in
-one marked block, followed by the choices for each knob::
+A family is a complete candidate whose tunable constants sit in one marked block, followed by the
+choices for each knob::
 
     # kopt:knobs-begin
     KNOBS = {"BV": 32, "num_warps": 4}
@@ -18,14 +18,25 @@ list), each knob of the second must take one of the listed values. The family's 
 stays the authority (it raises for these too); the list lets the search agent skip a refused
 combination without spending two tool calls to learn what the author already knew.
 
-Families are read, never imported: ``KNOBS`` and ``SPACE`` come out with ``ast.literal_eval``,
-and a candidate is the family's text with the block replaced. Rendering the default knobs
-gives back the file unchanged, so the baseline candidate keeps its id.
+A family is one file, ``kernels/families/<name>.py``, or a folder of stage files,
+``kernels/families/<name>/`` (a Python package: ``__init__.py`` holds the family's docstring and
+imports the stages in the order the candidate holds them, ``from . import knobs, rows, ...``; each
+stage imports what it needs from the others with ``from .stage import name``). A folder is joined
+into one text (``join_folder``): the package docstring, the stages' imports merged, then each stage
+under a comment header made of its docstring, with its relative imports dropped.
+
+Families are read, never imported: ``KNOBS`` and ``SPACE`` come out with ``ast.literal_eval``.
+A candidate is the family's text with the block replaced and then reduced to live code
+(``pytest_kopt.livecode``): branches its knob values never take folded away, definitions nothing
+reaches dropped. A family that is live code at its defaults (the baselines) renders to itself, so
+its baseline candidate keeps its id.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import inspect
 import itertools
 import math
 from dataclasses import dataclass
@@ -33,6 +44,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from . import KERNELS_DIR
+from .livecode import live
 
 BEGIN = "# kopt:knobs-begin"
 END = "# kopt:knobs-end"
@@ -46,8 +58,8 @@ class FamilyError(ValueError):
 @dataclass(frozen=True)
 class Family:
     name: str
-    path: Path
-    source: str
+    path: Path  # the family's file, or its folder
+    source: str  # the file's text, or the folder joined into one text
     knobs: dict[str, Any]  # the defaults, in file order
     space: dict[str, list]  # choices per knob (a knob missing here stays at its default)
     try_early: tuple[dict, ...] = ()  # knob overrides to measure right after the defaults
@@ -80,7 +92,17 @@ class Family:
 
 
 def family_path(name: str, directory: Path | None = None) -> Path:
-    return Path(directory or FAMILIES_DIR) / f"{name}.py"
+    """``<directory>/<name>/`` where that folder is a family, else ``<directory>/<name>.py``."""
+    folder = Path(directory or FAMILIES_DIR) / name
+    return folder if (folder / "__init__.py").is_file() else folder.with_name(f"{name}.py")
+
+
+def family_names(directory: Path | None = None) -> list[str]:
+    """The families in a directory: its ``*.py`` files (but ``__init__.py``) and its folders with an ``__init__.py``."""
+    directory = Path(directory or FAMILIES_DIR)
+    files = [p.stem for p in directory.glob("*.py") if p.name != "__init__.py"]
+    folders = [p.name for p in directory.iterdir() if p.is_dir() and (p / "__init__.py").is_file()]
+    return sorted(files + folders)
 
 
 def _block(source: str, where: str) -> tuple[int, int]:
@@ -156,26 +178,147 @@ def _requires(rules: Any, knobs: dict, where: str) -> tuple[tuple[dict, dict], .
 
 
 def load_family(name_or_path: str | Path, directory: Path | None = None) -> Family:
-    """A family by name (``kernels/families/<name>.py``) or by path."""
+    """A family by name (``kernels/families/<name>/`` or ``<name>.py``) or by path (a file or a folder)."""
     path = Path(name_or_path)
-    if path.suffix != ".py":
+    if not path.is_dir() and path.suffix != ".py":
         path = family_path(str(name_or_path), directory)
+    if path.is_dir():
+        return parse_family(join_folder(path), path.name, path)
     if not path.exists():
         raise FamilyError(f"no family file {path}")
     return parse_family(path.read_text(), path.stem, path)
 
 
 def render(family: Family, knobs: dict[str, Any]) -> str:
-    """Replace the knobs block with ``KNOBS = {...}`` holding the defaults updated by ``knobs``."""
+    """The knobs block set to ``KNOBS = {...}`` (the defaults updated by ``knobs``), reduced to live code."""
     unknown = sorted(set(knobs) - set(family.knobs))
     if unknown:
         raise FamilyError(f"{family.name} has no knob(s) {', '.join(unknown)}; it has {', '.join(family.knobs)}")
     merged = {**family.knobs, **knobs}
-    if merged == family.knobs:
-        return family.source
-    text = repr(merged)
-    if ast.literal_eval(text) != merged:
-        raise FamilyError(f"{family.name}: knob values must be plain literals, got {text}")
-    lines = family.source.splitlines(keepends=True)
-    begin, end = _block(family.source, family.name)
-    return "".join(lines[: begin + 1]) + f"KNOBS = {text}\n" + "".join(lines[end:])
+    text = family.source
+    if merged != family.knobs:
+        literal = repr(merged)
+        if ast.literal_eval(literal) != merged:
+            raise FamilyError(f"{family.name}: knob values must be plain literals, got {literal}")
+        lines = family.source.splitlines(keepends=True)
+        begin, end = _block(family.source, family.name)
+        text = "".join(lines[: begin + 1]) + f"KNOBS = {literal}\n" + "".join(lines[end:])
+    try:
+        return _live(text)
+    except SyntaxError as exc:
+        raise FamilyError(f"{family.name}: not valid Python ({exc})") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _live(text: str) -> str:
+    """``live`` of a text, remembered: the search agent and the tests render the same candidates again."""
+    return live(text)
+
+
+HEADER_WIDTH = 120
+
+
+def _parse(text: str, where: str | Path) -> ast.Module:
+    try:
+        return ast.parse(text)
+    except SyntaxError as exc:
+        raise FamilyError(f"{where}: not valid Python ({exc})") from None
+
+
+def _docstring_node(tree: ast.Module) -> ast.Expr | None:
+    first = tree.body[0] if tree.body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        return first
+    return None
+
+
+def _stage_order(folder: Path, tree: ast.Module) -> list[str]:
+    """The stages ``__init__.py`` imports with ``from . import a, b, ...``, in that order."""
+    order = [a.name for node in tree.body if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module is None
+             for a in node.names]
+    if not order:
+        raise FamilyError(f"{folder}/__init__.py: no 'from . import <stage>, ...' naming the stages in order")
+    for stage in order:
+        if not (folder / f"{stage}.py").is_file():
+            raise FamilyError(f"{folder}/__init__.py names stage {stage!r}, but {stage}.py is not in the folder")
+    return order
+
+
+def _bound(node: ast.stmt) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def _imports_text(plain: dict[tuple[str, str | None], None], froms: dict[str, dict[tuple[str, str | None], None]]) -> str:
+    """isort's order: ``from __future__`` first, then ``import x`` lines, then ``from x import ...``, by module."""
+    lines = []
+    if "__future__" in froms:
+        lines.append("from __future__ import " + ", ".join(n for n, _ in froms.pop("__future__")) + "\n")
+    for name, asname in sorted(plain):
+        lines.append(f"import {name}" + (f" as {asname}" if asname else "") + "\n")
+    for module in sorted(froms):
+        parts = sorted(n + (f" as {a}" if a else "") for n, a in froms[module])
+        line = f"from {module} import " + ", ".join(parts)
+        lines.append(line + "\n" if len(line) <= HEADER_WIDTH else
+                     f"from {module} import (\n" + "".join(f"    {p},\n" for p in parts) + ")\n")
+    return "".join(lines)
+
+
+def join_folder(folder: Path) -> str:
+    """A folder family as one candidate text: the package docstring, the stages' imports merged, then each stage
+    (in ``__init__.py``'s order) under a comment header made of its docstring, its relative imports dropped."""
+    folder = Path(folder)
+    init_text = (folder / "__init__.py").read_text()
+    init = _parse(init_text, folder / "__init__.py")
+    doc = _docstring_node(init)
+    if doc is None:
+        raise FamilyError(f"{folder}/__init__.py: the family's docstring (the candidate's) is missing")
+    order = _stage_order(folder, init)
+    plain: dict[tuple[str, str | None], None] = {}
+    froms: dict[str, dict[tuple[str, str | None], None]] = {}
+    owner: dict[str, str] = {}  # top-level name -> the stage defining it
+    exported: dict[str, set[str]] = {}
+    wanted: list[tuple[str, str, str]] = []  # (stage, from stage, name) of every relative import
+    sections = []
+    for stage in order:
+        path = folder / f"{stage}.py"
+        text = path.read_text()
+        tree = _parse(text, path)
+        lines = text.splitlines(keepends=True)
+        drop: set[int] = set()
+        stage_doc = _docstring_node(tree)
+        header = [f"# -- {stage}.py " + "-" * (HEADER_WIDTH - len(stage) - 9) + "\n"]
+        if stage_doc is not None:
+            drop.update(range(stage_doc.lineno, stage_doc.end_lineno + 1))
+            header += [("# " + line).rstrip() + "\n" for line in inspect.cleandoc(stage_doc.value.value).splitlines()]
+        exported[stage] = set()
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                drop.update(range(node.lineno, node.end_lineno + 1))
+                if isinstance(node, ast.ImportFrom) and node.level:
+                    if node.level != 1 or node.module not in order:
+                        raise FamilyError(f"{path}: line {node.lineno}: a stage imports from another stage of the "
+                                          f"family only ('from .<stage> import name'; stages: {', '.join(order)})")
+                    wanted += [(stage, node.module, a.name) for a in node.names]
+                elif isinstance(node, ast.Import):
+                    plain.update({(a.name, a.asname): None for a in node.names})
+                else:
+                    froms.setdefault(node.module or "", {}).update({(a.name, a.asname): None for a in node.names})
+                exported[stage] |= _bound(node)
+                continue
+            for name in _bound(node):
+                if owner.get(name, stage) != stage:
+                    raise FamilyError(f"{path}: line {node.lineno}: {name} is defined in stage {owner[name]} too "
+                                      "(the stages share one namespace in the candidate)")
+                owner[name] = stage
+                exported[stage].add(name)
+        body = "".join(line for i, line in enumerate(lines, start=1) if i not in drop).strip("\n")
+        sections.append("".join(header) + ("\n" + body + "\n" if body else ""))
+    for stage, source_stage, name in wanted:
+        if name not in exported[source_stage]:
+            raise FamilyError(f"{folder / (stage + '.py')}: imports {name} from stage {source_stage}, which does not define it")
+    docstring = ast.get_source_segment(init_text, doc)
+    return docstring + "\n\n" + _imports_text(plain, froms) + "\n\n" + "\n\n".join(sections)

@@ -4,17 +4,20 @@ that regresses in correctness fails the plain ``pytest`` run. On a machine witho
 kernels run on the Triton CPU interpreter (the repository conftest switches it on); on a GPU
 they run natively, on more and larger cases. See docs/reports.md for adding this to your CI.
 
-The second half shows the gate bites: known-good kernels copied, broken on purpose, rejected.
+The second half shows the gate bites: known-good kernels copied, broken on purpose, rejected. The last part holds
+every promoted kernel with a provenance file (kernels/best/<problem>.json) to its family's render.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 
 import pytest
 
-from pytest_kopt.gate import KernelIncorrect, best_kernels, check_kernel
+from pytest_kopt.families import load_family
+from pytest_kopt.gate import BEST_DIR, KernelIncorrect, best_kernels, check_kernel
 from pytest_kopt.problems import available_problems, get_problem
 
 
@@ -61,3 +64,25 @@ def test_gate_fails_a_broken_copy(tmp_path, pattern, broken, reported):
     with pytest.raises(KernelIncorrect) as failure:
         check_kernel("kda", copy, device="cpu", max_examples=12)
     assert re.search(reported, str(failure.value)), str(failure.value)
+
+
+# ---- provenance: a promoted kernel is its family rendered with its knobs ----------------------------------------
+PROVENANCE_KEYS = {"problem", "candidate_id", "family", "knobs", "run", "commit", "machine", "metric", "figures",
+                   "promoted_at", "note"}
+
+
+@pytest.mark.parametrize("record", sorted(BEST_DIR.glob("*.json")), ids=lambda p: p.name)
+def test_every_best_with_provenance_is_its_family_re_rendered(record):
+    """kernels/best/<problem>.json names the run, candidate, family and knobs a promoted kernel came from; the family
+    rendered with those knobs today gives back kernels/best/<problem>.py byte for byte (a drifted best, or a family
+    edited under a best, fails here)."""
+    data = json.loads(record.read_text())
+    assert PROVENANCE_KEYS <= set(data), sorted(PROVENANCE_KEYS - set(data))
+    best = record.with_suffix(".py")
+    assert best.is_file(), f"{record.name} describes {best.name}, which is missing"
+    assert data["problem"] in available_problems() and best.stem in (data["problem"], data["problem"].replace("-", "_"))
+    assert set(data["figures"]) == {"eager", "device", "graph"} and data["metric"] in data["figures"]
+    assert data["figures"][data["metric"]] is not None and data["machine"]["gpu"]
+    assert data["family"] in get_problem(data["problem"]).families
+    assert load_family(data["family"]).render(data["knobs"]) == best.read_text(), (
+        f"{best} is not {data['family']} rendered with its knobs: re-render it (or record the knobs it was made with)")

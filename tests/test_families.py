@@ -1,4 +1,5 @@
-"""Kernel families: KNOBS/SPACE read without importing, candidates rendered by replacing one block."""
+"""Kernel families: KNOBS/SPACE read without importing, candidates rendered by replacing one block and reducing the
+text to live code; a family may be a folder of stage files joined into one candidate."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import ast
 
 import pytest
 
-from pytest_kopt.families import FAMILIES_DIR, FamilyError, load_family, parse_family, render
+from pytest_kopt.families import FamilyError, family_names, join_folder, load_family, parse_family, render
 from pytest_kopt.judge.policy import check_source
 from pytest_kopt.tools import candidate_id
 
@@ -20,10 +21,11 @@ SPACE = {"BV": [16, 32, 64], "num_warps": [1, 2, 4, 8], "fuse": [False, True]}
 
 
 def kernel(x):
-    return KNOBS["BV"] * x
+    return math.floor(KNOBS["BV"] * x)
 '''
 
-REPO_FAMILIES = sorted(p.stem for p in FAMILIES_DIR.glob("*.py") if p.name != "__init__.py")
+REPO_FAMILIES = family_names()
+BASELINE_FAMILIES = ["kda_recurrent", "mla_naive"]  # the problems' baselines: live code as written
 
 
 def test_parse_reads_defaults_and_space_without_importing():
@@ -118,7 +120,10 @@ def test_repository_families_follow_the_contract(name):
     assert fam.space, f"{name} has an empty SPACE"
     for knob, choices in fam.space.items():
         assert fam.knobs[knob] in choices, f"{name}: default {knob}={fam.knobs[knob]!r} is not one of {choices}"
-    assert fam.render({}) == fam.source
+    rendered = fam.render({})
+    if name in BASELINE_FAMILIES:  # the search agent's first candidate is the baseline file itself
+        assert rendered == fam.source
+    assert parse_family(rendered, name).render({}) == rendered  # a rendered candidate is live code already
     for knobs in [{}, *fam.try_early]:  # what the search measures first is never refused by the family itself
         assert fam.refusal(knobs) is None, (name, knobs, fam.refusal(knobs))
         # nor by the judge's policy (session 11: an import form the policy refused failed every rendered candidate)
@@ -130,3 +135,99 @@ def test_repository_families_follow_the_contract(name):
     rendered = fam.render(first_other)
     assert parse_family(rendered, name).knobs == first_other
     compile(rendered, f"{name}.py", "exec")
+
+
+def test_repository_folders_are_listed_and_loaded():
+    assert "kda_chunked" in REPO_FAMILIES and "kda_recurrent" in REPO_FAMILIES and "__init__" not in REPO_FAMILIES
+    fam = load_family("kda_chunked")
+    assert fam.path.is_dir() and fam.name == "kda_chunked" and fam.knobs and fam.space
+
+
+STAGES = {
+    "__init__.py": '''"""The toy family: one kernel in two stages."""
+
+from . import knobs, math_stage, host  # noqa: F401
+''',
+    "knobs.py": '''"""Its knobs."""
+
+# kopt:knobs-begin
+KNOBS = {"scale": 2, "fast": True}
+# kopt:knobs-end
+SPACE = {"scale": [1, 2], "fast": [True, False]}
+''',
+    "math_stage.py": '''"""Device math."""
+
+import math
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _twice(x):
+    return x * 2
+
+
+def _slow(x):
+    return math.floor(x)
+''',
+    "host.py": '''"""Host."""
+
+import torch
+import triton
+
+from .knobs import KNOBS
+from .math_stage import _slow, _twice  # noqa: F401
+
+
+def kernel(x):
+    if KNOBS["fast"]:
+        return x * KNOBS["scale"]
+    return _slow(x)
+''',
+}
+
+
+def toy_folder(tmp_path, **changes):
+    folder = tmp_path / "toy"
+    folder.mkdir()
+    for name, text in {**STAGES, **changes}.items():
+        if text is not None:
+            (folder / name).write_text(text)
+    return folder
+
+
+def test_a_folder_joins_into_one_candidate(tmp_path):
+    folder = toy_folder(tmp_path)
+    joined = join_folder(folder)
+    assert joined.startswith('"""The toy family: one kernel in two stages."""\n\nimport math\nimport torch\nimport triton\n'
+                             "import triton.language as tl\n\n\n# -- knobs.py ")
+    order = [joined.index(f"# -- {stage}.py ") for stage in ("knobs", "math_stage", "host")]
+    assert order == sorted(order) and "# Device math." in joined
+    assert "from ." not in joined and joined.count("import triton\n") == 1
+    ast.parse(joined)
+    fam = load_family(folder)
+    assert fam.name == "toy" and fam.knobs == {"scale": 2, "fast": True} and fam.source == joined
+    assert load_family("toy", tmp_path).source == joined
+    assert family_names(tmp_path) == ["toy"]
+    fast = fam.render({})
+    assert "_slow" not in fast and "import math" not in fast and "_twice" not in fast and "x * KNOBS" in fast
+    slow = fam.render({"fast": False})
+    assert "def _slow" in slow and "import math" in slow and "x * KNOBS" not in slow
+    namespace: dict = {}
+    exec(compile(slow, "toy", "exec"), namespace)  # noqa: S102 - the test's own source
+    assert namespace["kernel"](2.5) == 2
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"__init__.py": '"""doc"""\n'}, "no 'from . import"),
+    ({"__init__.py": "from . import knobs, host\n"}, "docstring"),
+    ({"math_stage.py": None}, "math_stage.py is not in the folder"),
+    ({"host.py": STAGES["host.py"].replace("_slow, _twice", "_slow, _gone")}, "imports _gone from stage math_stage"),
+    ({"host.py": STAGES["host.py"].replace("from .knobs", "from ..knobs")}, "another stage of the family only"),
+    ({"host.py": STAGES["host.py"] + "\n\ndef _twice(x):\n    return x\n"}, "_twice is defined in stage math_stage"),
+    ({"host.py": STAGES["host.py"] + "\ndef broken(:\n"}, "not valid Python"),
+])
+def test_malformed_folders_say_what_is_wrong(tmp_path, changes, message):
+    folder = toy_folder(tmp_path, **changes)
+    with pytest.raises(FamilyError, match=message):
+        load_family(folder)

@@ -19,7 +19,7 @@ without a mask (two copies of the loop body: more registers; at 64 x 512 it spil
 RESCALE_TAU > 0: the accumulator is rescaled only when some row's max grows by more than TAU
 (log2 units) over the max it is scaled to (a tile-uniform branch); otherwise the stale max stays
 and weights reach up to 2**TAU (exact in fp32, no worse in bf16). Saves the multiply of the whole
-accumulator on most tiles (the instruction-issue limit of the profile, kernels/notes/mla.md).
+accumulator on most tiles (the instruction-issue limit of the profile, kernels/notes/mla/).
 
 QK_SPLIT (TMA kernel): Triton gives a dot whose result feeds another dot all warps along M
 (its "chained dot" rule, meant for flash attention's in-warp row reductions). At BLOCK_M 64 on 8
@@ -37,7 +37,7 @@ once after the loop, instead of a cross-warpgroup reduction per tile.
 
 Tiles are issued heaviest first (last queries first) to shorten the tail.
 
-ENGINE "gluon" (session 9): ``_prefill_gluon``, the QK_SPLIT kernel's algorithm written in Gluon, Triton's
+ENGINE "gluon": ``_prefill_gluon``, the QK_SPLIT kernel's algorithm written in Gluon, Triton's
 dialect with explicit layouts, shared memory, mbarriers and asynchronous wgmma. Triton 3.6 waits for every
 wgmma it does not pipeline right after issuing it: five tensor-core drains per 64-key tile here. The Gluon
 kernel issues a tile's score dots behind the previous tile's P V and waits once for both, and fetches KV
@@ -55,12 +55,17 @@ import triton.experimental.gluon as gluon
 import triton.language as tl
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait,
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 # kopt:knobs-begin
-KNOBS = {'BLOCK_M': 64, 'BLOCK_N': 64, 'HEADS_PER_TILE': 16, 'V_SPLIT': 1, 'UNMASKED_LOOP': False, 'KEYS_AS_M': False, 'num_warps': 8, 'num_stages': 2, 'RESCALE_TAU': 0, 'KV_LOAD': 'tma', 'QK_SPLIT': True, 'ROWSUM': 'defer', 'ENGINE': 'gluon'}
+KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 16, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2, "RESCALE_TAU": 0, "KV_LOAD": "tma", "QK_SPLIT": True, "ROWSUM": "defer", "ENGINE": "gluon"}
 # kopt:knobs-end
 SPACE = {
     "BLOCK_M": [32, 64, 128],  # (query, head) rows per program
@@ -75,21 +80,14 @@ SPACE = {
     "KV_LOAD": ["pointer", "tma"],  # KV tiles by per-thread pointers (cp.async) or tensor descriptors (TMA; V_SPLIT 1)
     "QK_SPLIT": [False, True],  # TMA kernel: score keys split over the warpgroups (no duplicated QK), P V as V^T P^T
     "ROWSUM": ["reduce", "defer"],  # QK_SPLIT: row sums reduced every tile (across warpgroups), or kept per element and reduced once at the end
-    # session 9: "gluon" runs _prefill_gluon (fixed 64-row tiles, 8 warps; the knobs above are then unused) where it
-    # applies -- a Hopper GPU, bf16 contiguous inputs, H 16/32/64/128, B 1 or Skv a multiple of 64 -- else the Triton kernel
+    # "gluon" runs _prefill_gluon (fixed 64-row tiles, 8 warps; the knobs above are then unused) where it applies -- a
+    # Hopper GPU, bf16 contiguous inputs, H 16/32/64/128, B 1 or Skv a multiple of 64 -- else the Triton kernel
     "ENGINE": ["triton", "gluon"],
 }
-# Measured by the search loop right after the defaults: HEADS_PER_TILE 64 (the promoted kernel, 12.34-12.38 ms,
-# session 4). Session 5's QK_AHEAD (17.4 ms at BLOCK_N 32) and Q_LOAD tma (12.40 ms) lost to it on the H200 (12.33 ms)
-# and were removed from the family (kernels/notes/mla.md "Version 7 measured"; code in commit ce6db40).
-# Session 9's DESC "host" (12.57 ms) and PERSISTENT (12.72; both 12.66) lost to 12.40-12.44 in one dev run and were
-# removed (kernels/notes/mla.md "Session 9"; code in commit c168542).
-TRY_EARLY = [{"ENGINE": "gluon"}, {"HEADS_PER_TILE": 64}]
 
 D_NOPE = 512  # latent width: the value width
 D_ROPE = 64  # rope width; key width = D_NOPE + D_ROPE = 576
 LOG2E = 1.4426950408889634
-SMEM_LIMIT = 232448  # bytes of shared memory a block may opt into on sm_90
 
 
 @triton.jit
@@ -527,7 +525,7 @@ def _prefill_gluon(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o, lse, Sq,
 def _gluon_applies(q, kv) -> bool:
     """Where ENGINE "gluon" runs: wgmma and TMA (Hopper), bf16 rows the descriptors can take, row tiles of whole
     head groups, and (B > 1) no key tile running past its batch into the next one's keys."""
-    B, Sq, H, _ = q.shape
+    B, _, H, _ = q.shape
     return (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9
             and q.dtype == kv.dtype == torch.bfloat16 and q.is_contiguous() and kv.is_contiguous()
             and H in (16, 32, 64, 128) and (B == 1 or kv.shape[1] % GLUON_BLOCK_N == 0))
@@ -594,7 +592,7 @@ def kernel(q, kv, scale):
     K = KNOBS
     if K["ENGINE"] not in ("triton", "gluon"):
         raise ValueError(f"ENGINE must be 'triton' or 'gluon', got {K['ENGINE']!r}")
-    if K["ENGINE"] == "gluon" and _gluon_applies(q, kv):
+    if _gluon_applies(q, kv):
         return _prefill_gluon_launch(q, kv, scale)
     block_m, block_n = int(K["BLOCK_M"]), int(K["BLOCK_N"])
     hpt, v_split = int(K["HEADS_PER_TILE"]), int(K["V_SPLIT"])
@@ -621,14 +619,6 @@ def kernel(q, kv, scale):
     if hpt > block_m:
         raise ValueError(f"HEADS_PER_TILE={hpt} exceeds BLOCK_M={block_m}: a tile must hold at least one query")
     qk_split = bool(K["QK_SPLIT"])
-    if qk_split and K["KV_LOAD"] == "tma" and v_split == 1 and bool(K["KEYS_AS_M"]) and block_m < 64:
-        # offline sm_90: this form keeps num_stages KV tiles in shared memory (one more than without QK_SPLIT)
-        smem = num_stages * block_n * (D_NOPE + D_ROPE) * 2 + block_m * (D_NOPE + D_ROPE) * 2 + block_n * block_m * 2
-        if smem > SMEM_LIMIT:
-            raise ValueError(
-                f"QK_SPLIT with KEYS_AS_M, BLOCK_M={block_m}, BLOCK_N={block_n}, num_stages={num_stages} keeps {num_stages} "
-                f"KV tiles in shared memory: ~{smem // 1024} KB, over the {SMEM_LIMIT // 1024} KB of sm_90"
-            )
     bv = D_NOPE // v_split
     n_hgroups = triton.cdiv(H, hpt)
     n_qblocks = triton.cdiv(Sq, block_m // hpt)
@@ -637,7 +627,7 @@ def kernel(q, kv, scale):
     lse = torch.empty((B, H, Sq), device=q.device, dtype=torch.float32)
     grid = (n_qblocks * n_hgroups, v_split, B)
     try:
-        if K["KV_LOAD"] == "tma" and v_split == 1 and kv.dtype == torch.bfloat16 and _tma_ok(kv):
+        if kv.dtype == torch.bfloat16 and _tma_ok(kv):
             if q.is_cuda:
                 triton.set_allocator(_descriptor_scratch)
             _mla_prefill_tma[grid](

@@ -19,7 +19,7 @@ without a mask (two copies of the loop body: more registers; at 64 x 512 it spil
 RESCALE_TAU > 0: the accumulator is rescaled only when some row's max grows by more than TAU
 (log2 units) over the max it is scaled to (a tile-uniform branch); otherwise the stale max stays
 and weights reach up to 2**TAU (exact in fp32, no worse in bf16). Saves the multiply of the whole
-accumulator on most tiles (the instruction-issue limit of the profile, kernels/notes/mla.md).
+accumulator on most tiles (the instruction-issue limit of the profile, kernels/notes/mla/).
 
 QK_SPLIT (TMA kernel): Triton gives a dot whose result feeds another dot all warps along M
 (its "chained dot" rule, meant for flash attention's in-warp row reductions). At BLOCK_M 64 on 8
@@ -37,7 +37,7 @@ once after the loop, instead of a cross-warpgroup reduction per tile.
 
 Tiles are issued heaviest first (last queries first) to shorten the tail.
 
-ENGINE "gluon" (session 9): ``_prefill_gluon``, the QK_SPLIT kernel's algorithm written in Gluon, Triton's
+ENGINE "gluon": ``_prefill_gluon``, the QK_SPLIT kernel's algorithm written in Gluon, Triton's
 dialect with explicit layouts, shared memory, mbarriers and asynchronous wgmma. Triton 3.6 waits for every
 wgmma it does not pipeline right after issuing it: five tensor-core drains per 64-key tile here. The Gluon
 kernel issues a tile's score dots behind the previous tile's P V and waits once for both, and fetches KV
@@ -65,7 +65,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 # kopt:knobs-begin
-KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 16, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2, "RESCALE_TAU": 0, "KV_LOAD": "tma", "QK_SPLIT": True, "ROWSUM": "defer", "ENGINE": "triton"}
+KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "HEADS_PER_TILE": 16, "V_SPLIT": 1, "UNMASKED_LOOP": False, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2, "RESCALE_TAU": 0, "KV_LOAD": "tma", "QK_SPLIT": True, "ROWSUM": "defer", "ENGINE": "gluon"}
 # kopt:knobs-end
 SPACE = {
     "BLOCK_M": [32, 64, 128],  # (query, head) rows per program
@@ -80,16 +80,10 @@ SPACE = {
     "KV_LOAD": ["pointer", "tma"],  # KV tiles by per-thread pointers (cp.async) or tensor descriptors (TMA; V_SPLIT 1)
     "QK_SPLIT": [False, True],  # TMA kernel: score keys split over the warpgroups (no duplicated QK), P V as V^T P^T
     "ROWSUM": ["reduce", "defer"],  # QK_SPLIT: row sums reduced every tile (across warpgroups), or kept per element and reduced once at the end
-    # session 9: "gluon" runs _prefill_gluon (fixed 64-row tiles, 8 warps; the knobs above are then unused) where it
-    # applies -- a Hopper GPU, bf16 contiguous inputs, H 16/32/64/128, B 1 or Skv a multiple of 64 -- else the Triton kernel
+    # "gluon" runs _prefill_gluon (fixed 64-row tiles, 8 warps; the knobs above are then unused) where it applies -- a
+    # Hopper GPU, bf16 contiguous inputs, H 16/32/64/128, B 1 or Skv a multiple of 64 -- else the Triton kernel
     "ENGINE": ["triton", "gluon"],
 }
-# Measured by the search loop right after the defaults: HEADS_PER_TILE 64 (the promoted kernel, 12.34-12.38 ms,
-# session 4). Session 5's QK_AHEAD (17.4 ms at BLOCK_N 32) and Q_LOAD tma (12.40 ms) lost to it on the H200 (12.33 ms)
-# and were removed from the family (kernels/notes/mla.md "Version 7 measured"; code in commit ce6db40).
-# Session 9's DESC "host" (12.57 ms) and PERSISTENT (12.72; both 12.66) lost to 12.40-12.44 in one dev run and were
-# removed (kernels/notes/mla.md "Session 9"; code in commit c168542).
-TRY_EARLY = [{"ENGINE": "gluon"}, {"HEADS_PER_TILE": 64}]
 
 D_NOPE = 512  # latent width: the value width
 D_ROPE = 64  # rope width; key width = D_NOPE + D_ROPE = 576
