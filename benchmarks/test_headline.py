@@ -11,6 +11,9 @@ each with the three timers of pytest_kopt.judge.timing (the test id ends in the 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -25,7 +28,9 @@ from pytest_kopt.problems.base import H200_BF16_FLOPS_PER_S, H200_COPY_BYTES_PER
 
 PROBLEMS = ("kda", "mla", "mla-prefill")
 DEVICE = "cuda"
-SECONDS_PER_BENCHMARK = 4.0
+SECONDS_PER_BENCHMARK = float(os.environ.get("KOPT_BENCH_SECONDS", 4.0))
+# more candidate files to time beside the best: "kda=path.py,mla=other.py" (a dev comparison in one run)
+EXTRA = [item.split("=", 1) for item in os.environ.get("KOPT_BENCH_EXTRA", "").split(",") if "=" in item]
 EAGER_SETS = 8  # input sets per eager or graph round (several times the L2 at the headline shapes)
 
 
@@ -35,6 +40,7 @@ def implementations(problem_name: str) -> list[tuple[str, int]]:
     names.append("candidate:baseline")
     if (KERNELS_DIR / "best" / f"{problem_name}.py").exists():
         names.append("candidate:best")
+    names += [f"candidate:file={path}" for problem, path in EXTRA if problem == problem_name]
     return names
 
 
@@ -85,6 +91,8 @@ def test_headline(benchmark, problem_name, case, impl, metric):
     else:
         order = 10 if name == "baseline" else 20
         path = problem.baseline_candidate_path if name == "baseline" else KERNELS_DIR / "best" / f"{problem_name}.py"
+        if name.startswith("file="):
+            order, path = 30, Path(name[len("file="):])
         fn = load_kernel(path)  # a trusted file of this repository: benchmarks time our own files only
 
     outputs = fn(**inputs)  # warm-up call: compile and autotune stay out of the figure
