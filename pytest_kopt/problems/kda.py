@@ -153,7 +153,7 @@ class KDAProblem(Problem):
         if str(device).startswith("cuda"):
             b_max, t_max, h_max, dims = 3, 1000, 4, [16, 32, 64, 128, 256]
         else:  # lengths past two 64-step chunks; small heads and dims keep the interpreter quick
-            b_max, t_max, h_max, dims = 2, 160, 2, [16, 32]
+            b_max, t_max, h_max, dims = 2, 160, 2, [16, 32, 64]
         return st.fixed_dictionaries({
             "dist": st.sampled_from(("typical",) + self.stress),
             "B": st.integers(1, b_max),
