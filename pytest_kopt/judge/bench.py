@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from typing import Any
 
 from . import timing
@@ -90,6 +91,7 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
     bench = CaseBench(sup, case)
     series, inc_series, ratios = Series(), Series(), []
     slots = inc_slots = None
+    started = time.perf_counter()
     try:
         slots = bench.open_slots(sup.client, "bench")
         snapshot = bench.snapshot_seconds(slots)
@@ -132,6 +134,7 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
                     s.release()
                 except RunnerFailure:
                     pass
+        sup.spent("timing:candidate", started)
     if not sup.cuda:
         series.rounds["device"] = list(series.rounds["eager"])
     figures = {m: series.median_us(m) for m in timing.METRICS}
@@ -147,6 +150,7 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
         incumbent["series"].append({m: inc_series.median_us(m) for m in timing.METRICS})
     baselines, baseline_figures, baseline_errors = {}, {}, {}
     reference_figures: dict | None = None
+    started = time.perf_counter()
     for name, fn in [(b.name, b.fn) for b in problem.baselines(str(sup.device))] + [("reference", problem.reference)]:
         try:
             figs, entries = bench.local_figures(name, fn, order)
@@ -161,6 +165,7 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
             value = figs.get(effective) or figs.get("eager")
             if value:
                 baselines[name] = value
+    sup.spent("timing:baselines", started)
     host = series.host_us
     timings = {
         "case": label, "metric": effective, "candidate_us": candidate_us, "figures": figures, "graph_safe": graph_safe,

@@ -3,9 +3,10 @@ candidate's process, so these catch honest mistakes and the naive cheats; the ve
 and times are the supervisor's).
 
 Static policy is bypassed by computed names, so the runner also watches the call itself:
-- ``LaunchMonitor`` wraps Triton's launch entry points (compiled ``JITFunction.run`` and the
-  interpreter's ``InterpretedFunction.run``): how many kernels ran, on which stream, how long
-  each took on the host (the CPU profile);
+- ``LaunchMonitor`` wraps Triton's launch entry points (``JITFunction.run``, the interpreter's
+  ``InterpretedFunction.run`` and, on a GPU, the driver's launcher that compiled kernels a family
+  keeps launch through): how many kernels ran, on which stream, how long each took on the host
+  (the CPU profile);
 - ``CallGuard`` is a ``TorchDispatchMode`` that sees every aten op of the call: torch math is
   recorded (only allocation, views, copies and fills are allowed), fresh allocations are
   remembered (outputs must be among them) and ``empty`` memory is filled with a NaN pattern,
@@ -110,17 +111,26 @@ class LaunchMonitor:
         current_stream = torch.cuda.current_stream if torch.cuda.is_available() else None
         perf_counter = time.perf_counter
         monitor = self
+        # On a GPU every launch, through JITFunction.run or a compiled kernel a family keeps (its
+        # host path cut to the bone), ends in the driver's launcher: count launches there.
+        launcher = None
+        if current_stream is not None:
+            try:
+                from triton.backends.nvidia.driver import CudaLauncher as launcher
+            except Exception:  # pragma: no cover - another backend: count at JITFunction.run
+                launcher = None
 
         def wrap(original):
             def run(self, *args, grid, warmup, **kwargs):
                 if warmup or not monitor.enabled:
                     return original(self, *args, grid=grid, warmup=warmup, **kwargs)
                 name = getattr(getattr(self, "fn", None), "__name__", None) or getattr(self, "__name__", "kernel")
-                monitor.launches += 1
                 monitor.names[name] += 1
-                if monitor.expected_stream is not None and current_stream is not None:
-                    if current_stream() != monitor.expected_stream:
-                        monitor.side_stream.append(name)
+                if launcher is None:
+                    monitor.launches += 1
+                    if monitor.expected_stream is not None and current_stream is not None:
+                        if current_stream() != monitor.expected_stream:
+                            monitor.side_stream.append(name)
                 start = perf_counter()
                 try:
                     return original(self, *args, grid=grid, warmup=warmup, **kwargs)
@@ -132,6 +142,19 @@ class LaunchMonitor:
 
         for cls in targets:
             cls.run = wrap(cls.run)
+        if launcher is not None:
+            original_call = launcher.__call__
+
+            def call(self, gridX, gridY, gridZ, stream, function, *args):
+                if monitor.enabled:
+                    monitor.launches += 1
+                    expected = monitor.expected_stream
+                    if expected is not None and stream != expected.cuda_stream:
+                        monitor.side_stream.append("a compiled kernel")
+                return original_call(self, gridX, gridY, gridZ, stream, function, *args)
+
+            call.__wrapped__ = original_call  # type: ignore[attr-defined]
+            launcher.__call__ = call
 
     def reset(self) -> None:
         self.launches = 0
