@@ -197,7 +197,7 @@ class _Static:
                 self.aliases[id(fn)].add(stmt.targets[0].id)
 
     def _find_locals(self, fn: ast.AST) -> None:
-        """Locals bound once, by a top-level statement of their function, to a static value."""
+        """Locals bound once, by a top-level statement of their function, to a static value that cannot change."""
         binds = self.binds[id(fn)]
         for stmt in fn.body:
             if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
@@ -209,7 +209,7 @@ class _Static:
             for t, v in pairs:
                 if isinstance(t, ast.Name) and binds.get(t.id) == 1 and t.id not in self.aliases[id(fn)]:
                     got = self.value(v, fn)
-                    if got is not _DYN:
+                    if _immutable(got):  # a list or dict could change under the name
                         self.consts[id(fn)][t.id] = (stmt.end_lineno, got)
 
     def _knobs_mutated(self, tree: ast.Module) -> bool:
@@ -356,6 +356,12 @@ class _Static:
         if not changed:
             return "keep", None
         return "rewrite", (" and " if is_and else " or ").join(kept)
+
+
+def _immutable(value: Any) -> bool:
+    if isinstance(value, tuple):
+        return all(_immutable(v) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str))
 
 
 def _module_bindings(tree: ast.Module) -> dict[str, int]:

@@ -231,3 +231,19 @@ def test_malformed_folders_say_what_is_wrong(tmp_path, changes, message):
     folder = toy_folder(tmp_path, **changes)
     with pytest.raises(FamilyError, match=message):
         load_family(folder)
+
+
+def test_the_search_agent_reads_a_folder_family():
+    """The KDA problem's families, the folder among them: the search agent loads both, starts with the baseline file
+    itself (a live family renders to itself) and measures the folder's defaults next."""
+    from pytest_kopt.agents.search import SearchAgent
+    from pytest_kopt.problems import get_problem
+
+    agent = SearchAgent(problem=get_problem("kda"))
+    assert set(agent.families) == {"kda_recurrent", "kda_chunked"} and not agent.load_notes
+    first = agent.next_action()
+    assert first.tool == "write_candidate" and first.args["notes"].endswith("[baseline]")
+    assert first.args["source"] == agent.baseline_source
+    agent.observe(first, {"verdict": "fail", "reasons": ["pretend"]})
+    second = agent.next_action()
+    assert second.args["strategy"] == "kda_chunked" and second.args["source"] == load_family("kda_chunked").render({})

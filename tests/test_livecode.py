@@ -249,3 +249,18 @@ def test_multiline_headers_strings_and_an_emptied_block():
     assert run(out, 1) == run(source, 1) == (1, "")
     one = live(family('{"a": 1}', body))
     assert run(one, 1) == (3, "line one\nline two"), one
+
+
+def test_a_local_holding_a_list_from_the_knobs_is_not_a_constant():
+    body = '''
+
+    def kernel(x):
+        sizes = KNOBS["sizes"]
+        sizes.append(x)
+        if len(sizes) > 2:
+            return "grown"
+        return "as given"
+    '''
+    source = family('{"sizes": [1, 2]}', body)
+    assert live(source) == source
+    assert run(source, 3) == "grown"

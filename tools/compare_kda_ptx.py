@@ -17,6 +17,7 @@ where the Gluon ones did.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import inspect
 import os
@@ -71,12 +72,13 @@ LAUNCHES: list[Recorded] = []
 
 
 def bind(fn, args, kwargs):
+    """Arguments by name (TMA descriptors copied: a host may point them elsewhere after the launch) and options."""
     params = inspect.signature(fn.fn).parameters
     named = {k: v for k, v in kwargs.items() if k in params}
     options = {k: v for k, v in kwargs.items() if k not in params}
     bound = inspect.signature(fn.fn).bind(*args, **named)
     bound.apply_defaults()
-    return dict(bound.arguments), options
+    return {k: copy.copy(v) if hasattr(v, "block_shape") else v for k, v in bound.arguments.items()}, options
 
 
 def fake_run(self, *args, grid, warmup, **kwargs):

@@ -1009,7 +1009,7 @@ class _Launch:
         self.slots = [(names.index(name), role) for name, role in roles.items()]
         self.kernel = None
         if gpu:
-            kernel = fn.warmup(*self.args, grid=grid, **options)
+            kernel = fn.warmup(*self.args, grid=self.grid, **options)
             if kernel.run is None:  # the launcher property loads the kernel onto the GPU
                 raise RuntimeError(f"{fn.__name__} did not load")
             self.kernel = kernel
