@@ -288,6 +288,7 @@ def test_unservable_knobs_raise_value_error(tmp_dir):
 
 def test_plan_is_reused_and_direct_launch_values_follow_the_signature(tmp_dir):
     module = render({}, tmp_dir)
+    module._PLANS.clear()
     for seed in (0, 1):
         module.kernel(**MLA_PAGED.make_inputs(MLA_PAGED.smoke_case, device="cpu", seed=seed))
     assert len(module._PLANS) == 1

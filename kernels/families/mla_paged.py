@@ -524,10 +524,12 @@ def _descriptor_scratch(size, alignment, stream):
 
 def _scratch(plan, device, stream_id):
     """Partials, lse partials, merge counters (zero; every fused merge leaves them at zero) and the
-    merge kernel's per-sequence record, reused by every call of a plan on one stream."""
+    merge kernel's per-sequence record, reused by every call of a plan on one stream (calls on one
+    stream are ordered); a call on another stream than the last gets fresh ones."""
     scratch = plan["scratch"].get(stream_id)
     if scratch is None:
         p_o, p_l, cnt, meta = plan["scratch_shapes"]
+        plan["scratch"] = {}
         scratch = plan["scratch"][stream_id] = (
             torch.empty(p_o, device=device, dtype=plan["part_dtype"]), torch.empty(p_l, device=device, dtype=torch.float32),
             torch.zeros(cnt, device=device, dtype=torch.int32), torch.zeros(meta, device=device, dtype=torch.int32),
