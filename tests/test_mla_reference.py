@@ -69,6 +69,7 @@ def test_reference_chunking_is_invisible(monkeypatch):
 @SETTINGS
 @given(case=any_cpu_case.filter(lambda c: c["Sq"] > 1), seed=SEEDS, data=st.data())
 def test_causal_row_ignores_later_keys(case, seed, data):
+    case = {**case, "dist": "typical"}  # on logits x 32 the softmax is one-hot and the last row may not move
     inputs = MLA.make_inputs(case, device="cpu", seed=seed)
     q, kv, scale = inputs["q"], inputs["kv"], inputs["scale"]
     Sq, Skv = case["Sq"], case["Skv"]
