@@ -139,10 +139,16 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
         series.rounds["device"] = list(series.rounds["eager"])
     figures = {m: series.median_us(m) for m in timing.METRICS}
     sup.result.setdefault("timelines", {})[label] = bench.timeline[:40]
+    believed = True
     if graph_safe and figures["graph"] and figures["device"] is not None and figures["device"] < GRAPH_MARGIN * figures["graph"]:
-        raise _stage_failed([f"{label}: the runner reported {figures['device']:.2f} us of device time per call, below "
-                             f"{GRAPH_MARGIN:g} x the {figures['graph']:.2f} us the supervisor measured for CUDA-graph replays "
-                             "of the same calls: a device-time report the judge cannot believe"])
+        # The device figure is the runner's report; below the supervisor's own graph figure it is not
+        # believed: the verdict then uses the graph figure for it (never the report).
+        believed = False
+        sup.result["notes"].append(f"{label}: the runner reported {figures['device']:.2f} us of device time per call, below "
+                                   f"{GRAPH_MARGIN:g} x the supervisor's graph figure ({figures['graph']:.2f} us): the graph figure "
+                                   "stands in for it")
+        figures["device_reported"] = figures["device"]
+        figures["device"] = figures["graph"]
     candidate_us = figures[effective]
     kind = "cuda" if sup.cuda else "cpu"
     sup.result["benchmarks"] += bench.entries("candidate", series, "candidate", TIMERS[kind])
@@ -169,6 +175,7 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
     host = series.host_us
     timings = {
         "case": label, "metric": effective, "candidate_us": candidate_us, "figures": figures, "graph_safe": graph_safe,
+        "device_believed": believed,
         "baselines": baselines, "baseline_figures": baseline_figures,
         "reference_us": (reference_figures or {}).get(effective) or (reference_figures or {}).get("eager"),
         "reference_figures": reference_figures, "compile_s": sup.call_seconds.get(label), "slots": bench.use,
@@ -189,7 +196,7 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
     if sup.cuda:
         floor_s = cost.floor_seconds(max(ceilings["bytes_per_s"], H200_COPY_BYTES_PER_S), max(ceilings["flops_per_s"], H200_BF16_FLOPS_PER_S))
         for mode, value in figures.items():
-            if value is not None and value / 1e6 < IMPOSSIBLE_MARGIN * floor_s:
+            if mode in ("eager", "device", "graph") and value is not None and value / 1e6 < IMPOSSIBLE_MARGIN * floor_s:
                 raise _stage_failed([f"impossible time: {mode} {value:.2f} us is below the physical floor of {floor_s * 1e6:.2f} us "
                                      f"({cost.bytes / 1e6:.1f} MB / bandwidth, {cost.flops / 1e9:.2f} GFLOP / peak) for {label}"])
     return timings, roof, ratios
