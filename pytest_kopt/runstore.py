@@ -30,7 +30,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path, PurePosixPath
 
 SUFFIX = ".tar.xz"
@@ -82,17 +82,21 @@ def locate(path: str | Path) -> tuple[Path, PurePosixPath] | None:
 
 
 @contextlib.contextmanager
-def readable(path: str | Path) -> Iterator[Path]:
+def readable(path: str | Path, *, only: Collection[str] | Callable[[str], bool] | None = None) -> Iterator[Path]:
     """``path`` as something to read: itself where it is plain, else the same path inside its
     archive unpacked to a temporary directory (removed when the block ends). The unpacked folder
-    keeps its name, so a run's id (its folder's name) reads the same packed and unpacked."""
+    keeps its name, so a run's id (its folder's name) reads the same packed and unpacked.
+
+    ``only`` unpacks just some files (paths inside the folder, or a test on them); given as names,
+    reading stops once they are all found, so ``only=("events.jsonl",)`` reads only the front of a
+    packed run (``pack`` puts the loop's own files first)."""
     found = locate(path)
     if found is None:
         yield Path(path)
         return
     archive, inside = found
     with tempfile.TemporaryDirectory(prefix="kopt-unpacked-") as tmp:
-        folder = _extract(archive, Path(tmp))
+        folder = _extract(archive, Path(tmp), only)
         yield folder if str(inside) == "." else folder / inside
 
 
@@ -190,32 +194,46 @@ def _check_against(archive: Path, folder: Path, files: list[Path]) -> None:
 
 
 # ---- unpacking --------------------------------------------------------------------------------
-def _member_files(archive: Path) -> list[str]:
-    """The archive's file paths relative to its folder, after checking every member is safe."""
+def _members(archive: Path) -> Iterator[tuple[str, bytes | None]]:
+    """The archive's entries in order, as (path relative to its folder, bytes; None for a folder),
+    in one pass, each checked to be a plain file or folder inside the archive's one folder."""
     top = folder_of(archive).name
-    names = []
     try:
-        with tarfile.open(archive, "r:xz") as tar:
+        with tarfile.open(archive, "r|xz") as tar:  # a stream: one pass of the decompressor
             for member in tar:
                 parts = PurePosixPath(member.name).parts
-                if member.name.startswith("/") or ".." in parts or len(parts) < 2 or parts[0] != top:
+                if member.name.startswith("/") or ".." in parts or not parts or parts[0] != top:
                     raise StoreError(f"{archive}: member {member.name!r} is not a path inside {top}/")
                 if not (member.isfile() or member.isdir()):
                     raise StoreError(f"{archive}: member {member.name!r} is not a plain file or folder")
-                if member.isfile():
-                    names.append(PurePosixPath(*parts[1:]).as_posix())
+                inside = PurePosixPath(*parts[1:]).as_posix() if len(parts) > 1 else "."
+                yield inside, tar.extractfile(member).read() if member.isfile() else None
     except (tarfile.TarError, EOFError, OSError) as exc:  # lzma.LZMAError is an OSError
         raise StoreError(f"{archive}: not a readable {SUFFIX} archive ({exc})") from None
-    return names
 
 
-def _extract(archive: Path, into: Path) -> Path:
-    """Unpack a checked archive under ``into``; returns ``into/<folder name>``."""
-    _member_files(archive)
-    with tarfile.open(archive, "r:xz") as tar:
-        tar.extractall(into, filter="data")
+def _member_files(archive: Path) -> list[str]:
+    """The archive's file paths relative to its folder, after checking every member is safe."""
+    return [name for name, data in _members(archive) if data is not None]
+
+
+def _extract(archive: Path, into: Path, only: Collection[str] | Callable[[str], bool] | None = None) -> Path:
+    """Unpack a checked archive (or the files ``only`` names or accepts) under ``into``; returns
+    ``into/<folder name>``. Each member is checked before it is written, and only plain files are
+    written, under that one folder."""
     folder = into / folder_of(archive).name
     folder.mkdir(exist_ok=True)
+    wanted = set(only) if only is not None and not callable(only) else None
+    for name, data in _members(archive):
+        if data is None or (wanted is not None and name not in wanted) or (callable(only) and not only(name)):
+            continue
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        if wanted is not None:
+            wanted.discard(name)
+            if not wanted:
+                break
     return folder
 
 

@@ -162,30 +162,29 @@ def _run_paths(runs_dir: Path) -> list[Path]:
 
 
 def find_runs(cids: set[str], runs: list[Path], results: Path) -> dict[str, RunFigure]:
-    """The run that holds each candidate id (where it is the run's best if one such run is); each
-    run is unpacked once."""
+    """The run that holds each candidate id (where it is the run's best if one such run is). Only
+    the front of a packed run is read: its log and ``best.json``."""
     found: dict[str, list[RunFigure]] = {}
     for path in runs:
-        with runstore.readable(path) as run_dir:
+        with runstore.readable(path, only=("events.jsonl", "best.json")) as run_dir:
             events = read_events(run_dir / "events.jsonl")
             held = {e.get("candidate_id") for e in events if e.get("kind") == "candidate"} & cids
+            best = _json(run_dir / "best.json") if held else None
             for cid in sorted(held):
-                found.setdefault(cid, []).append(_figure(cid, path, run_dir, events, results))
+                found.setdefault(cid, []).append(_figure(cid, path, events, best, results))
     return {cid: next((f for f in figs if f.is_best), figs[0]) for cid, figs in found.items()}
 
 
-def _figure(cid: str, path: Path, run_dir: Path, events: list[dict], results: Path) -> RunFigure:
+def _figure(cid: str, path: Path, events: list[dict], best: dict | None, results: Path) -> RunFigure:
     started = next((e for e in events if e.get("kind") == "run_started"), {})
     objective = started.get("objective") or {}
     bests = [e for e in events if e.get("kind") == "best"]
     mine = [e for e in bests if e.get("candidate_id") == cid]
     calls = next((e.get("budget_used") for e in reversed(events) if e.get("kind") in ("run_finished", "run_interrupted")), None)
     timer = None
-    for e in events:
-        if e.get("kind") == "verdict" and e.get("candidate_id") == cid and e.get("result_path"):
-            result = _json(run_dir / e["result_path"]) or {}
-            timings = result.get("timings") or {}
-            timer = " / ".join(str(t) for t in (timings.get("timer"), timings.get("metric")) if t) or timer
+    if isinstance(best, dict) and best.get("candidate_id") == cid:  # the loop's record of its best evaluation
+        timings = (best.get("evaluation") or {}).get("timings") or {}
+        timer = " / ".join(str(t) for t in (timings.get("timer"), timings.get("metric")) if t) or None
     return RunFigure(
         run=runstore.folder_of(path).name if runstore.is_archive(path) else path.name,
         shown_path=f"`{_shown(path, results)}`", call=mine[-1].get("call") if mine else None, calls=calls,
@@ -202,7 +201,7 @@ def benchmarks(results: Path) -> Iterator[Benchmark]:
         if entry.name == "runs":
             continue
         archive = entry if runstore.is_archive(entry) else None
-        with (runstore.readable(entry) if archive else contextlib.nullcontext(entry)) as folder:
+        with (runstore.readable(entry, only=lambda name: name.endswith(".json")) if archive else contextlib.nullcontext(entry)) as folder:
             files = sorted(folder.rglob("*.json")) if folder.is_dir() else [folder] if folder.suffix == ".json" else []
             for file in files:
                 data = _json(file)
