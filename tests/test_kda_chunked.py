@@ -7,7 +7,7 @@ per-channel mixtures), every SPACE value and a seeded sample of whole knob combi
 rendered the way the search agent renders them (the KNOBS block replaced, the file imported).
 
 The interpreter computes tf32 products in full float32; ``test_tf32_precision_emulated`` rounds
-their operands as the tensor cores do, and benchmarks/dev_kda_chunked.py checks on the GPU.
+their operands as the tensor cores do, and tools/dev_kda_chunked.py checks on the GPU.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 ``_kda_rows_gluon``.
 
 Gluon has no CPU interpreter, so CI checks what it can here and the H200 checks the rest
-(``benchmarks/dev_kda_wgmma.py`` compares its Aqk, Akk and running sums with the Triton rows' and its outputs with
+(``tools/dev_kda_wgmma.py`` compares its Aqk, Akk and running sums with the Triton rows' and its outputs with
 the recurrence; the judge checks every loop evaluation): on the CPU the knob must run the Triton rows of the same
 knobs (same outputs, bit for bit), the plan must hold what the kernel is launched with, and the kernel must compile
 for sm_90 to what made it fast -- TMA in and out, tf32 wgmma products, the operand buffer shared with q and k

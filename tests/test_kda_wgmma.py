@@ -2,7 +2,7 @@
 Gluon kernel for Hopper, ``_kda_scan_wgmma`` (and "wgmma_ws", its warp-specialised form).
 
 Gluon has no CPU interpreter, so CI checks two things here and the H200 checks the rest
-(``benchmarks/dev_kda_wgmma.py``, and the judge in every loop evaluation): on the CPU the knob must fall
+(``tools/dev_kda_wgmma.py``, and the judge in every loop evaluation): on the CPU the knob must fall
 back to the Triton scan of the other knobs (same outputs, bit for bit), and the kernel must compile for
 sm_90 to what made it fast -- the state never leaving registers (no spills), no wgmma serialised by
 ptxas, 20 wgmma and two waits on the state's chain per chunk step, and a ring that fits the H200's

@@ -7,7 +7,7 @@ ran; a plain third kernel that copies the primary's value. It answers:
 1. does the dependent run while the primary still runs (its clock reading before the primary's end)?
 2. does later work on the stream, and an event recorded after the dependent, wait for the primary too?
 
-    source benchmarks/device_setup.sh; python3 benchmarks/probe_pdl.py      # on the H200
+    source tools/device_setup.sh; python3 tools/probe_pdl.py      # on the H200
 """
 
 from __future__ import annotations

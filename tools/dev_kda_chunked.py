@@ -10,7 +10,7 @@ device time (session 4; ours read 877 us both ways).  fla's host time per call i
 
 Run on the device as::
 
-    source benchmarks/device_setup.sh; python3 benchmarks/dev_kda_chunked.py
+    source tools/device_setup.sh; python3 tools/dev_kda_chunked.py
 
 (carry=[".whl"] with fla-core 0.6.0 in it; see device_setup.sh).  Budget: KDA_DEV_BUDGET_S
 (default 280 s, fla's ~90 s first-call autotune included).  On the CPU: KDA_DEV_DRY=1.
@@ -24,13 +24,13 @@ on a quiet machine.  Every stage checks the clock and skips what no longer fits.
 row's per-stage split (block rows, solve, scan, out; profiler, L2 flushed before every call) is
 also taken at B2 T16384 H16 (``stages`` in the json).
 
-Profile mode (issue 5: what limits each stage; the static view is ``benchmarks/sass_kda.py``)::
+Profile mode (issue 5: what limits each stage; the static view is ``tools/sass_kda.py``)::
 
     ncu --profile-from-start off --clock-control none --target-processes all \
         --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
         --section InstructionStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
         --section Occupancy --section LaunchStats -f -o $OUT/kda_ncu \
-        python3 benchmarks/dev_kda_chunked.py --ncu
+        python3 tools/dev_kda_chunked.py --ncu
     ncu --import $OUT/kda_ncu.ncu-rep --page details --csv > $OUT/kda_ncu.csv
 
 ``--ncu`` compiles and runs the default knobs once per NCU_CASES shape, then one call per shape

@@ -1,7 +1,7 @@
 """Build, check and time MLA family variants on one GPU in one call (developer script, issue 6).
 
-    PYTHONPATH=. python3 benchmarks/dev_mla.py [--only decode|prefill] [--budget-s 200] [--out DIR]
-    PYTHONPATH=. python3 benchmarks/dev_mla.py --smoke     # CPU interpreter dry run, tiny cases
+    PYTHONPATH=. python3 tools/dev_mla.py [--only decode|prefill] [--budget-s 200] [--out DIR]
+    PYTHONPATH=. python3 tools/dev_mla.py --smoke     # CPU interpreter dry run, tiny cases
 
 For each variant (a family file with some knobs overridden, rendered the way the search agent
 renders it) and each headline case: fresh random inputs, the float32 reference, relative RMS of

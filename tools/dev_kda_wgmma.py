@@ -1,8 +1,8 @@
 """The KDA family's scan_engine "wgmma" (session 10) on the H200: correctness first, then time beside the
 promoted knobs and fla's chunk_kda in one run, judge timer (device us). Prints a short table; JSON to $OUT.
 
-    source benchmarks/device_setup.sh; python3 benchmarks/dev_kda_wgmma.py          # on the H200
-    PYTHONPATH=. python3 benchmarks/dev_kda_wgmma.py --offline                      # CPU: sm_90 compile facts
+    source tools/device_setup.sh; python3 tools/dev_kda_wgmma.py          # on the H200
+    PYTHONPATH=. python3 tools/dev_kda_wgmma.py --offline                      # CPU: sm_90 compile facts
 
 Rows are override dicts on the family's defaults (KDA_WG_ROWS=name,...: only these; KDA_WG_FLA=0: no fla). Every checked call also
 counts whether the Gluon kernel ran (``_wgmma_scan_launch``), so a silent fallback cannot pass as a result.

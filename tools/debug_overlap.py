@@ -1,7 +1,7 @@
 """scan_overlap "pdl" failed on the H200 with "unspecified launch failure" (session 14, call 2): which part fails.
 Each variant runs in its own process (a trap ends the CUDA context), at one small shape, and prints one line.
 
-    source benchmarks/device_setup.sh; python3 benchmarks/debug_overlap.py      # on the H200
+    source tools/device_setup.sh; python3 tools/debug_overlap.py      # on the H200
 """
 
 from __future__ import annotations

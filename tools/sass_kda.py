@@ -1,6 +1,6 @@
 """Static limiter analysis of the chunked KDA family on sm_90, without a GPU (issue 5).
 
-    .venv/bin/python benchmarks/sass_kda.py [--knobs '{"au": "bf16"}'] [--B 1 --T 8192 --H 16 --K 128 --V 128]
+    .venv/bin/python tools/sass_kda.py [--knobs '{"au": "bf16"}'] [--B 1 --T 8192 --H 16 --K 128 --V 128]
                                            [--measured '{"rows": 334.9, "solve": 172.4, "scan": 228.1, "out": 142.1}']
                                            [--json out.json] [--dump DIR]
 
@@ -24,7 +24,7 @@ For each of the four kernels of the default (unfused) pipeline -- block rows (th
 
 Assumed H200 (SXM, sm_90) rates, per SM per clock (the sources are named in RATES below).
 What this cannot see: dynamic stalls (memory latency, dependencies, barriers), L1/L2 hit rates,
-bank conflicts.  Those are what ``benchmarks/dev_kda_chunked.py --ncu`` measures on the GPU.
+bank conflicts.  Those are what ``tools/dev_kda_chunked.py --ncu`` measures on the GPU.
 """
 
 from __future__ import annotations

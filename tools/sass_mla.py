@@ -1,6 +1,6 @@
 """Static latency analysis of the MLA decode split kernel at B1 Sq1 H64 Skv8192 (issue 6, session 3).
 
-    .venv/bin/python benchmarks/sass_mla.py [--dump DIR]
+    .venv/bin/python tools/sass_mla.py [--dump DIR]
 
 No GPU: compiles the family's kernels (kernels/families/mla_decode.py, file defaults) offline for
 sm_90 with the constexprs and specialisations its launch code uses at B1 (the plan from ``_plan``
@@ -10,7 +10,7 @@ counts instruction classes per region, and evaluates a latency model of one prog
 chain with the assumptions printed beside it. Results and reading: kernels/notes/mla.md,
 "Static latency analysis of B1 decode (session 3)".
 
-    .venv/bin/python benchmarks/sass_mla.py --prefill [--dump DIR]
+    .venv/bin/python tools/sass_mla.py --prefill [--dump DIR]
 
 compiles the prefill TMA kernel's variants (PREFILL_VARIANTS: the promoted kernel and a few knob
 changes from it) as launched at the prefill headline and prints registers, stack, shared memory, the
@@ -344,7 +344,7 @@ def prefill_main(dump) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dump", help="write the SASS and PTX here")
-    ap.add_argument("--ladder", action="store_true", help="also compile benchmarks/ladder_mla_decode.py's rungs (sm_90, per-rung counts)")
+    ap.add_argument("--ladder", action="store_true", help="also compile tools/ladder_mla_decode.py's rungs (sm_90, per-rung counts)")
     ap.add_argument("--prefill", action="store_true", help="only the prefill TMA kernel's variants (PREFILL_VARIANTS): resources, loop order, waits")
     args = ap.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)
@@ -430,7 +430,7 @@ def main() -> int:
 
 def ladder_counts(dump):
     """The ladder's split kernel per rung and geometry, compiled for sm_90 as it is launched at B1."""
-    spec = importlib.util.spec_from_file_location("ladder_mla_decode", ROOT / "benchmarks" / "ladder_mla_decode.py")
+    spec = importlib.util.spec_from_file_location("ladder_mla_decode", ROOT / "tools" / "ladder_mla_decode.py")
     sys.path.insert(0, str(ROOT))
     lad = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lad)

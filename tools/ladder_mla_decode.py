@@ -1,7 +1,7 @@
 """Fixed-cost ladder for MLA decode at B1 Sq1 H64 Skv8192 (issue 6, session 3): one GPU call.
 
-    PYTHONPATH=. python3 benchmarks/ladder_mla_decode.py [--out DIR] [--rounds 100]
-    PYTHONPATH=. python3 benchmarks/ladder_mla_decode.py --smoke      # CPU interpreter, tiny shape
+    PYTHONPATH=. python3 tools/ladder_mla_decode.py [--out DIR] [--rounds 100]
+    PYTHONPATH=. python3 tools/ladder_mla_decode.py --smoke      # CPU interpreter, tiny shape
 
 Each rung is the previous one plus one piece of the decode split kernel, on the grid the family
 (kernels/families/mla_decode.py) launches at B1, so differences between rungs price the pieces:
@@ -135,7 +135,7 @@ def _ladder_split(
 
 
 GEOMETRIES = {
-    # the family's B1 plan (see benchmarks/sass_mla.py, which derives it from _plan)
+    # the family's B1 plan (see tools/sass_mla.py, which derives it from _plan)
     # stages_at: num_stages per rung stage where the default does not fit (offline sm_90: the score-only
     # loop at 3 stages keeps 3 KV tiles, 234 KB > 227 KB; at 2 it keeps 2, as the whole loop does at 3)
     "auto": dict(block_h=16, block_n=64, keys_as_m=True, num_warps=4, num_stages=3, tiles=4, part=torch.float32, stages_at={2: 2}),
@@ -198,7 +198,7 @@ class Ladder:
 
 
 def judge_us(fn, device, rounds):
-    """The judge's timer (see benchmarks/dev_mla.py judge_us): pytest-benchmark when importable,
+    """The judge's timer (see tools/dev_mla.py judge_us): pytest-benchmark when importable,
     else the same EventClock by hand; perf_counter on the CPU."""
     from pytest_kopt.judge import timing
 
@@ -235,7 +235,7 @@ _CLEAN: dict = {}
 
 def profile_us(fn, iters=20) -> dict:
     """Device time per kernel (us per call) from the profiler, L2 flushed before each call."""
-    from dev_mla import profile_kernels  # benchmarks/ is this script's own folder
+    from dev_mla import profile_kernels  # tools/ is this script's own folder
 
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
     return {name[:40]: round(k["us_per_call"], 2) for name, k in profile_kernels(fn, flush, iters).items()}

@@ -1,7 +1,7 @@
 """How fast can B1 decode's KV cache be read at all? (developer probe, issue 6; one H200 call, ~30 s)
 
-    PYTHONPATH=. python3 benchmarks/probe_kv_read.py [--out DIR]
-    PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks/probe_kv_read.py --smoke   # CPU: every form runs
+    PYTHONPATH=. python3 tools/probe_kv_read.py [--out DIR]
+    PYTHONPATH=. TRITON_INTERPRET=1 python3 tools/probe_kv_read.py --smoke   # CPU: every form runs
 
 The decode ladder (kernels/notes/mla.md, session 4) priced reading the 9.4 MB latent cache of
 B1 Sq1 H64 Skv8192 with plain loads at 6.2 us of kernel time over an empty kernel (1.5 TB/s; the

@@ -1,7 +1,7 @@
 """Judge the KDA families in quick mode on a GPU (headline shape plus a few hypothesis shapes),
 printing verdict, reasons, time and the baseline's time from the same evaluation.
 
-    PYTHONPATH=. python3 benchmarks/judge_kda_quick.py [FAMILY ...]
+    PYTHONPATH=. python3 tools/judge_kda_quick.py [FAMILY ...]
 """
 
 import sys

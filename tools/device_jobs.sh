@@ -1,13 +1,14 @@
 # Jobs for one device command, run in order on the GPU that CUDA_VISIBLE_DEVICES names:
-#   bash benchmarks/device_jobs.sh JOB SECONDS [JOB SECONDS ...]
-# Source benchmarks/device_setup.sh first. Each job gets at most SECONDS; a loop is stopped with
+#   bash tools/device_jobs.sh JOB SECONDS [JOB SECONDS ...]
+# Source tools/device_setup.sh first. Each job gets at most SECONDS; a loop is stopped with
 # SIGINT (a clean, resumable stop) and killed 30 s later if it is still running. Run directories
 # stay under results/runs/ (tar them into $OUT in the calling command); logs go to stdout.
 # Jobs:
-#   timer-check             benchmarks/check_timer_gpu.py
-#   kda-dev | mla-dev       benchmarks/dev_kda_chunked.py / dev_mla.py (flash-linear-attention importable)
-#   kda-wgmma-dev           benchmarks/dev_kda_wgmma.py (KDA_WG_ROWS, KDA_WG_FLA=0 as in its docstring)
-#   loop:PROBLEM:RUN:BUDGET  the search loop on PROBLEM in results/runs/RUN (resumed if it exists),
+#   gpu:EXPR                pytest tests/gpu -k EXPR (the GPU checks: judge, kda, mla, timer; `gpu:all` runs every one)
+#   kda-dev | mla-dev       tools/dev_kda_chunked.py / dev_mla.py (flash-linear-attention importable)
+#   kda-wgmma-dev           tools/dev_kda_wgmma.py (KDA_WG_ROWS, KDA_WG_FLA=0 as in its docstring)
+#   loop:PROBLEM:RUN:BUDGET  the search loop on PROBLEM in results/runs/RUN (resumed if it exists; a packed
+#                           results/runs/RUN.tar.xz is unpacked first: pack it again with `kopt pack` before committing),
 #                           up to BUDGET tool calls, judge in quick mode, best promoted to kernels/best/
 #                           (flash-linear-attention is NOT importable here: its first call autotunes
 #                           for 85 s on a fresh machine; the judge caches that choice on disk, but a
@@ -24,25 +25,30 @@ python3 -c 'import importlib.metadata as m, sys; sys.exit(0 if m.entry_points(gr
 # loop dies at start-up with an ImportError after the machine's start-up time is already spent (session 10, call 7)
 wheels_ok() {
   python3 -c 'import jsonlines, optuna, pytest_benchmark' 2>/dev/null && return 0
-  echo "=== $job skipped: jsonlines / optuna / pytest-benchmark not importable -- carry=[\".whl\"] and source benchmarks/device_setup.sh first"
+  echo "=== $job skipped: jsonlines / optuna / pytest-benchmark not importable -- carry=[\".whl\"] and source tools/device_setup.sh first"
   return 1
 }
 while [ $# -ge 2 ]; do
   job=$1; secs=$2; shift 2
   echo "=== $(date -u +%H:%M:%S) gpu=${CUDA_VISIBLE_DEVICES:-all} job=$job limit=${secs}s"
   case $job in
-    timer-check)
-      timeout -k 30 "$secs" python3 benchmarks/check_timer_gpu.py ;;
+    gpu:*)
+      expr=${job#gpu:}
+      [ "$expr" = all ] && expr=""
+      timeout -k 30 "$secs" python3 -m pytest -p no:cacheprovider -q -rs tests/gpu ${expr:+-k "$expr"} ;;
     kda-dev)
-      PYTHONPATH=$KOPT_FLA_PATH:$PYTHONPATH KDA_DEV_BUDGET_S=$((secs - 20)) timeout -k 30 "$secs" python3 benchmarks/dev_kda_chunked.py ;;
+      PYTHONPATH=$KOPT_FLA_PATH:$PYTHONPATH KDA_DEV_BUDGET_S=$((secs - 20)) timeout -k 30 "$secs" python3 tools/dev_kda_chunked.py ;;
     kda-wgmma-dev)
-      PYTHONPATH=$KOPT_FLA_PATH:$PYTHONPATH KDA_WG_BUDGET_S=$((secs - 20)) timeout -k 30 "$secs" python3 benchmarks/dev_kda_wgmma.py ;;
+      PYTHONPATH=$KOPT_FLA_PATH:$PYTHONPATH KDA_WG_BUDGET_S=$((secs - 20)) timeout -k 30 "$secs" python3 tools/dev_kda_wgmma.py ;;
     mla-dev)
-      timeout -k 30 "$secs" python3 benchmarks/dev_mla.py ;;
+      timeout -k 30 "$secs" python3 tools/dev_mla.py ;;
     loop:*)
       wheels_ok || continue
       IFS=: read -r _ problem run budget <<<"$job"
       resume=""
+      if [ -f "results/runs/$run.tar.xz" ] && [ ! -d "results/runs/$run" ]; then  # a committed run is packed
+        python3 -c 'import sys; from pytest_kopt.runstore import unpack; print("unpacked", unpack(sys.argv[1]))' "results/runs/$run.tar.xz" || continue
+      fi
       [ -f "results/runs/$run/events.jsonl" ] && resume="--kopt-resume"
       timeout -s INT -k 30 "$secs" python3 -m pytest $PLUGIN -q -p no:cacheprovider \
         --kopt-optimize="$problem" --kopt-budget="$budget" --kopt-quick --kopt-promote \

@@ -1,7 +1,7 @@
 """The MLA prefill family's ENGINE "gluon" kernel: offline sm_90 facts, then GPU checks and times.
 
-    PYTHONPATH=. python3 benchmarks/dev_gluon_prefill.py --offline        # CPU: compile for sm_90, SASS summary
-    PYTHONPATH=. python3 benchmarks/dev_gluon_prefill.py [--out DIR]      # H200: check and time (~1 min)
+    PYTHONPATH=. python3 tools/dev_gluon_prefill.py --offline        # CPU: compile for sm_90, SASS summary
+    PYTHONPATH=. python3 tools/dev_gluon_prefill.py [--out DIR]      # H200: check and time (~1 min)
 
 Offline: ``_prefill_gluon`` of kernels/families/mla_prefill.py compiled as launched (host descriptors,
 H 64 and H 16 tiles), with ptxas's own verdict on the wgmma pipeline (its C7515 note means every wgmma

@@ -2,7 +2,7 @@
 cudaProfilerStart / Stop, for Nsight Compute (issue 6: what limits the kernels the loops promoted):
 
     ncu --profile-from-start off --clock-control none --section SpeedOfLight ... \
-        python3 benchmarks/profile_mla.py
+        python3 tools/profile_mla.py
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Where the device time goes, ours against flash-linear-attention's chunk_kda, kernel by kernel
 (issue 5: which of our stages loses to fla's corresponding one, and by how much).
 
-    source benchmarks/device_setup.sh
-    PYTHONPATH=$KOPT_FLA_PATH:$PYTHONPATH python3 benchmarks/profile_kda_vs_fla.py [--out DIR]
+    source tools/device_setup.sh
+    PYTHONPATH=$KOPT_FLA_PATH:$PYTHONPATH python3 tools/profile_kda_vs_fla.py [--out DIR]
     ... ncu --profile-from-start off --clock-control none --section SpeedOfLight ... \
-        python3 benchmarks/profile_kda_vs_fla.py --ncu      # one profiled call of each, headline only
+        python3 tools/profile_kda_vs_fla.py --ncu      # one profiled call of each, headline only
 
 For each case (the headline, B2 T16384, B8 T1024 D64): fresh inputs from the problem, the judge's
 median (CUDA events, L2 flushed, host time hidden behind the flush's sleep) for kernels/best/kda.py
