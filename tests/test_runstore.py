@@ -254,3 +254,15 @@ def test_every_committed_run_is_packed_whole() -> None:
     for archive in COMMITTED_RUNS:
         files = runstore._member_files(archive)
         assert files[0] == "events.jsonl" and "best.py" in files and any(f.startswith("candidates/") for f in files), archive.name
+
+
+def test_readable_can_unpack_only_the_files_asked_for(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    make_run(run, run_id="r", agent="search", n_candidates=4, seed=4)
+    (run / "best.json").write_text("{}\n")
+    archive = runstore.pack(run)
+    with runstore.readable(archive, only=("events.jsonl", "best.json")) as folder:
+        assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == ["best.json", "events.jsonl"]
+    with runstore.readable(archive, only=lambda name: name.startswith("evals/")) as folder:
+        files = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+        assert files and all(f.startswith("evals/") for f in files)
