@@ -125,8 +125,13 @@ def files_to_pack(folder: Path) -> list[Path]:
             raise StoreError(f"{path}: only plain files and folders can be packed (a link or special file would not survive)")
         if path.is_file():
             found.append(path)
-    top = {name: i for i, name in enumerate(FIRST)}
-    return sorted(found, key=lambda p: (top.get(p.relative_to(folder).as_posix(), len(top)), len(p.relative_to(folder).parts) > 1, p.relative_to(folder).as_posix()))
+    first = {name: i for i, name in enumerate(FIRST)}
+
+    def order(path: Path) -> tuple[int, bool, str]:  # the loop's files, then other top-level files, then folders
+        relative = path.relative_to(folder)
+        return first.get(relative.as_posix(), len(first)), len(relative.parts) > 1, relative.as_posix()
+
+    return sorted(found, key=order)
 
 
 def pack(folder: str | Path, *, keep: bool = False) -> Path:
