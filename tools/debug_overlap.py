@@ -44,7 +44,7 @@ def child(variant: str) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from kernels.reference.kda import naive_recurrent_kda
+    from pytest_kopt.kernels.reference.kda import naive_recurrent_kda
     from pytest_kopt.gate import load_module
     from pytest_kopt.problems.kda import KDAProblem
 

@@ -196,7 +196,7 @@ def family_and_problem():
 
         interpret.configure(True)
 
-    from kernels.families import kda_chunked as fam
+    from pytest_kopt.kernels.families import kda_chunked as fam
     from pytest_kopt.problems.kda import KDAProblem
 
     return fam, KDAProblem()
@@ -451,7 +451,7 @@ def main() -> None:
     log("compiled")
     save("dev_kda_chunked.json", results)
 
-    from kernels.reference.kda import chunk_kda_reference, naive_recurrent_kda
+    from pytest_kopt.kernels.reference.kda import chunk_kda_reference, naive_recurrent_kda
 
     def errors(got, want):
         return {e.name: e.rel_rms for e in prob.compare(got, want)}

@@ -280,7 +280,7 @@ def main() -> int:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from kernels.reference.kda import chunk_kda_reference, naive_recurrent_kda
+    from pytest_kopt.kernels.reference.kda import chunk_kda_reference, naive_recurrent_kda
     from pytest_kopt.judge.timing import median_us
     from pytest_kopt.problems.kda import KDAProblem
 

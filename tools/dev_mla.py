@@ -239,7 +239,7 @@ def main() -> int:
     import triton
     import triton.testing as tt
 
-    from kernels.reference.mla import mla_eager_bf16, mla_reference
+    from pytest_kopt.kernels.reference.mla import mla_eager_bf16, mla_reference
     try:
         from pytest_kopt.judge.checks import LaunchMonitor
 
@@ -363,7 +363,7 @@ def smoke(args) -> int:
     from pytest_kopt import interpret
 
     interpret.configure()
-    from kernels.reference.mla import mla_reference
+    from pytest_kopt.kernels.reference.mla import mla_reference
     from pytest_kopt.judge.checks import LaunchMonitor
 
     monitor = LaunchMonitor()

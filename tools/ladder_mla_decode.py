@@ -50,7 +50,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from kernels.families import mla_decode as fam  # noqa: E402
+from pytest_kopt.kernels.families import mla_decode as fam  # noqa: E402
 
 DN, DR = 512, 64
 LOG2E = 1.4426950408889634
@@ -266,7 +266,7 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shape (H16, Skv 512): checks the script")
     ap.add_argument("--geometries", default="auto,h64x1")
     args = ap.parse_args()
-    from kernels.reference.mla import mla_reference
+    from pytest_kopt.kernels.reference.mla import mla_reference
     from pytest_kopt.problems.mla import MLA
 
     on_gpu = torch.cuda.is_available() and not args.smoke

@@ -448,7 +448,7 @@ STAGES = ("rows", "solve", "scan", "out")
 
 
 def analyse(knobs: dict, shape: dict, workdir: Path, measured: dict | None = None) -> dict:
-    from kernels.families import kda_chunked as fam
+    from pytest_kopt.kernels.families import kda_chunked as fam
 
     built = build_all(fam, knobs, shape)
     plan, kn = built["plan"], built["knobs"]

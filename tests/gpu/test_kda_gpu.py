@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.families import kda_recurrent
-from kernels.reference.kda import chunk_kda_reference, naive_recurrent_kda
+from pytest_kopt.kernels.families import kda_recurrent
+from pytest_kopt.kernels.reference.kda import chunk_kda_reference, naive_recurrent_kda
 from pytest_kopt.problems.base import rel_rms
 from pytest_kopt.problems.kda import KDAProblem
 

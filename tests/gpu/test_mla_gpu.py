@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.families import mla_naive
-from kernels.reference.mla import mla_eager_bf16, mla_reference
+from pytest_kopt.kernels.families import mla_naive
+from pytest_kopt.kernels.reference.mla import mla_eager_bf16, mla_reference
 from pytest_kopt.problems.base import rel_rms
 from pytest_kopt.problems.mla import MLA, MLA_PREFILL
 
