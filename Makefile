@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 PROBLEM ?= kda
 BUDGET ?= 40
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "torch==2.13.0" "triton==3.6.0" "numpy<2.3" -e .

@@ -31,7 +31,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kopt-run-dir", help="run directory (default results/runs/<problem>-<timestamp>)")
     group.addoption("--kopt-resume", action="store_true", help="continue the run in --kopt-run-dir from its log")
     group.addoption("--kopt-seed", type=int, default=None, help="seed of the agent's sampler")
-    group.addoption("--kopt-replay", help="events.jsonl of a recorded run, for --kopt-agent=replay")
+    group.addoption("--kopt-replay", help="a recorded run (its events.jsonl, its folder or its packed .tar.xz), for --kopt-agent=replay")
     group.addoption("--kopt-promote", action="store_true", help="copy the run's best candidate to kernels/best/<problem>.py")
     group.addoption("--kopt-retract", metavar="CANDIDATE_ID", help="on resume: take this candidate out of the running for best (with --kopt-retract-reason); the best is rebuilt without it")
     group.addoption("--kopt-retract-reason", metavar="TEXT", help="what showed the retracted candidate wrong (logged with the retraction)")

@@ -9,12 +9,13 @@ printed to the terminal.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import plots
+from . import plots, runstore
 from .runsummary import RunSummary, summarise
 
 DEFAULT_OUT = Path("results/reports")
@@ -22,18 +23,20 @@ DEFAULT_OUT = Path("results/reports")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
-                        help="run directories (results/runs/<id>), each holding events.jsonl")
+                        help="runs: directories holding events.jsonl, or packed (results/runs/<id>.tar.xz)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"where report.md and the PNG plots go (default: {DEFAULT_OUT})")
     parser.add_argument("--quiet", action="store_true", help="do not print the report")
 
 
 def run(args: argparse.Namespace) -> int:
-    missing = [d for d in args.run_dirs if not (d / "events.jsonl").is_file()]
-    if missing:
-        print(f"kopt report: no events.jsonl in {', '.join(map(str, missing))}", file=sys.stderr)
-        return 2
-    path = write_report(args.run_dirs, args.out)
+    with contextlib.ExitStack() as stack:  # a packed run (results/runs/<id>.tar.xz) is read unpacked to a temporary dir
+        run_dirs = [stack.enter_context(runstore.readable(d)) for d in args.run_dirs]
+        missing = [str(given) for given, d in zip(args.run_dirs, run_dirs) if not (d / "events.jsonl").is_file()]
+        if missing:
+            print(f"kopt report: no events.jsonl in {', '.join(missing)}", file=sys.stderr)
+            return 2
+        path = write_report(run_dirs, args.out)
     if not args.quiet:
         print(path.read_text(encoding="utf-8"))
         print(f"[report written to {path}]")

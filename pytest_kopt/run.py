@@ -31,7 +31,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
-from . import KERNELS_DIR, REPO_ROOT
+from . import KERNELS_DIR, REPO_ROOT, runstore
 from .events import EventLog, dumps, read_events
 from .families import FamilyError, parse_family
 from .progress import Progress, fmt_us
@@ -112,6 +112,9 @@ def resolve(options: RunOptions) -> RunOptions:
             raise RunError("--kopt-resume needs --kopt-run-dir=DIR (the run to continue)")
     else:
         run_dir = run_dir or default_run_dir(options.problem, options.results_dir)
+    packed = runstore.packed_message(run_dir)
+    if packed:  # a packed run is read-only: resuming it, or starting another in its place, would lose it
+        raise RunError(packed)
     events = _events(run_dir)
     started = next((e for e in events if e.get("kind") == "run_started"), None)
     if started is None:  # a new run (or one killed before it recorded its start)

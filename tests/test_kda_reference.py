@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.reference.kda import chunk_kda_reference, naive_recurrent_kda
+from pytest_kopt.kernels.reference.kda import chunk_kda_reference, naive_recurrent_kda
 from pytest_kopt.problems import get_problem
 from pytest_kopt.problems.base import rel_rms
 
@@ -49,7 +49,7 @@ def test_chunked_matches_naive(case, seed, chunk):
 
 def test_chunk_slabs_do_not_change_the_result(monkeypatch):
     """Large problems expand the pairwise decays a few chunks at a time; that must be invisible."""
-    import kernels.reference.kda as ref
+    import pytest_kopt.kernels.reference.kda as ref
 
     x = inputs_for({"B": 2, "T": 37, "H": 2, "K": 16, "V": 32, "initial_state": True, "output_final_state": True}, seed=5)
     whole = ref.chunk_kda_reference(**x, chunk_size=4, accum_dtype=torch.float64)

@@ -538,7 +538,7 @@ print(json.dumps(out))
 
 def test_gluon_prefill_compiles_for_hopper_with_one_wait_per_tile():
     """ENGINE "gluon" cannot run on the CPU (Gluon has no interpreter; the GPU checks are
-    benchmarks/dev_gluon_prefill.py and the judge), so CI holds its compile for sm_90 to what made it
+    tools/dev_gluon_prefill.py and the judge), so CI holds its compile for sm_90 to what made it
     fast: each key tile's 40 wgmma (36 score, 4 P V) waited once, which ptxas keeps only if nothing
     writes an accumulator register while a wgmma is in flight (else its C7515 note: every wgmma
     serialised), no spills, and the shared memory of one CTA per SM."""

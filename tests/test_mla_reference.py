@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.reference.mla import mla_eager_bf16, mla_reference
+from pytest_kopt.kernels.reference.mla import mla_eager_bf16, mla_reference
 from pytest_kopt import KERNELS_DIR
 from pytest_kopt.problems import get_problem, register_problem
 from pytest_kopt.problems.base import rel_rms
@@ -57,7 +57,7 @@ def test_reference_matches_per_query_loop(case, seed):
 
 def test_reference_chunking_is_invisible(monkeypatch):
     """Chunking over queries (needed at Sq = 8192) must not change the answer."""
-    import kernels.reference.mla as ref
+    import pytest_kopt.kernels.reference.mla as ref
 
     inputs = MLA_PREFILL.make_inputs({"B": 2, "Sq": 37, "H": 3, "Skv": 37}, device="cpu", seed=5)
     o_whole, lse_whole = mla_reference(**inputs)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from .. import runstore
 from ..events import read_events
 
 MAX_TABLE_ROWS = 40  # attempts listed one per row; older, unremarkable ones are only counted
@@ -343,21 +344,25 @@ def last_compaction(events: Iterable[dict]) -> dict | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", help="a run directory (results/runs/<id>) or its events.jsonl")
+    parser.add_argument("run_dir", help="a run: its directory, its events.jsonl or its packed file (results/runs/<id>.tar.xz)")
     parser.add_argument("--recorded", action="store_true", help="print the last compaction recorded in the log instead of building it now")
 
 
 def run(args: argparse.Namespace) -> int:
-    path = Path(args.run_dir)
+    with runstore.readable(args.run_dir) as path:  # a packed run is read unpacked to a temporary dir
+        return _print_memory(args, path)
+
+
+def _print_memory(args: argparse.Namespace, path: Path) -> int:
     run_dir, log = (path.parent, path) if path.suffix == ".jsonl" else (path, path / "events.jsonl")
     if not log.exists():
-        print(f"kopt memory: no event log at {log}", file=sys.stderr)
+        print(f"kopt memory: no event log at {args.run_dir}", file=sys.stderr)
         return 2
     events = read_events(log)
     if args.recorded:
         ev = last_compaction(events)
         if ev is None:
-            print(f"kopt memory: the run in {run_dir} has not been compacted yet", file=sys.stderr)
+            print(f"kopt memory: the run in {args.run_dir} has not been compacted yet", file=sys.stderr)
             return 1
         sys.stdout.write(str(ev.get("memory", "")))
         return 0

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import runstore
 from ..events import read_events
 from ..judge import candidate_id
 from .base import Agent
@@ -116,7 +117,8 @@ class ReplayAgent(Agent):
         if not replay_path:
             raise ValueError("the replay agent needs a recorded run: --kopt-replay=RUN_DIR/events.jsonl")
         self.replay_path = Path(replay_path)
-        self.steps = load_steps(self.replay_path)
+        with runstore.readable(self.replay_path) as path:  # a packed run is read unpacked to a temporary dir
+            self.steps = load_steps(path)
         self.position = 0
         self._in_flight = False
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import torch
 import torch.nn.functional as F
 
-from kernels.reference.kda import chunk_kda_reference, naive_recurrent_kda
+from pytest_kopt.kernels.reference.kda import chunk_kda_reference, naive_recurrent_kda
 
 from .. import KERNELS_DIR
 from . import register_problem

@@ -24,7 +24,7 @@ from .. import KERNELS_DIR
 from . import register_problem
 from .base import Baseline, Case, Cost, OutputSpec, Problem
 
-from kernels.reference.mla import HEAD_DIM, LATENT_DIM, mla_eager_bf16, mla_reference
+from pytest_kopt.kernels.reference.mla import HEAD_DIM, LATENT_DIM, mla_eager_bf16, mla_reference
 
 # DeepSeek-V2/V3 scale: 1/sqrt(qk_nope_head_dim + qk_rope_head_dim) = 1/sqrt(128 + 64), kept
 # after absorbing the 128-wide nope projection into the 512-wide latent.
