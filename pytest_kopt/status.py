@@ -28,8 +28,11 @@ from typing import Any, Iterator
 from . import KERNELS_DIR, runstore
 from .events import read_events
 
-TIMERS = {  # a timer's name in a pytest-benchmark JSON -> what it measures
+TIMERS = {  # a timer's name in a pytest-benchmark JSON (and the figure it gives) -> what it measures
     "EventClock": "the judge's EventClock: CUDA events around each call, L2 flushed before every round; device time",
+    "EventClock / device": "device: CUDA events around each call, L2 flushed before every round",
+    "PerCall / eager": "eager: wall clock of calls back to back on different inputs, per call, host time included",
+    "PerCall / graph": "graph: the same calls replayed from one CUDA graph, per call",
 }
 BEST_IMPL = "candidate:best"
 
@@ -221,7 +224,10 @@ def _benchmark(data: dict, shown: str, archive: str | None) -> Benchmark:
         if not problem or not impl or not isinstance(stats.get("median"), (int, float)):
             continue
         timer = (item.get("options") or {}).get("timer")
-        bench.rows.setdefault(problem, {}).setdefault(extra.get("case") or item.get("group") or "?", {})[impl] = {
+        case = extra.get("case") or item.get("group") or "?"
+        if extra.get("metric"):  # three figures per case since session 20: a row per case and figure
+            case = f"{case} [{extra['metric']}]"
+        bench.rows.setdefault(problem, {}).setdefault(case, {})[impl] = {
             "us": stats["median"] * 1e6, "rel_rms": extra.get("rel_rms"), "order": extra.get("order", 99),
             "timer": " / ".join(str(t) for t in (timer, extra.get("metric")) if t),
         }

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.reference.mla import check_paged, gather_sequence, mla_paged_eager_bf16, mla_paged_reference
+from pytest_kopt.kernels.reference.mla import check_paged, gather_sequence, mla_paged_eager_bf16, mla_paged_reference
 from pytest_kopt import KERNELS_DIR
 from pytest_kopt.problems import get_problem
 from pytest_kopt.problems import mla as mla_problem

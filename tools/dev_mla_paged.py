@@ -41,7 +41,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kernels.reference.mla import mla_eager_bf16, mla_paged_eager_bf16  # noqa: E402
+from pytest_kopt.kernels.reference.mla import mla_eager_bf16, mla_paged_eager_bf16  # noqa: E402
 from pytest_kopt.families import load_family  # noqa: E402
 from pytest_kopt.gate import load_module  # noqa: E402
 from pytest_kopt.judge.timing import median_us  # noqa: E402

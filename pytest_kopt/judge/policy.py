@@ -40,7 +40,7 @@ KERNEL_LIBRARIES = frozenset({
     "flash_mla", "deep_gemm", "cutlass", "cuda", "tilelang", "thunderkittens", "apex", "transformer_engine",
     "liger_kernel", "sgl_kernel", "vllm", "flashattn", "cupy", "numba", "jax", "tensorflow", "tvm",
 })
-PROJECT_MODULES = frozenset({"pytest_kopt", "kernels", "tests", "benchmarks"})
+PROJECT_MODULES = frozenset({"pytest_kopt", "kernels", "tests", "benchmarks", "tools"})
 MACHINERY = frozenset({
     "importlib", "ctypes", "cffi", "subprocess", "os", "sys", "socket", "multiprocessing", "threading",
     "concurrent", "asyncio", "shutil", "pathlib", "pickle", "marshal", "builtins", "gc", "inspect", "signal",

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from kernels.reference.mla import HEAD_DIM, LATENT_DIM, mla_paged_eager_bf16, mla_paged_reference
+from pytest_kopt.kernels.reference.mla import HEAD_DIM, LATENT_DIM, mla_paged_eager_bf16, mla_paged_reference
 
 from .. import KERNELS_DIR
 from . import register_problem
