@@ -294,7 +294,7 @@ class Toolbox:
         if event["tool"] == "write_candidate" and "candidate_id" in args:
             path = self.run_dir / "candidates" / f"{args.pop('candidate_id')}.py"
             if not path.is_file():
-                self.emit("note", text=f"in-flight call {event['call']} (write_candidate) could not be redone: its source was never stored; not charged")
+                self.emit(ev.NOTE, text=f"in-flight call {event['call']} (write_candidate) could not be redone: its source was never stored; not charged")
                 return None
             args["source"] = path.read_text(encoding="utf-8")
         return self._call(event["tool"], args, int(event["call"]), redo=True)
