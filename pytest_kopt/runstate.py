@@ -201,6 +201,7 @@ class RunState:
     results: dict[tuple[str, str], dict] = field(default_factory=dict)  # (id, upto) -> its latest verdict (not a judge failure)
     best: dict | None = None
     progress: list[tuple[int, float, str]] = field(default_factory=list)  # (call, speedup, id): each change of best
+    best_ratios: dict[str, dict] = field(default_factory=dict)  # id -> how it beat the best before it, timed side by side
     logged_best: dict | None = None  # the last best event
     retracted: dict[str, str] = field(default_factory=dict)  # id -> why it may not be best
     calls: dict[int, dict] = field(default_factory=dict)  # call number -> its latest tool_call event
@@ -323,6 +324,8 @@ class RunState:
 
     def _new_best(self, record: dict) -> None:
         self.best = record
+        if isinstance(record.get("ratio"), dict):
+            self.best_ratios[record["candidate_id"]] = record["ratio"]
         speedup = speedup_of(record)
         if speedup is not None:
             self.progress.append((_int(record.get("call")), speedup, record["candidate_id"]))
@@ -337,7 +340,7 @@ class RunState:
             return
         self.retracted[cid] = str(event.get("reason", ""))
         # the best and its progress line as if the retracted candidates had never been timed
-        self.best, self.progress = None, []
+        self.best, self.progress, self.best_ratios = None, [], {}
         for attempt in self.candidates.values():
             attempt.was_best = False
         for verdict in self._timed:

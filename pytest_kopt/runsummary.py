@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import judge
-from .runstate import OLD_METRIC, Attempt, RunState, number, ratio_text
+from .runstate import OLD_METRIC, Attempt, RunState, number
 
 
 _OWN_FILE = re.compile(r"^[0-9a-f]{12}\.py(?: line \d+)?:\s*")
@@ -45,7 +45,7 @@ class RunSummary:
     best_id: str | None = None
     best_us: float | None = None
     best_speedup: float | None = None
-    best_ratio: dict | None = None  # how the best beat the one before it, timed side by side (median, lo, hi, incumbent)
+    best_ratios: dict[str, dict] = field(default_factory=dict)  # id of a best -> how it beat the one before it (median, lo, hi, incumbent)
     baseline_us: float | None = None  # what speedups are measured against
     best_result: dict | None = None  # the judge's full result JSON for the best candidate
     tool_seconds: dict[str, list[float]] = field(default_factory=dict)  # tool -> wall seconds of each of its calls
@@ -106,7 +106,7 @@ def summarise(run_dir: Path | str) -> RunSummary:
         running_s=state.running_s, resumes=state.resumes, metric=state.metric, candidates=state.candidates,
         progress=list(state.progress), best_id=best.get("candidate_id"), best_us=number(best.get("candidate_us")),
         best_speedup=number(best.get("vs_baseline")) if number(best.get("vs_baseline")) is not None else number(best.get("speedup")),
-        best_ratio=best.get("ratio") if ratio_text(best.get("ratio")) else None,
+        best_ratios=dict(state.best_ratios),
         baseline_us=state.baseline_us, tool_seconds=state.tool_seconds, retracted=dict(state.retracted),
     )
     if summary.baseline_us is None:  # speedup = baseline_us / candidate_us, for a log whose objective lacks it
