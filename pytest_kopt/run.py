@@ -510,7 +510,7 @@ class Run:
             # an interrupted run promotes too: its best is as verified, and a device job's time limit
             # (SIGINT) is how long runs usually end
             if self.options.promote and outcome.best_path:
-                outcome.promotion = self._promote(outcome.best_path)
+                outcome.promotion = self._promote()
                 outcome.promoted = outcome.promotion.path if outcome.promotion.promoted else None
             kind = ev.RUN_FINISHED if status == "finished" else ev.RUN_INTERRUPTED
             self.log.append(kind, reason=reason, budget_used=tools.budget_used, budget=tools.budget, best=tools.best)
@@ -522,8 +522,8 @@ class Run:
                 outcome.reason = f"the run directory cannot be written: {exc}"
         return outcome
 
-    def _promote(self, best_path: Path) -> Promotion:
-        """--kopt-promote: hand the best to pytest_kopt.promote; log and say what it did."""
+    def _promote(self) -> Promotion:
+        """--kopt-promote: hand the best (its candidate file) to pytest_kopt.promote; log and say what it did."""
         tools, best = self.tools, self.tools.best
         cid = best["candidate_id"]
         recorded = next((tools.results[(cid, u)] for u in ("profile", "benchmark") if (cid, u) in tools.results), None)
@@ -532,7 +532,7 @@ class Run:
             self.progress.waiting(f"promotion of {cid}")
         try:
             promotion = promote(
-                problem=self.problem.name, mode=mode, best=best, best_path=best_path, attempt=tools.candidates.get(cid),
+                problem=self.problem.name, mode=mode, best=best, best_path=self.run_dir / "candidates" / f"{cid}.py", attempt=tools.candidates.get(cid),
                 run_shown=_shown(self.run_dir), objective=tools.objective, promote_dir=self.promote_dir, machine=self.machine,
                 environment=self.environment, evaluate=tools.evaluator, timeout_s=self.options.eval_timeout, recorded_result=recorded,
             )
