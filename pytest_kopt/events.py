@@ -39,18 +39,18 @@ RESERVED = ("seq", "time", "run_id", "kind")
 TEMP_GLOB = ".*.tmp"  # atomic_write's temporary files
 
 # ---- event kinds (docs/architecture.md, Event log, pins their fields) -------------------------
-RUN_STARTED = "run_started"
+RUN_STARTED = "run_started"  # objective (with metric: eager|device|graph, score: what its number is), environment, budget, agent, ...
 RUN_RESUMED = "run_resumed"
 RUN_FINISHED = "run_finished"
 RUN_INTERRUPTED = "run_interrupted"
 LOG_REPAIRED = "log_repaired"
-TOOL_CALL = "tool_call"
+TOOL_CALL = "tool_call"  # call, tool, args; redo; rejected (the error of a call whose arguments were not JSON)
 TOOL_RESULT = "tool_result"
 CANDIDATE = "candidate"
-VERDICT = "verdict"
-BEST = "best"
+VERDICT = "verdict"  # ...; when the judge gave them: metric, figures, incumbent {candidate_id, ratio}, incumbent_error, isolation
+BEST = "best"  # candidate_id, candidate_us, speedup, vs_baseline, call; ratio (how it beat the best before it); recovered (on resume)
 RETRACT = "retract"
-PROMOTE = "promote"
+PROMOTE = "promote"  # action (promoted|refused|unchanged), reason, candidate_id, path, replaced, ratio, mode, machine, timed_on, result_path
 NOTE = "note"
 LLM_REQUEST = "llm_request"
 LLM_RESPONSE = "llm_response"

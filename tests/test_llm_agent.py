@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -728,7 +729,8 @@ def test_end_to_end_kill_dead_endpoint_resume_and_replay(tmp_path: Path) -> None
 
         dead = kopt_pytest(tmp_path, *common, "--kopt-resume", f"--kopt-base-url=http://127.0.0.1:{free_port()}/v1")
         assert dead.returncode == 1
-        assert f"can be resumed; continue with --kopt-resume --kopt-run-dir={run_dir}" in dead.stdout  # one line, no traceback
+        hint = f"can be resumed; continue with: {shlex.quote(sys.executable)} -m pytest --kopt-optimize=kda --kopt-resume --kopt-run-dir={run_dir}"
+        assert hint in dead.stdout  # one line, no traceback, and the command that continues it
         assert "EndpointUnavailable" not in dead.stdout.split("= kopt optimize =")[0]
         stopped = read_events(run_dir / "events.jsonl")[-1]
         assert stopped["kind"] == "run_interrupted" and "can be resumed" in stopped["reason"]
