@@ -542,7 +542,7 @@ class Run:
         finally:
             if self.progress:
                 self.progress.done()
-        fields = promotion.event()
+        fields = promotion.event() | {"path": _shown(promotion.path)}
         if promotion.result is not None:
             fields["result_path"] = f"evals/{cid}-promotion.json"
             atomic_write(self.run_dir / fields["result_path"], dumps(promotion.result) + "\n")
