@@ -1,11 +1,16 @@
 """Compare saved benchmark histories side by side: `kopt compare [--storage DIR] [RUN...]`.
 
 The histories are the JSON files pytest-benchmark saves (``--benchmark-save``/``--benchmark-autosave``
-with ``--benchmark-storage=results/benchmarks``), from different commits, machines or Triton
-versions. Loading, grouping, the side-by-side table and the regression rule are
+with ``--benchmark-storage=results/benchmarks``, or ``--benchmark-json``), from different commits,
+machines or Triton versions. A RUN is a saved run's name in the storage, or a JSON file, or a
+folder of them (the benchmark JSONs of record committed under ``results/``), so a fresh clone can
+compare what is committed. Loading, grouping, the side-by-side table and the regression rule are
 pytest-benchmark's own (``FileStorage``, ``pytest_benchmark_group_stats``,
 ``CompareBetweenResults``, ``--benchmark-compare-fail`` syntax); this module picks the runs,
-says where each came from, and adds the per-benchmark time ratio and a regression flag.
+says where each came from, and adds the per-benchmark time ratio, a regression flag, and each
+benchmark's three figures (eager, device, graph: ``extra_info["figures"]`` in microseconds; a file
+from before the three figures shows its one figure, pytest-benchmark's median, as device time).
+Its own errors (nothing to compare, a file that is not a benchmark JSON) exit with status 2.
 
 In CI, gate on regressions with pytest-benchmark itself (see docs/reports.md):
 ``pytest benchmarks --benchmark-compare --benchmark-compare-fail=median:10%``.
@@ -31,12 +36,14 @@ from pytest_benchmark.utils import NAME_FORMATTERS, load_storage, parse_columns,
 
 DEFAULT_STORAGE = "results/benchmarks"
 DEFAULT_THRESHOLD = "median:10%"
+FIGURES = ("eager", "device", "graph")
+EXAMPLE = "kopt compare results/h200-2026-11-30m/call4 results/h200-2026-11-30n/call3"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="*", metavar="RUN",
-                        help="saved runs as pytest-benchmark names them: a number (0003), a glob "
-                             "('Linux-*/0002'), or a JSON file; the first is the reference. "
+                        help="saved runs as pytest-benchmark names them (a number 0003, a glob 'Linux-*/0002'), or "
+                             "pytest-benchmark JSON files, or folders of them; the first is the reference. "
                              "Default: the two most recent runs in the storage")
     parser.add_argument("--storage", default=DEFAULT_STORAGE,
                         help=f"pytest-benchmark storage (path or file://path; default {DEFAULT_STORAGE})")
@@ -53,17 +60,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    where = str(args.storage)
-    if "://" not in where and not Path(where).is_dir():
-        named = [Path(run) for run in args.runs if Path(run).is_file()]
-        if not args.runs or len(named) != len(args.runs):
-            print(f"kopt compare: no benchmark storage at {where} (save runs there with "
-                  f"pytest benchmarks --benchmark-storage={where} --benchmark-autosave)", file=sys.stderr)
+    try:
+        named = named_files(args.runs)
+    except ValueError as exc:
+        print(f"kopt compare: {exc}", file=sys.stderr)
+        return 2
+    if named is not None:  # files and folders: no storage needed
+        if len(named) < 2:
+            found = ", ".join(str(f) for f in named) or "none"
+            print(f"kopt compare: need at least two pytest-benchmark JSON files in {' '.join(args.runs)} (found: {found})", file=sys.stderr)
             return 2
-        where = os.path.commonpath([str(path.resolve().parent) for path in named])  # only files were named
+        where = os.path.commonpath([str(path.resolve().parent) for path in named])
+    else:
+        where = str(args.storage)
+        if "://" not in where and not Path(where).is_dir():
+            print(f"kopt compare: no benchmark storage at {where} (save runs there with pytest benchmarks "
+                  f"--benchmark-storage={where} --benchmark-autosave), and {'no RUN was named' if not args.runs else 'the RUNs named are not files or folders'}; "
+                  f"name two benchmark JSON files or folders, e.g. {EXAMPLE}", file=sys.stderr)
+            return 2
     storage = load_storage(where, logger=Logger(Logger.QUIET), netrc="")
     try:
-        files = select_runs(storage, args.runs)
+        files = named if named is not None else select_runs(storage, args.runs)
     except ValueError as exc:  # pytest-benchmark's word on a malformed glob
         print(f"kopt compare: {exc}", file=sys.stderr)
         return 2
@@ -81,6 +98,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if len(sources) < 2:
         print("kopt compare: fewer than two runs have matching benchmarks", file=sys.stderr)
         return 2
+    shared = _shared_names(benches)
+    if not shared:
+        print(f"kopt compare: the runs share no benchmark ({', '.join(sources)}): nothing to compare", file=sys.stderr)
+        return 2
 
     print("Runs (the first is the reference):", file=out)
     for source, path in zip(sources, files):
@@ -88,10 +109,38 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     side_by_side(benches, args.columns, args.group_by, out)
     rows = ratios(benches, sources, args.threshold)
     print(format_ratios(rows, sources, args.threshold), file=out)
+    print(format_figures(benches, sources), file=out)
     regressed = [r for r in rows if any(flag.startswith("REGRESSION") for flag in r.flags)]
     print(f"{len(regressed)} of {len(rows)} benchmarks regressed beyond {args.threshold.field} "
           f"{_limit(args.threshold)} against {sources[0]}.", file=out)
     return 1 if regressed and args.fail else 0
+
+
+def named_files(runs: list[str]) -> list[Path] | None:
+    """The pytest-benchmark JSON files the RUNs name when every one is a file or a folder (a folder's
+    files oldest first), else None (the RUNs are names in a storage). ValueError for a named file that
+    is not a benchmark JSON."""
+    paths = [Path(run) for run in runs]
+    if not paths or not all(path.exists() for path in paths):
+        return None
+    files: list[Path] = []
+    for path in paths:
+        if path.is_file():
+            if not is_benchmark_json(path):
+                raise ValueError(f"{path} is not a pytest-benchmark JSON file (no 'benchmarks' list)")
+            found = [path]
+        else:
+            found = sorted((f for f in path.rglob("*.json") if is_benchmark_json(f)), key=_saved_at)
+        files += [f for f in found if f.resolve() not in {g.resolve() for g in files}]
+    return files
+
+
+def is_benchmark_json(path: Path) -> bool:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("benchmarks"), list) and "machine_info" in data
 
 
 def select_runs(storage: Any, runs: list[str]) -> list[Path]:
@@ -139,12 +188,26 @@ def describe(path: Path) -> str:
     return ", ".join(parts)
 
 
+def _name(bench: dict) -> str:
+    return bench.get("fullname") or bench["name"]
+
+
+def _shared_names(benches: list[dict]) -> set[str]:
+    """Benchmarks that more than one run has: the ones there is something to compare for."""
+    seen: dict[str, set[str]] = {}
+    for bench in benches:
+        seen.setdefault(_name(bench), set()).add(bench["source"])
+    return {name for name, sources in seen.items() if len(sources) > 1}
+
+
 def side_by_side(benches: list[dict], columns: list[str], group_by: str, out: TextIO) -> None:
-    """pytest-benchmark's own between-runs table (values per run and percentage change)."""
+    """pytest-benchmark's own between-runs table (values per run and percentage change), for the groups
+    that more than one run has (a group of one run has nothing to compare; its rows are in the ratio table)."""
     table = CompareBetweenResults(
         columns=columns, sort=columns[0], histogram=False, name_format=NAME_FORMATTERS["normal"],
         logger=Logger(Logger.QUIET), scale_unit=partial(pytest_benchmark_scale_unit, config=None))
     groups = pytest_benchmark_group_stats(config=None, benchmarks=[dict(b) for b in benches], group_by=group_by)
+    groups = [(group, members) for group, members in groups if len({b["source"] for b in members}) > 1]
     reporter = TerminalReporter()
     reporter._tw = TerminalWriter(file=out if out is not sys.stdout else None)
     table.display(reporter, groups, progress_reporter=report_noprogress)
@@ -206,6 +269,45 @@ def format_ratios(rows: list[Row], sources: list[str], check: Any) -> str:
         if number == 0:
             lines.append("-" * len(lines[-1]))
     return "\n".join(lines)
+
+
+def figures(bench: dict) -> dict[str, float | None]:
+    """A benchmark's eager, device and graph figures in microseconds (see the module docstring)."""
+    extra = bench.get("extra_info") if isinstance(bench.get("extra_info"), dict) else {}
+    given = extra.get("figures") if isinstance(extra.get("figures"), dict) else {}
+    found = {name: _micro(given.get(name, extra.get(f"{name}_us"))) for name in FIGURES}
+    if all(value is None for value in found.values()):  # a file from before the three figures: its median, device time
+        median = bench.get("median", (bench.get("stats") or {}).get("median"))
+        found["device"] = median * 1e6 if isinstance(median, (int, float)) else None
+    return found
+
+
+def format_figures(benches: list[dict], sources: list[str]) -> str:
+    """Each benchmark's eager / device / graph time per run (µs; "-" where a run did not record it)."""
+    by_name: dict[str, dict[str, dict]] = {}
+    for bench in benches:
+        by_name.setdefault(_name(bench), {})[bench["source"]] = bench
+    header = ["benchmark"] + [f"{source} eager/device/graph (us)" for source in sources]
+    table = [header]
+    for name in sorted(by_name):
+        cells = [name]
+        for source in sources:
+            bench = by_name[name].get(source)
+            three = figures(bench) if bench is not None else {}
+            cells.append("/".join("-" if three.get(k) is None else f"{three[k]:,.1f}" for k in FIGURES) if bench is not None else "n/a")
+        table.append(cells)
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    lines = ["", "Figures: eager (back-to-back calls, host included) / device (L2 flushed) / graph (CUDA-graph replay); "
+                 "a file from before them shows its median as device time."]
+    for number, cells in enumerate(table):
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip())
+        if number == 0:
+            lines.append("-" * len(lines[-1]))
+    return "\n".join(lines)
+
+
+def _micro(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _change(check: Any, current: dict, reference: dict) -> str:

@@ -11,12 +11,18 @@ A line is written whole or (after a kill -9 or a power cut) torn at the end, nev
 the next: Ctrl-C and SIGTERM wait while a line is written.
 
 Values are written as strict JSON: non-finite floats (an infinite error, a NaN timing) become
-``null``, paths become strings, numpy scalars become numbers.
+``null``, paths become strings, numpy scalars become numbers. Every string is scrubbed of the
+secrets registered with ``register_secret`` (an LLM endpoint's key): runs get committed.
+
+The event kinds are the constants below (``RUN_STARTED``, ``VERDICT``, ...); readers fold a log
+once, through ``pytest_kopt.runstate``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -32,6 +38,56 @@ import jsonlines
 RESERVED = ("seq", "time", "run_id", "kind")
 TEMP_GLOB = ".*.tmp"  # atomic_write's temporary files
 
+# ---- event kinds (docs/architecture.md, Event log, pins their fields) -------------------------
+RUN_STARTED = "run_started"  # objective (with metric: eager|device|graph, score: what its number is), environment, budget, agent, ...
+RUN_RESUMED = "run_resumed"
+RUN_FINISHED = "run_finished"
+RUN_INTERRUPTED = "run_interrupted"
+LOG_REPAIRED = "log_repaired"
+TOOL_CALL = "tool_call"  # call, tool, args; redo; rejected (the error of a call whose arguments were not JSON)
+TOOL_RESULT = "tool_result"
+CANDIDATE = "candidate"
+VERDICT = "verdict"  # ...; when the judge gave them: metric, figures, incumbent {candidate_id, ratio}, incumbent_error, isolation
+BEST = "best"  # candidate_id, candidate_us, speedup, vs_baseline, call; ratio (how it beat the best before it); recovered (on resume)
+RETRACT = "retract"
+PROMOTE = "promote"  # action (promoted|refused|unchanged), reason, candidate_id, path, replaced, ratio, mode, machine, timed_on, result_path
+NOTE = "note"
+LLM_REQUEST = "llm_request"
+LLM_RESPONSE = "llm_response"
+COMPACTION = "compaction"
+RUN_ENDED = (RUN_FINISHED, RUN_INTERRUPTED)
+SESSION_STARTS = (RUN_STARTED, RUN_RESUMED)
+
+SCRUBBED = "***"
+_SECRETS: set[str] = set()
+
+
+def register_secret(value: str | None) -> None:
+    """Never write ``value`` (nor its JSON-escaped form) into a log or a result file from now on."""
+    if value and len(value) >= 4:
+        _SECRETS.add(value)
+        escaped = json.dumps(value)[1:-1]
+        if escaped != value:
+            _SECRETS.add(escaped)
+
+
+def scrub(text: str) -> str:
+    """``text`` with every registered secret replaced by ``***``."""
+    for secret in _SECRETS:
+        if secret in text:
+            text = text.replace(secret, SCRUBBED)
+    return text
+
+
+# what a run directory that cannot be written says: the run stops (it can be resumed), it is not
+# an answer to give an agent and go on
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG})
+
+
+def is_storage_error(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk is full or the run directory is not writable."""
+    return isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS
+
 
 class CorruptLog(ValueError):
     """A line other than the last one is not a JSON object: the log was damaged, not torn."""
@@ -41,10 +97,12 @@ def _plain(value: Any) -> Any:
     """Turn ``value`` into strict-JSON data (see the module docstring)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
-    if value is None or isinstance(value, (str, int, bool)):
+    if isinstance(value, str):
+        return scrub(value) if _SECRETS else value
+    if value is None or isinstance(value, (int, bool)):
         return value
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {_plain(str(k)): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, (set, frozenset)):
@@ -94,11 +152,16 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     """Write ``data`` so that ``path`` holds either the old or the whole new content."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fp:
-        fp.write(data.encode("utf-8") if isinstance(data, str) else data)
-        fp.flush()
-        os.fsync(fp.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fp:
+            fp.write(data.encode("utf-8") if isinstance(data, str) else data)
+            fp.flush()
+            os.fsync(fp.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk must not leave half a file behind
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def repair(path: str | os.PathLike, *, run_id: str | None = None) -> int:
@@ -119,7 +182,7 @@ def repair(path: str | os.PathLike, *, run_id: str | None = None) -> int:
     kept = path.read_bytes()[:good] + (b"\n" if needs_newline else b"")
     if run_id is not None and size > good:  # restoring a lost newline cuts nothing: nothing to record
         seq = max((int(e.get("seq", 0)) for e in events), default=0)
-        record = {"seq": seq + 1, "time": now_iso(), "run_id": run_id, "kind": "log_repaired", "bytes": size - good}
+        record = {"seq": seq + 1, "time": now_iso(), "run_id": run_id, "kind": LOG_REPAIRED, "bytes": size - good}
         kept += (dumps(record) + "\n").encode("utf-8")
     atomic_write(path, kept)
     _fsync_dir(path.parent)

@@ -25,7 +25,7 @@ import pytest
 
 from .plugin import option
 from .progress import Progress, summary_lines
-from .run import Run, RunError, RunOptions, resolve
+from .run import DEFAULT_RESULTS_DIR, Run, RunError, RunOptions, resolve, resume_command
 
 
 class OptimizePlugin:
@@ -44,20 +44,23 @@ class OptimizePlugin:
     def read_options(config: pytest.Config) -> RunOptions:
         run_dir = config.getoption("kopt_run_dir")
         resume = bool(config.getoption("kopt_resume"))
+        budget, more = _budget(config.getoption("kopt_budget"))
         return RunOptions(
             problem=config.getoption("kopt_optimize"),
-            budget=config.getoption("kopt_budget"),
+            budget=budget,
+            budget_more=more,
             run_dir=Path(run_dir) if run_dir else None,
             resume=resume,
-            # on resume the log's agent, unless the command line names one
+            # on resume the log's agent and metric, unless the command line names them
             agent=config.getoption("kopt_agent") or (None if resume else option(config, "kopt_agent")),
+            metric=config.getoption("kopt_metric") or (None if resume else option(config, "kopt_metric")),
             seed=config.getoption("kopt_seed"),
             eval_timeout=float(option(config, "kopt_eval_timeout")),
             min_gain=_fraction(option(config, "kopt_min_gain"), "--kopt-min-gain"),
-            promote=bool(config.getoption("kopt_promote")),
+            promote=config.getoption("kopt_promote"),
             retract=(config.getoption("kopt_retract"), config.getoption("kopt_retract_reason") or "")
             if config.getoption("kopt_retract") else None,
-            results_dir=config.rootpath / "results" / "runs",
+            results_dir=config.rootpath / DEFAULT_RESULTS_DIR,
         )
 
     # ---- collection: exactly one item ------------------------------------------------------
@@ -100,9 +103,9 @@ class OptimizePlugin:
             if not getattr(exc, "resumable", False):
                 raise
             message = " ".join(str(exc).split())  # one line: the log's run_interrupted has the details
-            raise pytest.fail.Exception(f"{message}; continue with --kopt-resume --kopt-run-dir={options.run_dir}", pytrace=False) from None
+            raise pytest.fail.Exception(f"{message}; continue with: {resume_command(options.problem, options.run_dir)}", pytrace=False) from None
         except KeyboardInterrupt:
-            pytest.exit(f"kopt run interrupted; continue it with --kopt-resume --kopt-run-dir={options.run_dir}", returncode=pytest.ExitCode.INTERRUPTED)
+            pytest.exit(f"kopt run interrupted; continue it with: {resume_command(options.problem, options.run_dir)}", returncode=pytest.ExitCode.INTERRUPTED)
         return outcome
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -110,6 +113,20 @@ class OptimizePlugin:
             terminalreporter.section("kopt optimize")
             for line in self.lines:
                 terminalreporter.write_line(line)
+
+
+def _budget(text: str | None) -> tuple[int | None, int | None]:
+    """(total, more) from --kopt-budget: "N" is the run's total, "+N" N calls more than it has used."""
+    if text is None:
+        return None, None
+    raw = str(text).strip()
+    try:
+        value = int(raw)
+    except ValueError:
+        raise RunError(f"--kopt-budget must be a whole number of tool calls (N, the run's total) or +N (N more), got {text!r}") from None
+    if value < 0:
+        raise RunError(f"--kopt-budget must be 0 or more tool calls, got {value}")
+    return (None, value) if raw.startswith("+") else (value, None)
 
 
 def _fraction(text: str, name: str) -> float:
@@ -138,7 +155,10 @@ def kopt_run(pytestconfig: pytest.Config) -> RunOptions:
 def kopt_problem(kopt_run: RunOptions) -> Any:
     from .problems import get_problem
 
-    return get_problem(kopt_run.problem)
+    try:
+        return get_problem(kopt_run.problem)
+    except KeyError as exc:  # a one-line usage error, not a traceback
+        pytest.exit(f"--kopt-optimize: {exc.args[0]}", returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.fixture(scope="session")
@@ -172,6 +192,7 @@ def kopt_agent(pytestconfig: pytest.Config, kopt_run: RunOptions, kopt_problem: 
 
     return make_agent(
         kopt_run.agent, problem=kopt_problem, seed=kopt_run.seed, run_dir=kopt_run.run_dir,
+        max_malformed=int(option(config, "kopt_max_malformed")),
         model=setting("kopt_model", "model"), base_url=setting("kopt_base_url", "base_url") or None,
         api_key_env=setting("kopt_api_key_env", "api_key_env"), context_tokens=setting("kopt_context_tokens", "context_tokens"),
         request_timeout=setting("kopt_request_timeout", "request_timeout"), replay_path=config.getoption("kopt_replay"),

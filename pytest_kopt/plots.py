@@ -117,7 +117,7 @@ def candidates(run: RunSummary, path: Path, floor_us: float | None = None) -> Pa
         ax.set_yscale("log")
         lo, hi = ax.get_ylim()
         _plain_log_axis(ax.yaxis, lo, hi)
-    ax.set_ylabel(f"candidate time ({unit}{', log scale' if levels else ''})")
+    ax.set_ylabel(f"candidate {run.metric} time ({unit}{', log scale' if levels else ''})")
     where = " (CPU interpreter: indicative times)" if run.on_interpreter else ""
     ax.set_title(f"Every candidate: {run.label}{where}")
     ax.grid(True, which="major", alpha=0.3)

@@ -17,6 +17,9 @@ INI_OPTIONS = {
     "kopt_request_timeout": ("seconds before one LLM request times out (retries: env KOPT_LLM_RETRIES, KOPT_LLM_PAUSE_S, KOPT_LLM_PAUSES; see docs/llm-agent.md)", "600"),
     "kopt_eval_timeout": ("seconds before one candidate evaluation is killed", "900"),
     "kopt_min_gain": ("fraction by which a candidate must beat the best so far to replace it (a new run fixes it in its objective)", "0.01"),
+    "kopt_metric": ("the objective's timer: eager (back-to-back calls, host time included; the default), device (GPU time, L2 flushed) "
+                    "or graph (CUDA-graph replay); a new run fixes it in its objective, a resumed run keeps its own", "eager"),
+    "kopt_max_malformed": ("replies in a row without a usable tool call (malformed arguments, or none) before an LLM agent's run stops with an error", "3"),
 }
 
 
@@ -27,12 +30,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kopt-quick", action="store_true", help="judge quickly: the first headline shape, a few hypothesis shapes, fewer rounds; no profile stage for --kopt-candidate (the loop still profiles when its agent asks)")
     group.addoption("--kopt-json", help="judge: write the result JSON here")
     group.addoption("--kopt-optimize", metavar="PROBLEM", help="run the optimization loop on PROBLEM")
-    group.addoption("--kopt-budget", type=int, default=None, help="tool calls the loop may spend (default 100)")
+    group.addoption("--kopt-budget", default=None, metavar="N|+N",
+                    help="the run's total of tool calls (default 100; on --kopt-resume the run's own total); +N: N calls more than the run has used")
     group.addoption("--kopt-run-dir", help="run directory (default results/runs/<problem>-<timestamp>)")
     group.addoption("--kopt-resume", action="store_true", help="continue the run in --kopt-run-dir from its log")
     group.addoption("--kopt-seed", type=int, default=None, help="seed of the agent's sampler")
     group.addoption("--kopt-replay", help="a recorded run (its events.jsonl, its folder or its packed .tar.xz), for --kopt-agent=replay")
-    group.addoption("--kopt-promote", action="store_true", help="copy the run's best candidate to kernels/best/<problem>.py")
+    group.addoption("--kopt-promote", nargs="?", const="check", default=None, choices=("check", "force"),
+                    help="when the run ends, time its best beside kernels/best/<problem>.py on this machine and replace that "
+                         "only when the best is faster beyond the noise (check, the default); force: replace it without checks")
     group.addoption("--kopt-retract", metavar="CANDIDATE_ID", help="on resume: take this candidate out of the running for best (with --kopt-retract-reason); the best is rebuilt without it")
     group.addoption("--kopt-retract-reason", metavar="TEXT", help="what showed the retracted candidate wrong (logged with the retraction)")
     for name, (help_text, default) in INI_OPTIONS.items():

@@ -12,6 +12,9 @@ import threading
 import time
 from typing import Any, Callable
 
+from . import events as ev
+from .runstate import TIMER_METRICS, metric_of, ratio_text, three_figures
+
 EVALUATIONS = ("run_tests", "benchmark", "profile")
 
 
@@ -52,15 +55,15 @@ class Progress:
 
     def __call__(self, event: dict) -> None:
         kind = event.get("kind")
-        if kind == "tool_call":
+        if kind == ev.TOOL_CALL:
             self._started = time.monotonic()
             if event.get("tool") in EVALUATIONS:
                 args = event.get("args") or {}
                 self.waiting(f"[{event.get('call')}/{self.tools.budget}] {event.get('tool')} {args.get('candidate_id', '')}")
-        elif kind == "tool_result":
+        elif kind == ev.TOOL_RESULT:
             self._quiet()
             self.say(self.line(event))
-        elif kind == "note":
+        elif kind == ev.NOTE:
             self.say(f"       note: {str(event.get('text', ''))[:200]}")
 
     def line(self, event: dict) -> str:
@@ -68,12 +71,15 @@ class Progress:
         t = self.tools
         result = event.get("result") or {}
         cid = result.get("candidate_id") or ((event.get("args") or {}).get("candidate_id")) or ""
-        meta = t.candidates.get(cid, {})
-        label = f"{meta.get('strategy') or ''}({knobs_text(meta.get('knobs'))})" if meta else ""
+        attempt = t.candidates.get(cid) if isinstance(cid, str) else None
+        label = f"{attempt.strategy or ''}({knobs_text(attempt.knobs)})" if attempt is not None else ""
         if result.get("error"):
             outcome = "error: " + str(result["error"])[:80]
         elif event.get("tool") in EVALUATIONS:
             outcome = f"{result.get('verdict', '?'):<4} {fmt_us(result.get('candidate_us')):>10} {fmt_x(result.get('vs_baseline')):>7}"
+            ratio = ratio_text((result.get("incumbent") or {}).get("ratio"))
+            if ratio:
+                outcome += f" vs best {ratio}"
             if result.get("verdict") == "fail":
                 outcome += f" [{result.get('stage')}] " + (str((result.get("reasons") or [""])[0])[:70])
             if result.get("cached"):
@@ -113,29 +119,49 @@ class Progress:
 
 
 def summary_lines(tools: Any, outcome: Any, top: int = 10) -> list[str]:
-    """The final table: the run's state, the baseline, the best and the fastest verified candidates."""
+    """The final table: the run's state, the baseline, the best and the fastest verified candidates,
+    with their eager / device / graph figures and, for a candidate timed beside the best of its
+    day, the ratio of times with its 95 % interval."""
+    from .run import resume_command
+
     rows = tools.history()
     timed = sorted((r for r in rows if r.get("verdict") == "pass" and isinstance(r.get("candidate_us"), (int, float))), key=lambda r: r["candidate_us"])
     failed = [r for r in rows if r.get("verdict") == "fail"]
     obj = tools.objective
+    metric = metric_of(obj)
     lines = [
         f"kopt run {outcome.run_dir}: {outcome.status} ({outcome.reason}); {tools.budget_used}/{tools.budget} tool calls",
-        f"problem {obj.get('problem')}  case {obj.get('case') or '-'}  baseline {str(obj.get('baseline_candidate') or '-')[:12]} {fmt_us(obj.get('baseline_us'))}  floor {fmt_us(obj.get('floor_us'))}",
+        f"problem {obj.get('problem')}  case {obj.get('case') or '-'}  metric {metric}  baseline {str(obj.get('baseline_candidate') or '-')[:12]} {fmt_us(obj.get('baseline_us'))}  floor {fmt_us(obj.get('floor_us'))}",
         f"candidates: {len(rows)} written, {len(timed)} verified and timed, {len(failed)} failed",
     ]
     if tools.best:
         b = tools.best
-        lines.append(f"best: {b['candidate_id']} {fmt_us(b.get('candidate_us'))}, {fmt_x(b.get('vs_baseline'))} vs baseline candidate, {fmt_x(b.get('speedup'))} vs {', '.join((obj.get('baselines_us') or {}).keys()) or 'judge baseline'}")
+        line = f"best: {b['candidate_id']} {fmt_us(b.get('candidate_us'))} ({metric}), {fmt_x(b.get('vs_baseline'))} vs baseline candidate, {fmt_x(b.get('speedup'))} vs {', '.join((obj.get('baselines_us') or {}).keys()) or 'judge baseline'}"
+        ratio = b.get("ratio") or {}
+        if ratio_text(ratio):
+            line += f"; beat {str(ratio.get('incumbent', ''))[:12]} by {ratio_text(ratio)} (95 % interval, timed side by side)"
+        lines.append(line)
     else:
         lines.append("best: none verified")
     if timed:
-        lines.append(f"  {'#':>2}  {'candidate':<12}  {'strategy':<16}  {'time':>10}  {'vs base':>7}  knobs")
-        for i, r in enumerate(timed[:top], 1):
-            lines.append(f"  {i:>2}  {r['candidate_id']:<12}  {str(r.get('strategy') or '-')[:16]:<16}  {fmt_us(r['candidate_us']):>10}  {fmt_x(r.get('vs_baseline')):>7}  {knobs_text(r.get('knobs'), 60)}")
+        shown = timed[:top]
+        figures = [three_figures(r.get("figures"), r.get("candidate_us"), metric) for r in shown]
+        header = f"  {'#':>2}  {'candidate':<12}  {'strategy':<16}  " + "  ".join(f"{name + ('*' if name == metric else ''):>10}" for name in TIMER_METRICS)
+        lines.append(header + f"  {'vs base':>7}  {'vs best then [95 %]':<24}  knobs")
+        for i, (r, fig) in enumerate(zip(shown, figures), 1):
+            ratio = ratio_text((r.get("incumbent") or {}).get("ratio"))
+            lines.append(f"  {i:>2}  {r['candidate_id']:<12}  {str(r.get('strategy') or '-')[:16]:<16}  "
+                         + "  ".join(f"{fmt_us(fig[name]):>10}" for name in TIMER_METRICS)
+                         + f"  {fmt_x(r.get('vs_baseline')):>7}  {ratio or '-':<24}  {knobs_text(r.get('knobs'), 60)}")
+        lines.append(f"  (* the objective's metric; vs best then: the best's time / this one's, timed side by side when it was judged)")
     if outcome.best_path:
         lines.append(f"best candidate: {outcome.best_path}")
-    if outcome.promoted:
+    promotion = getattr(outcome, "promotion", None)
+    if promotion is not None:
+        lines.append(f"promotion: {promotion.action}: {promotion.reason}")
+    elif outcome.promoted:
         lines.append(f"promoted to {outcome.promoted}")
     if outcome.status != "finished" or outcome.reason == "budget exhausted":
-        lines.append(f"continue: pytest --kopt-optimize={obj.get('problem')} --kopt-resume --kopt-run-dir={outcome.run_dir}" + (" --kopt-budget=N" if outcome.status == "finished" else ""))
+        more = " --kopt-budget=+N" if outcome.status == "finished" else ""
+        lines.append(f"continue: {resume_command(obj.get('problem') or '?', outcome.run_dir, more.strip())}")
     return lines

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import plots, runstore
+from .runstate import TIMER_METRICS, ratio_text, three_figures
 from .runsummary import RunSummary, summarise
 
 DEFAULT_OUT = Path("results/reports")
@@ -84,6 +85,7 @@ def _run_section(run: RunSummary) -> list[str]:
     for spec in objective.get("outputs") or []:
         if isinstance(spec, dict) and "name" in spec:
             facts.append(f"`{spec['name']}` within relative RMS {spec.get('tolerance', '?')}")
+    facts.append(f"timer metric: {run.metric} (the objective's figure; eager, device and graph are shown where the judge gave them)")
     facts += [f"agent: {_agent(run)}", f"seed: {run.seed}" if run.seed is not None else ""]
     env = run.environment
     env_text = ", ".join(f"{k} {str(env[k])[:10] if k == 'commit' else env[k]}" for k in ("gpu", "driver", "torch", "triton", "python", "commit") if env.get(k))
@@ -116,8 +118,9 @@ def _run_section(run: RunSummary) -> list[str]:
 
     lines += ["### Best speedup over time", ""]
     if run.progress:
-        lines += _table(["tool call", "candidate", "speedup"],
-                        [[str(c), f"`{cid}`" if cid else "", _times(s)] for c, s, cid in run.progress])
+        lines += _table(["tool call", "candidate", "speedup", "over the best before it, timed side by side [95 % interval]"],
+                        [[str(c), f"`{cid}`" if cid else "", _times(s), ratio_text(run.best_ratios.get(cid)) or "—"]
+                         for c, s, cid in run.progress])
     else:
         lines += ["No candidate has passed and been timed yet."]
     lines += [""]
@@ -137,17 +140,30 @@ def _best_section(run: RunSummary) -> list[str]:
     lines = [f"`{run.best_id}`" + (f", case {timings['case']}" if timings.get("case") else "")
              + (f", {result['device']}" if result.get("device") else ""), ""]
     best_us = _num(timings.get("candidate_us")) or run.best_us
-    rows = [["this candidate", _us(best_us), "—"]]
+    metric = timings.get("metric") if timings.get("metric") in TIMER_METRICS else run.metric
+
+    def row(label: str, figures: Any, us: Any, word: str = "faster", against: Any = None) -> list[str]:
+        three = three_figures(figures, us, metric)
+        return [label, *[_us(three[name]) if three[name] is not None else "—" for name in TIMER_METRICS],
+                _ratio(against if against is not None else us, best_us, word)]
+
+    baseline_figures = timings.get("baseline_figures") if isinstance(timings.get("baseline_figures"), dict) else {}
+    rows = [row("this candidate", timings.get("figures"), best_us)[:-1] + ["—"]]
     if run.baseline_us:
-        rows.append(["the run's baseline candidate", _us(run.baseline_us), _ratio(run.baseline_us, best_us, "faster")])
+        rows.append(row("the run's baseline candidate", None, run.baseline_us))
     for name, us in (timings.get("baselines") or {}).items():
-        rows.append([f"baseline: {name}", _us(_num(us)), _ratio(_num(us), best_us, "faster")])
+        rows.append(row(f"baseline: {name}", baseline_figures.get(name), _num(us)))
     if _num(timings.get("reference_us")):
-        rows.append(["PyTorch reference", _us(timings["reference_us"]), _ratio(timings["reference_us"], best_us, "faster")])
+        rows.append(row("PyTorch reference", timings.get("reference_figures"), timings["reference_us"]))
     floor = _floor_us(run)
     if floor and not run.on_interpreter:
-        rows.append(["roofline floor", _us(floor), _ratio(best_us, floor, "the floor's time")])
-    lines += _table(["", "time", "this candidate is"], rows)
+        rows.append(["roofline floor"] + ["" for _ in TIMER_METRICS] + [_ratio(best_us, floor, "the floor's time")])
+        rows[-1][1 + TIMER_METRICS.index(metric)] = _us(floor)
+    lines += _table(["", *[f"{name}{' (the metric)' if name == metric else ''}" for name in TIMER_METRICS], f"this candidate is ({metric})"], rows)
+    ratio = run.best_ratios.get(run.best_id)
+    if ratio_text(ratio):
+        lines += ["", f"Timed beside the best before it (`{ratio.get('incumbent')}`) round by round: "
+                      f"{ratio_text(ratio)} its time (95 % interval over {ratio.get('rounds', '?')} rounds)."]
     if run.on_interpreter:
         return lines + ["", "_Timed on Triton's CPU interpreter: the times are indicative only, and the roofline "
                             "floor (a GPU's ceilings) does not apply. Time on a GPU for real figures._"]
@@ -185,7 +201,7 @@ def _cases_table(timings: dict, roofline: dict) -> list[str]:
         rows.append([str(case.get("case")), _us(_num(case.get("candidate_us"))), f"{name} {_us(base)}" if base else "—",
                      _ratio(base, _num(case.get("candidate_us")), "faster") if base else "—",
                      f"{roof['achieved_GBps']:.4g}" if _num(roof.get("achieved_GBps")) else "—"])
-    return ["", "Timed cases (the figures above are their geometric means):", ""] + _table(
+    return ["", f"Timed cases (the figures above are their geometric means), {timings.get('metric') or 'the metric'} time:", ""] + _table(
         ["case", "time", "baseline", "this candidate is", "GB/s"], rows)
 
 

@@ -13,6 +13,15 @@ with ``fcntl.flock`` (released by the kernel when the owner dies, even by ``kill
 ``run_started`` and ``run_resumed`` record the agent's settings (``agent_settings``: model,
 endpoint, the *name* of the key's variable, ...; never a key); a resumed run gets the last ones
 recorded for its agent as defaults, so ``--kopt-resume`` needs no ``--kopt-model`` again.
+
+The budget is the run's total of tool calls, also on resume (``--kopt-budget=+N``: N more than
+the log has used). The objective's timer metric (eager, device or graph) is fixed when the run
+starts; a resumed run keeps its own. A resume also logs the ``best`` event a kill between a
+verdict and its best left out, so every reader of the log agrees with ``best.json``.
+
+A run directory that cannot be written (a full disk, a read-only mount) stops the run with a
+``RunError`` that says so and how to continue, after a ``run_interrupted`` event where the log
+can still take one. ``--kopt-promote`` hands the best to ``pytest_kopt.promote`` when the run ends.
 """
 
 from __future__ import annotations
@@ -21,9 +30,11 @@ import fcntl
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -32,14 +43,24 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import KERNELS_DIR, REPO_ROOT, runstore
-from .events import EventLog, dumps, read_events
+from . import events as ev
+from .events import EventLog, dumps, is_storage_error, read_events
 from .families import FamilyError, parse_family
 from .progress import Progress, fmt_us
+from .promote import Promotion, promote
+from .runstate import TIMER_METRICS, RunState, machine_name, metric_of
 from .tools import BudgetExhausted, Toolbox, atomic_write, candidate_id, remove_stale_temp_files
 
 DEFAULT_BUDGET = 100
 DEFAULT_SEED = 0
+DEFAULT_METRIC = "eager"
+DEFAULT_RESULTS_DIR = Path("results/local")  # gitignored: a new run never lands untracked beside the committed ones
 IDLE_ACTS = 10  # consecutive acts without a tool call before the loop gives up on the agent
+METRIC_TEXT = {
+    "eager": "per-call time of back-to-back calls on fresh inputs, host time included (what a caller without CUDA graphs pays)",
+    "device": "GPU time of one call with the L2 cache flushed before it (host time hidden)",
+    "graph": "time of one replay of the call captured in a CUDA graph (eager where the call cannot be captured)",
+}
 
 
 class RunError(RuntimeError):
@@ -50,19 +71,40 @@ class RunLocked(RunError):
     """Another process owns the run directory."""
 
 
+class RunStorageError(RunError):
+    """The run directory cannot be written (disk full, read-only, no permission): the run stopped."""
+
+
+def pytest_command() -> str:
+    """How to run pytest with the interpreter running now (a venv's, when it is one): what the hints print."""
+    python = Path(sys.executable)
+    try:
+        shown = str(python.relative_to(Path.cwd()))
+    except ValueError:
+        shown = str(python)
+    return f"{shlex.quote(shown)} -m pytest"
+
+
+def resume_command(problem: str, run_dir: Path | str, extra: str = "") -> str:
+    """The command that continues a run, as it can be typed here."""
+    return f"{pytest_command()} --kopt-optimize={problem} --kopt-resume --kopt-run-dir={shlex.quote(str(run_dir))}" + (f" {extra}" if extra else "")
+
+
 @dataclass
 class RunOptions:
     problem: str
-    budget: int | None = None  # None: DEFAULT_BUDGET, or the log's on resume
+    budget: int | None = None  # the run's total of tool calls; None: DEFAULT_BUDGET, or the log's on resume
+    budget_more: int | None = None  # --kopt-budget=+N: N calls more than the log has used
     run_dir: Path | None = None  # None: <results_dir>/<problem>-<UTC timestamp>
     resume: bool = False
     agent: str | None = None  # None: "search", or the log's on resume
     seed: int | None = None  # None: DEFAULT_SEED, or the log's on resume
     eval_timeout: float = 900.0
     min_gain: float = 0.01  # fraction a candidate must beat the best by; fixed in a new run's objective
-    promote: bool = False
+    metric: str | None = None  # eager | device | graph; None: DEFAULT_METRIC, or the log's on resume
+    promote: str | bool | None = None  # "check" (True) or "force": see pytest_kopt.promote
     retract: tuple[str, str] | None = None  # (candidate id, reason): taken out of the running for best on resume
-    results_dir: Path = Path("results/runs")
+    results_dir: Path = DEFAULT_RESULTS_DIR
     started: dict | None = field(default=None, repr=False)  # the log's run_started, once resolved
     agent_settings: dict | None = None  # the agent's settings, never a key; None: the log's last ones for the agent on resume
 
@@ -77,6 +119,9 @@ class Outcome:
     best: dict | None
     best_path: Path | None = None
     promoted: Path | None = None
+    promotion: Promotion | None = None  # what --kopt-promote did, or why not
+    logged: bool = True  # False: the run directory could not take the end event (storage_error says why)
+    storage_error: OSError | None = None
 
     @property
     def ok(self) -> bool:
@@ -95,15 +140,22 @@ def _events(run_dir: Path) -> list[dict]:
 
 def recorded_settings(events: list[dict], agent: str) -> dict | None:
     """The settings ``agent`` last ran with in this log (``run_started`` or ``run_resumed``)."""
-    found = None
-    for e in events:
-        if e.get("kind") in ("run_started", "run_resumed") and e.get("agent") == agent and isinstance(e.get("agent_settings"), dict):
-            found = e["agent_settings"]
-    return found
+    return RunState.fold(events).agent_settings.get(agent)
+
+
+def _check_options(options: RunOptions) -> None:
+    for name, value in (("--kopt-budget", options.budget), ("--kopt-budget=+N", options.budget_more)):
+        if value is not None and value < 0:
+            raise RunError(f"{name} must be a number of tool calls (0 or more), got {value}")
+    if options.metric is not None and options.metric not in TIMER_METRICS:
+        raise RunError(f"--kopt-metric must be one of {', '.join(TIMER_METRICS)}, got {options.metric!r}")
+    if options.promote not in (None, False, True, "check", "force"):
+        raise RunError(f"--kopt-promote takes check (the default) or force, got {options.promote!r}")
 
 
 def resolve(options: RunOptions) -> RunOptions:
-    """Fill in the run directory, budget, agent and seed (from the log when resuming); check them."""
+    """Fill in the run directory, budget, agent, seed and metric (from the log when resuming); check them."""
+    _check_options(options)
     run_dir = Path(options.run_dir) if options.run_dir else None
     if options.retract and not options.resume:
         raise RunError("--kopt-retract takes a candidate out of a recorded run: pass --kopt-resume --kopt-run-dir=DIR")
@@ -115,24 +167,38 @@ def resolve(options: RunOptions) -> RunOptions:
     packed = runstore.packed_message(run_dir)
     if packed:  # a packed run is read-only: resuming it, or starting another in its place, would lose it
         raise RunError(packed)
-    events = _events(run_dir)
-    started = next((e for e in events if e.get("kind") == "run_started"), None)
+    state = RunState.fold(_events(run_dir))
+    started = state.started
     if started is None:  # a new run (or one killed before it recorded its start)
+        budget = options.budget_more if options.budget_more is not None else options.budget
         return replace(
-            options, run_dir=run_dir, started=None,
-            budget=DEFAULT_BUDGET if options.budget is None else options.budget,
+            options, run_dir=run_dir, started=None, budget=DEFAULT_BUDGET if budget is None else budget, budget_more=None,
             agent=options.agent or "search", seed=DEFAULT_SEED if options.seed is None else options.seed,
+            metric=options.metric or DEFAULT_METRIC,
         )
     if not options.resume:
         raise RunError(f"{run_dir} already holds a run; pass --kopt-resume to continue it, or choose another --kopt-run-dir")
     if started.get("problem") != options.problem:
         raise RunError(f"{run_dir} is a run of {started.get('problem')!r}, not {options.problem!r}")
+    metric = metric_of(state.objective)
+    if options.metric is not None and options.metric != metric:
+        raise RunError(f"{run_dir} is scored on {metric} time (fixed in its objective when it started) and a resumed run keeps "
+                       f"its own metric: drop --kopt-metric={options.metric}, or start a new run for {options.metric} time")
+    used = state.budget_used
+    if options.budget_more is not None:
+        budget = used + options.budget_more
+    elif options.budget is not None:
+        budget = options.budget
+        if budget < used:
+            raise RunError(f"--kopt-budget is the run's total of tool calls, and {run_dir} has used {used} already: "
+                           f"pass a total of {used} or more, or --kopt-budget=+N for N calls more")
+    else:
+        budget = state.budget if isinstance(state.budget, int) else started["budget"]
     agent = options.agent or started.get("agent") or "search"
     return replace(
-        options, run_dir=run_dir, started=started, agent=agent,
-        budget=started["budget"] if options.budget is None else options.budget,
+        options, run_dir=run_dir, started=started, agent=agent, budget=budget, budget_more=None, metric=metric,
         seed=started.get("seed", DEFAULT_SEED) if options.seed is None else options.seed,
-        agent_settings=recorded_settings(events, agent) if options.agent_settings is None else options.agent_settings,
+        agent_settings=state.agent_settings.get(agent) if options.agent_settings is None else options.agent_settings,
     )
 
 
@@ -251,16 +317,25 @@ class Run:
         self.resumed = False
         self.progress = progress
         self.outcome: Outcome | None = None
+        self.environment: dict = {}
+        self.machine: str | None = None  # this machine's kind: its GPU, or "cpu"
 
     # ---- ownership --------------------------------------------------------------------------
     def __enter__(self) -> "Run":
-        self.lock.acquire()
+        try:
+            self.lock.acquire()
+        except OSError as exc:
+            if is_storage_error(exc):
+                raise RunStorageError(self.storage_message(exc)) from None
+            raise
         try:
             self._open()
-        except BaseException:
+        except BaseException as exc:
             if self.log is not None:
                 self.log.close()
             self.lock.release()
+            if is_storage_error(exc):
+                raise RunStorageError(self.storage_message(exc)) from None
             raise
         return self
 
@@ -269,12 +344,21 @@ class Run:
             self.log.close()
         self.lock.release()
 
+    def storage_message(self, exc: OSError, logged: bool = False) -> str:
+        """What to tell a person whose run directory cannot be written, and how to go on."""
+        where = f" ({exc.filename})" if exc.filename else ""
+        return (f"kopt: the run directory {self.run_dir} cannot be written: {exc.strerror or exc}{where}. "
+                + ("The interruption is in its log. " if logged else "")
+                + f"Free some space (or make it writable), then continue with: {resume_command(self.problem.name, self.run_dir)}")
+
     def _open(self) -> None:
         opts = self.options
         remove_stale_temp_files(self.run_dir)  # a kill -9 between write and rename leaves one; we own the run now
+        self.environment = environment()
+        self.machine = machine_name(self.environment)
         self.log = EventLog(self.run_dir / "events.jsonl", run_id=self.run_dir.name)
         events = read_events(self.log.path)
-        started = next((e for e in events if e.get("kind") == "run_started"), None)
+        started = next((e for e in events if e.get("kind") == ev.RUN_STARTED), None)
         objective = started["objective"] if started else {}
         self.tools = Toolbox(self.problem, objective, self.log, self.run_dir, int(opts.budget), evaluate=self.evaluate, eval_timeout=opts.eval_timeout)
         if self.progress is not None:
@@ -292,11 +376,14 @@ class Run:
             if self.tools.budget_left > 0:  # with no call left nothing is timed here: a retraction or a promotion may
                 self._check_objective(objective)  # be made on any machine
             in_flight = self.tools.in_flight
-            self.log.append(
-                "run_resumed", budget_used=self.tools.budget_used, budget=self.tools.budget, agent=opts.agent,
+            self.tools.emit(
+                ev.RUN_RESUMED, budget_used=self.tools.budget_used, budget=self.tools.budget, agent=opts.agent,
                 agent_settings=opts.agent_settings, seed=opts.seed,
-                in_flight=in_flight["call"] if in_flight else None, repaired_bytes=self.log.repaired_bytes, environment=environment(),
+                in_flight=in_flight["call"] if in_flight else None, repaired_bytes=self.log.repaired_bytes, environment=self.environment,
             )
+            recovered = self.tools.recover_best()
+            if recovered is not None and self.progress is not None:
+                self.progress.say(f"kopt: the log had lost the best event of {recovered['candidate_id']} (a kill between its verdict and it); recorded now")
             if opts.retract:
                 try:
                     best = self.tools.retract(*opts.retract)
@@ -328,6 +415,7 @@ class Run:
         cid = candidate_id(source)
         path = self.run_dir / "candidates" / f"{cid}.py"
         atomic_write(path, source)
+        tools.objective["metric"] = opts.metric  # the baseline is timed under it too
         if self.progress:
             self.progress.say(f"kopt: new run {self.run_dir}: timing the baseline candidate {cid} ({Path(problem.baseline_candidate_path).name}) to fix the objective")
             self.progress.waiting(f"baseline {cid}")
@@ -342,8 +430,8 @@ class Run:
         tools.objective.update(problem.summary())
         tools.objective.update({
             "min_gain": opts.min_gain,
-            "metric": ("geometric mean over the timed cases of " if timings.get("cases") else "")
-            + "time of one kernel(...) call on the headline case, in microseconds (lower is better); only candidates that pass the judge's correctness checks count",
+            "metric": opts.metric,
+            "score": objective_text(opts.metric, bool(timings.get("cases"))),
             "case": timings.get("case"),
             "timed": self._timed_label(),
             "baseline_candidate": cid,
@@ -355,8 +443,8 @@ class Run:
             "baseline_verdict": result.get("verdict"),
             "baseline_reasons": list(result.get("reasons") or [])[:3],
         })
-        self.log.append(
-            "run_started", problem=problem.name, objective=tools.objective, environment=environment(),
+        tools.emit(
+            ev.RUN_STARTED, problem=problem.name, objective=tools.objective, environment=self.environment,
             budget=tools.budget, agent=opts.agent, agent_settings=opts.agent_settings, seed=opts.seed, eval_timeout=opts.eval_timeout,
         )
         try:
@@ -375,7 +463,7 @@ class Run:
             obj = tools.objective
             self.progress.say(
                 f"kopt: {'resumed' if self.resumed else 'started'} run {self.run_dir} ({self.problem.name}, agent {self.options.agent}, seed {self.options.seed}): "
-                f"{tools.budget_used}/{tools.budget} tool calls used; baseline {fmt_us(obj.get('baseline_us'))} on {obj.get('case') or '?'}"
+                f"{tools.budget_used}/{tools.budget} tool calls used; baseline {fmt_us(obj.get('baseline_us'))} on {obj.get('case') or '?'} ({tools.metric} time)"
             )
         previous = _sigterm_as_ctrl_c()
         try:
@@ -401,29 +489,70 @@ class Run:
             self.outcome = self._end("interrupted", "stopped by SIGTERM" if str(exc) == "SIGTERM" else "stopped by Ctrl-C")
             raise
         except BaseException as exc:
+            if is_storage_error(exc):
+                self.outcome = self._end("interrupted", f"the run directory cannot be written: {exc}")
+                raise RunStorageError(self.storage_message(exc, logged=self.outcome.logged)) from None
             self.outcome = self._end("interrupted", f"{type(exc).__name__}: {exc}")
             raise
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         self.outcome = self._end("finished", reason)
+        if not self.outcome.logged:
+            raise RunStorageError(self.storage_message(self.outcome.storage_error))
         return self.outcome
 
     def _end(self, status: str, reason: str) -> Outcome:
+        """Write best.py / best.json, promote if asked, log the end; a disk that cannot take them is
+        noted in the outcome (``logged``), never a second traceback."""
         tools = self.tools
         outcome = Outcome(status, reason, self.run_dir, tools.budget, tools.budget_used, tools.best)
-        if tools.best:
-            outcome.best_path = self.write_best()
-        # an interrupted run promotes too: its best is as verified, and a device job's time limit
-        # (SIGINT) is how long runs usually end
-        if self.options.promote and outcome.best_path:
-            self.promote_dir.mkdir(parents=True, exist_ok=True)
-            outcome.promoted = self.promote_dir / f"{self.problem.name}.py"
-            shutil.copyfile(outcome.best_path, outcome.promoted)
-            tools.note(f"best candidate {tools.best['candidate_id']} promoted to {outcome.promoted}")
-        kind = "run_finished" if status == "finished" else "run_interrupted"
-        self.log.append(kind, reason=reason, budget_used=tools.budget_used, budget=tools.budget, best=tools.best)
+        try:
+            if tools.best:
+                outcome.best_path = self.write_best()
+            # an interrupted run promotes too: its best is as verified, and a device job's time limit
+            # (SIGINT) is how long runs usually end
+            if self.options.promote and outcome.best_path:
+                outcome.promotion = self._promote()
+                outcome.promoted = outcome.promotion.path if outcome.promotion.promoted else None
+            kind = ev.RUN_FINISHED if status == "finished" else ev.RUN_INTERRUPTED
+            self.log.append(kind, reason=reason, budget_used=tools.budget_used, budget=tools.budget, best=tools.best)
+        except OSError as exc:
+            if not is_storage_error(exc):
+                raise
+            outcome.status, outcome.logged, outcome.storage_error = "interrupted", False, exc
+            if status == "finished":
+                outcome.reason = f"the run directory cannot be written: {exc}"
         return outcome
+
+    def _promote(self) -> Promotion:
+        """--kopt-promote: hand the best (its candidate file) to pytest_kopt.promote; log and say what it did."""
+        tools, best = self.tools, self.tools.best
+        cid = best["candidate_id"]
+        recorded = next((tools.results[(cid, u)] for u in ("profile", "benchmark") if (cid, u) in tools.results), None)
+        mode = "force" if self.options.promote == "force" else "check"
+        if self.progress:
+            self.progress.waiting(f"promotion of {cid}")
+        try:
+            promotion = promote(
+                problem=self.problem.name, mode=mode, best=best, best_path=self.run_dir / "candidates" / f"{cid}.py", attempt=tools.candidates.get(cid),
+                run_shown=_shown(self.run_dir), objective=tools.objective, promote_dir=self.promote_dir, machine=self.machine,
+                environment=self.environment, evaluate=tools.evaluator, timeout_s=self.options.eval_timeout, recorded_result=recorded,
+            )
+        except KeyboardInterrupt:
+            promotion = Promotion("refused", "interrupted while timing the best beside the promoted kernel; nothing replaced",
+                                  cid, self.promote_dir / f"{self.problem.name}.py", fields={"mode": mode})
+        finally:
+            if self.progress:
+                self.progress.done()
+        fields = promotion.event() | {"path": _shown(promotion.path)}
+        if promotion.result is not None:
+            fields["result_path"] = f"evals/{cid}-promotion.json"
+            atomic_write(self.run_dir / fields["result_path"], dumps(promotion.result) + "\n")
+        tools.emit(ev.PROMOTE, **fields)
+        if self.progress:
+            self.progress.say(f"kopt: --kopt-promote={mode}: {promotion.action}: {promotion.reason}")
+        return promotion
 
     def write_best(self) -> Path:
         """``best.py`` and ``best.json`` (the best's deepest evaluation) in the run directory."""
@@ -431,8 +560,14 @@ class Run:
         cid = best["candidate_id"]
         evaluation = next((tools.results[(cid, u)] for u in ("profile", "benchmark") if (cid, u) in tools.results), None)
         atomic_write(self.run_dir / "best.py", (self.run_dir / "candidates" / f"{cid}.py").read_text(encoding="utf-8"))
-        meta = tools.candidates.get(cid, {})
+        meta = tools.candidates[cid].meta if cid in tools.candidates else {}
         record = {**best, "problem": self.problem.name, "run_id": self.log.run_id, "strategy": meta.get("strategy"), "knobs": meta.get("knobs"), "objective": tools.objective, "evaluation": evaluation}
         atomic_write(self.run_dir / "best.json", json.dumps(json.loads(dumps(record)), indent=2) + "\n")
         return self.run_dir / "best.py"
 
+
+def objective_text(metric: str, several_cases: bool) -> str:
+    """What the objective's number is, in words (the LLM's system message states it)."""
+    where = "the geometric mean over the timed cases (the objective's case)" if several_cases else "the time on the timed case (the objective's case)"
+    return (f"{where} of the {metric} time of one kernel(...) call, in microseconds, lower is better; {metric} = {METRIC_TEXT[metric]}; "
+            "only candidates that pass the judge's correctness checks count")

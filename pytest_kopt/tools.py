@@ -9,7 +9,8 @@ an agent takes costs exactly one unit, whatever it does and whatever comes back:
   ``benchmark``, ``profile``, ``show_reference``, ``show_problem``, ``show_candidate`` and
   ``history`` each cost one;
 - a call with bad arguments, an unknown candidate id or an unknown tool still costs one (the
-  agent did make it) and answers ``{"error": ...}``;
+  agent did make it) and answers ``{"error": ...}``; so does a call the agent could not even
+  state (an LLM's tool call whose arguments are not JSON: ``reject``);
 - asking again for an evaluation the run already has (same candidate, same or an earlier
   stage; or any stage of a candidate that already failed) is answered from the run's cache
   (``"cached": true``): cheap in time, still one unit;
@@ -22,7 +23,17 @@ an agent takes costs exactly one unit, whatever it does and whatever comes back:
   its next call under that number instead: the later ``tool_call`` of a number is the real one.)
   ``budget_used`` is the number of distinct ``call`` numbers that have a ``tool_result``.
 
-When ``budget_used == budget``, ``call`` raises ``BudgetExhausted`` and the run ends.
+When ``budget_used == budget``, ``call`` raises ``BudgetExhausted`` and the run ends. A run
+directory that cannot be written (a full disk, a read-only mount) is not an answer to the agent:
+the error propagates and the run stops (the call is redone on resume, charged once).
+
+Best so far
+-----------
+The state of the run (candidates, verdicts, best, budget) is a ``RunState`` that every logged
+event is applied to, the same fold a resumed run rebuilds from the log (``pytest_kopt.runstate``,
+where the rule for a new best lives). When a best exists, a benchmark or profile times the
+candidate beside it, interleaved round by round (``evaluate(..., incumbent=<best's file>)``), and
+the candidate replaces it only when the interval of the ratio clears ``1 + min_gain``.
 
 Retraction
 ----------
@@ -43,14 +54,18 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .events import TEMP_GLOB, EventLog, atomic_write, dumps, read_events, signals_deferred
+from . import events as ev
+from .events import TEMP_GLOB, EventLog, atomic_write, dumps, is_storage_error, signals_deferred
 from .judge import STAGES, candidate_id
+from .runstate import Attempt, RunState, metric_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from .problems.base import Problem
 
 MAX_SOURCE_CHARS = 200_000
 HISTORY_RECENT, HISTORY_FASTEST = 40, 10  # rows the history tool shows: the latest and the fastest
+RAW_ARGS_CHARS = 400  # of a malformed call's arguments, kept in its tool_call event
+TIMED = ("benchmark", "profile")  # the stages that time a candidate (beside the best, when there is one)
 
 Evaluate = Callable[..., dict]
 
@@ -153,10 +168,7 @@ class Toolbox:
         self.log = log
         self.run_dir = Path(run_dir)
         self.budget = int(budget)
-        self.budget_used = 0
-        self.best: dict | None = None
-        self.retracted: dict[str, str] = {}  # id -> the reason it may not be best
-        self.candidates: dict[str, dict] = {}  # id -> the candidate event's fields
+        self.state = RunState(objective=dict(objective))  # every event this toolbox logs is applied to it
         self.results: dict[tuple[str, str], dict] = {}  # (id, upto) -> judge result
         self.in_flight: dict | None = None  # a tool_call of a previous process without result
         self.listeners: list[Callable[[dict], None]] = []  # see every event the toolbox logs
@@ -166,7 +178,9 @@ class Toolbox:
 
             evaluate = judge_evaluate
         self._evaluate = evaluate
-        self._can_skip_sweep = _takes_keyword(evaluate, "hypothesis")
+        self._can_skip_sweep = takes_keyword(evaluate, "hypothesis")
+        self._takes_metric = takes_keyword(evaluate, "metric")
+        self._takes_incumbent = takes_keyword(evaluate, "incumbent")
 
     # ---- bookkeeping --------------------------------------------------------------------
     @property
@@ -174,11 +188,40 @@ class Toolbox:
         return max(0, self.budget - self.budget_used)
 
     @property
+    def budget_used(self) -> int:
+        return self.state.budget_used
+
+    @property
+    def best(self) -> dict | None:
+        """The best verified candidate so far (candidate_id, candidate_us, speedup, vs_baseline, call[, ratio])."""
+        return self.state.best
+
+    @property
+    def retracted(self) -> dict[str, str]:
+        return self.state.retracted
+
+    @property
+    def candidates(self) -> dict[str, Attempt]:
+        return self.state.candidates
+
+    @property
+    def evaluator(self) -> Evaluate:
+        """The judge this toolbox calls (``pytest_kopt.judge.evaluate`` unless one was injected)."""
+        return self._evaluate
+
+    @property
+    def metric(self) -> str:
+        """The timer metric the objective is scored under: eager, device or graph."""
+        return metric_of(self.objective)
+
+    @property
     def baseline_us(self) -> float | None:
         return _number(self.objective.get("baseline_us"))
 
-    def _emit(self, kind: str, **fields: Any) -> dict:
+    def emit(self, kind: str, **fields: Any) -> dict:
+        """Log one event and apply it to the run state (listeners see it too)."""
         event = self.log.append(kind, **fields)
+        self.state.apply(event)
         for listener in list(self.listeners):
             try:
                 listener(event)
@@ -188,25 +231,19 @@ class Toolbox:
 
     def restore(self, events: list[dict]) -> None:
         """Rebuild budget, candidates, evaluation cache, best and the in-flight call from a log."""
-        done: set[int] = set()
-        calls: dict[int, dict] = {}
-        self.retracted = {e["candidate_id"]: e.get("reason", "") for e in events if e.get("kind") == "retract"}
-        self.best = self._best_from(events)
-        for event in events:
-            kind = event.get("kind")
-            if kind == "candidate":
-                self.candidates[event["candidate_id"]] = {k: event.get(k) for k in ("candidate_id", "parent", "strategy", "knobs", "path", "notes", "call")}
-            elif kind == "verdict" and event.get("stage") != "judge":
-                self.results[(event["candidate_id"], event["upto"])] = self._load_result(event)
-            elif kind == "tool_call":
-                calls[int(event["call"])] = event
-            elif kind == "tool_result":
-                done.add(int(event["call"]))
-        self.budget_used = len(done)
-        if done and max(done) != len(done):
-            raise ValueError(f"{self.log.path}: tool calls {sorted(set(range(1, max(done) + 1)) - done)} have no result although later ones do")
-        pending = [e for n, e in calls.items() if n not in done]
-        self.in_flight = max(pending, key=lambda e: e["seq"]) if pending else None
+        state = RunState.fold(events, objective=self.objective)
+        if state.unanswered_gaps:
+            raise ValueError(f"{self.log.path}: tool calls {state.unanswered_gaps} have no result although later ones do")
+        self.state = state
+        self.results = {key: self._load_result(verdict) for key, verdict in state.results.items()}
+        self.in_flight = state.in_flight
+
+    def recover_best(self) -> dict | None:
+        """Log the ``best`` event a kill between a verdict and its best event left out (on resume),
+        so every reader of the log agrees with best.json; returns it, or None when nothing was missing."""
+        if not self.state.missing_best:
+            return None
+        return self.emit(ev.BEST, **self.best, recovered=True)
 
     def _load_result(self, verdict: dict) -> dict:
         path = self.run_dir / (verdict.get("result_path") or "")
@@ -215,7 +252,8 @@ class Toolbox:
                 return json.loads(path.read_text())
             except ValueError:
                 pass  # a torn result file: the verdict event is enough
-        return {k: verdict.get(k) for k in ("verdict", "stage", "reasons", "errors", "speedup")} | {"timings": {"candidate_us": verdict.get("candidate_us")}}
+        timings = {"candidate_us": verdict.get("candidate_us"), "figures": verdict.get("figures"), "metric": verdict.get("metric")}
+        return {k: verdict.get(k) for k in ("verdict", "stage", "reasons", "errors", "speedup", "incumbent")} | {"timings": timings}
 
     def resolve(self, cid: Any) -> str:
         """A known candidate id from an id or a unique prefix of at least 6 characters."""
@@ -237,29 +275,41 @@ class Toolbox:
             raise BudgetExhausted(f"budget of {self.budget} tool calls used up")
         return self._call(tool, args, self.budget_used + 1)
 
+    def reject(self, tool: str, error: str, raw: Any = None) -> dict:
+        """Charge one call the agent could not state (arguments that are not a JSON object): logged as a
+        call, answered ``{"error": error}``, nothing run."""
+        if self.budget_used >= self.budget:
+            raise BudgetExhausted(f"budget of {self.budget} tool calls used up")
+        raw_text = raw if isinstance(raw, str) else dumps(raw)
+        return self._call(str(tool or "?"), {"raw": raw_text[:RAW_ARGS_CHARS]}, self.budget_used + 1, rejected=str(error))
+
     def redo_in_flight(self) -> dict | None:
         """Redo the call a killed process left without result, under its own number."""
         event, self.in_flight = self.in_flight, None
         if event is None or int(event["call"]) != self.budget_used + 1:
             return None
         args = dict(event.get("args") or {})
+        if event.get("rejected"):
+            return self._call(event["tool"], args, int(event["call"]), redo=True, rejected=event["rejected"])
         if event["tool"] == "write_candidate" and "candidate_id" in args:
             path = self.run_dir / "candidates" / f"{args.pop('candidate_id')}.py"
             if not path.is_file():
-                self._emit("note", text=f"in-flight call {event['call']} (write_candidate) could not be redone: its source was never stored; not charged")
+                self.emit(ev.NOTE, text=f"in-flight call {event['call']} (write_candidate) could not be redone: its source was never stored; not charged")
                 return None
             args["source"] = path.read_text(encoding="utf-8")
         return self._call(event["tool"], args, int(event["call"]), redo=True)
 
-    def _call(self, tool: str, args: dict, number: int, redo: bool = False) -> dict:
+    def _call(self, tool: str, args: dict, number: int, redo: bool = False, rejected: str | None = None) -> dict:
         logged_args = dict(args)
-        if tool == "write_candidate" and isinstance(args.get("source"), str):
+        if tool == "write_candidate" and isinstance(args.get("source"), str) and rejected is None:
             logged_args["candidate_id"] = candidate_id(args["source"])
             del logged_args["source"]
-        extra = {"redo": True} if redo else {}
-        self._emit("tool_call", call=number, tool=tool, args=logged_args, **extra)
+        extra = ({"redo": True} if redo else {}) | ({"rejected": rejected} if rejected is not None else {})
+        self.emit(ev.TOOL_CALL, call=number, tool=tool, args=logged_args, **extra)
         start = time.monotonic()
-        if tool not in SCHEMAS:
+        if rejected is not None:
+            result = {"error": rejected}
+        elif tool not in SCHEMAS:
             result = {"error": f"unknown tool {tool!r}; tools: {', '.join(SCHEMAS)}"}
         else:
             problem = _check_args(tool, args)
@@ -270,11 +320,12 @@ class Toolbox:
                     result = getattr(self, "_tool_" + tool)(number, **args)
                 except KeyError as exc:
                     result = {"error": str(exc.args[0]) if exc.args else str(exc)}
-                except Exception as exc:  # a bug or an OS error must not end a long run
+                except Exception as exc:  # a bug must not end a long run; a run dir that cannot be written must
+                    if is_storage_error(exc):
+                        raise
                     result = {"error": f"{tool} failed inside the toolbox: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=4)}
         with signals_deferred():  # the log and budget_used move together, even on Ctrl-C
-            self._emit("tool_result", call=number, tool=tool, result=result, duration_s=round(time.monotonic() - start, 3))
-            self.budget_used = number
+            self.emit(ev.TOOL_RESULT, call=number, tool=tool, result=result, duration_s=round(time.monotonic() - start, 3))
         return result
 
     # ---- tools ----------------------------------------------------------------------------
@@ -289,9 +340,7 @@ class Toolbox:
         if not path.is_file() or path.read_text(encoding="utf-8") != source:
             atomic_write(path, source)
         if cid not in self.candidates:
-            fields = {"candidate_id": cid, "parent": parent, "strategy": strategy, "knobs": knobs, "path": f"candidates/{cid}.py", "notes": notes, "call": call}
-            self._emit("candidate", **fields)
-            self.candidates[cid] = fields
+            self.emit(ev.CANDIDATE, candidate_id=cid, parent=parent, strategy=strategy, knobs=knobs, path=f"candidates/{cid}.py", notes=notes, call=call)
         return cid
 
     def _tool_write_candidate(self, number: int, source: str, notes: str = "", parent: str | None = None, strategy: str | None = None, knobs: dict | None = None) -> dict:
@@ -322,7 +371,7 @@ class Toolbox:
 
     def _tool_show_candidate(self, number: int, candidate_id: str) -> dict:
         cid = self.resolve(candidate_id)
-        meta = self.candidates[cid]
+        meta = self.candidates[cid].meta
         source = (self.run_dir / meta["path"]).read_text(encoding="utf-8")
         return {**{k: meta.get(k) for k in ("candidate_id", "parent", "strategy", "knobs", "notes")}, "source": source}
 
@@ -356,13 +405,23 @@ class Toolbox:
             return self.compact(cid, upto, result, cached=True)
         passed = self.cached(cid, "correctness")  # a pass here means this very file passed the random shapes
         swept = passed is not None and passed.get("verdict") == "pass"
-        return self.record(cid, upto, self.judge(self.run_dir / "candidates" / f"{cid}.py", upto, sweep=not swept), call=call)
+        best = self.best
+        incumbent = None
+        if upto in TIMED and best is not None and best["candidate_id"] != cid:
+            incumbent = self.run_dir / "candidates" / f"{best['candidate_id']}.py"
+        return self.record(cid, upto, self.judge(self.run_dir / "candidates" / f"{cid}.py", upto, sweep=not swept, incumbent=incumbent), call=call)
 
-    def judge(self, path: Path, upto: str, *, sweep: bool = True) -> dict:
+    def judge(self, path: Path, upto: str, *, sweep: bool = True, incumbent: Path | None = None) -> dict:
         """The judge's result for one file; a failure of the judge itself is a failed verdict.
         ``sweep=False``: the file passed the random-shape sweep before, so the judge leaves it out
-        (its explicit cases still run on fresh inputs): ~40 % of a KDA benchmark call on the H200."""
-        extra = {} if sweep or not self._can_skip_sweep else {"hypothesis": False}
+        (its explicit cases still run on fresh inputs): ~40 % of a KDA benchmark call on the H200.
+        ``incumbent``: the best's file, timed beside this one round by round (a judge that takes it).
+        The objective's timer metric goes with every call (a judge that takes it)."""
+        extra: dict[str, Any] = {} if sweep or not self._can_skip_sweep else {"hypothesis": False}
+        if self._takes_metric:
+            extra["metric"] = self.metric
+        if incumbent is not None and self._takes_incumbent and incumbent.is_file():
+            extra["incumbent"] = str(incumbent.resolve())
         try:
             result = self._evaluate(self.problem.name, str(Path(path).resolve()), upto=upto, timeout_s=self.eval_timeout, **extra)
             if not isinstance(result, dict) or result.get("verdict") not in ("pass", "fail"):
@@ -381,29 +440,24 @@ class Toolbox:
             atomic_write(self.run_dir / result_path, dumps(result) + "\n")
             self.results[(cid, upto)] = result
         compact = self.compact(cid, upto, result, cached=False)
+        optional = {k: compact[k] for k in ("figures", "metric", "incumbent", "incumbent_error") if compact.get(k) is not None}
+        if isinstance(result.get("isolation"), dict):
+            optional["isolation"] = result["isolation"]
         with signals_deferred():  # a verdict and the best it makes are logged together
-            self._emit(
-                "verdict", candidate_id=cid, upto=upto, verdict=result["verdict"], stage=result.get("stage"),
+            before = self.best
+            self.emit(
+                ev.VERDICT, candidate_id=cid, upto=upto, verdict=result["verdict"], stage=result.get("stage"),
                 reasons=compact["reasons"], candidate_us=compact.get("candidate_us"), speedup=compact.get("speedup"),
                 vs_baseline=compact.get("vs_baseline"), errors=compact.get("errors", []), result_path=result_path, call=call,
+                **optional,
             )
-            self._update_best(cid, compact, call)
+            if self.best is not before:  # the state's rule made it the new best
+                self.emit(ev.BEST, **self.best)
         return compact
 
     def note(self, text: str) -> dict:
         """An agent's note in the log (free)."""
-        return self._emit("note", text=str(text))
-
-    def _best_from(self, events: list[dict]) -> dict | None:
-        """The best the log's verdicts make, in their order, leaving out retracted candidates."""
-        self.best = None
-        for event in events:
-            if event.get("kind") != "verdict" or event.get("stage") == "judge" or event.get("candidate_id") in self.retracted:
-                continue
-            us = _number(event.get("candidate_us"))
-            if self._beats_best(event.get("verdict"), us):
-                self.best = {"candidate_id": event["candidate_id"], "candidate_us": us, "speedup": event.get("speedup"), "vs_baseline": event.get("vs_baseline"), "call": event.get("call")}
-        return self.best
+        return self.emit(ev.NOTE, text=str(text))
 
     def retract(self, candidate_id: str, reason: str) -> dict | None:
         """Take a candidate out of the running for best (see the module docstring); returns the best after.
@@ -422,33 +476,14 @@ class Toolbox:
             raise ValueError(f"retract: {cid} has no passing timed verdict, so it never could be best")
         was_best = bool(self.best and self.best["candidate_id"] == cid)
         with signals_deferred():  # the retraction and the best it leaves are logged together
-            self._emit("retract", candidate_id=cid, reason=reason, was_best=was_best)
-            self.retracted[cid] = reason
-            if was_best:
-                best = self._best_from(read_events(self.log.path))
-                if best is not None:
-                    self._emit("best", **best)
+            self.emit(ev.RETRACT, candidate_id=cid, reason=reason, was_best=was_best)  # the state rebuilds its best
+            if was_best and self.best is not None:
+                self.emit(ev.BEST, **self.best)
         return self.best
-
-    def _beats_best(self, verdict: Any, us: float | None) -> bool:
-        """Whether a verdict with this headline time is the new best: the one rule, live and on resume.
-        It must be faster than the best by the objective's ``min_gain`` (a fraction; runs logged before
-        the field existed used 0), so that a re-timing inside the timer's noise does not replace it."""
-        if verdict != "pass" or us is None or us <= 0:
-            return False
-        return self.best is None or us < self.best["candidate_us"] * (1.0 - self.min_gain)
 
     @property
     def min_gain(self) -> float:
-        return _number(self.objective.get("min_gain")) or 0.0
-
-    def _update_best(self, cid: str, compact: dict, call: int) -> None:
-        us = compact.get("candidate_us")
-        if cid in self.retracted or not self._beats_best(compact["verdict"], us):
-            return
-        best = {"candidate_id": cid, "candidate_us": us, "speedup": compact.get("speedup"), "vs_baseline": compact.get("vs_baseline"), "call": call}
-        self._emit("best", **best)
-        self.best = best
+        return self.state.min_gain
 
     def compact(self, cid: str, upto: str, result: dict, *, cached: bool) -> dict:
         """What the agent sees of a judge result (the whole one is in evals/)."""
@@ -468,6 +503,14 @@ class Toolbox:
             out["vs_baseline"] = self.baseline_us / us if self.baseline_us and us > 0 else None
             out["baselines_us"] = timings.get("baselines")
             out["case"] = timings.get("case")
+            out["metric"] = timings.get("metric") if timings.get("metric") else None
+            if isinstance(timings.get("figures"), dict):
+                out["figures"] = timings["figures"]
+        incumbent = result.get("incumbent")
+        if isinstance(incumbent, dict) and isinstance(incumbent.get("ratio"), dict):
+            out["incumbent"] = {"candidate_id": incumbent.get("candidate_id"), "ratio": incumbent["ratio"]}
+        elif result.get("incumbent_error"):
+            out["incumbent_error"] = str(result["incumbent_error"])[:300]
         if isinstance(result.get("roofline"), dict):
             out["roofline"] = result["roofline"]
         kernels = ((result.get("profile") or {}).get("kernels")) if isinstance(result.get("profile"), dict) else None
@@ -483,7 +526,8 @@ class Toolbox:
         its fastest verified time, the same figure best-so-far is tracked by.
         """
         rows = []
-        for cid, meta in self.candidates.items():
+        for cid, attempt in self.candidates.items():
+            meta = attempt.meta
             row = {k: meta.get(k) for k in ("candidate_id", "parent", "strategy", "knobs")}
             row["notes"] = (meta.get("notes") or "")[:200]
             row.update(verdict=None, stage=None, upto=None, candidate_us=None, speedup=None, vs_baseline=None, reason="")
@@ -495,12 +539,12 @@ class Toolbox:
                 row.update(verdict=compact["verdict"], stage=compact["stage"], upto=upto, reason=compact["reasons"][0][:300] if compact["reasons"] else "")
                 us = compact.get("candidate_us")
                 if compact["verdict"] == "pass" and us is not None and (row["candidate_us"] is None or us < row["candidate_us"]):
-                    row.update({k: compact.get(k) for k in ("candidate_us", "speedup", "vs_baseline")})
+                    row.update({k: compact.get(k) for k in ("candidate_us", "speedup", "vs_baseline", "figures", "incumbent")})
             rows.append(row)
         return rows
 
 
-def _takes_keyword(fn: Callable[..., Any], name: str) -> bool:
+def takes_keyword(fn: Callable[..., Any], name: str) -> bool:
     """Whether ``fn`` accepts the keyword ``name`` (a judge replaced by a fixture may not)."""
     try:
         params = inspect.signature(fn).parameters.values()

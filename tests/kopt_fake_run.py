@@ -93,6 +93,42 @@ class FakeJudge:
         return result
 
 
+class IncumbentJudge(FakeJudge):
+    """A FakeJudge with the supervisor's interface: it takes ``metric`` and ``incumbent`` and answers with
+    the three figures and, beside an incumbent, the interleaved ratio incumbent time / candidate time.
+    ``ratios`` overrides that ratio per candidate id (what a noisy timer would have measured):
+    ``{cid: (median, lo, hi)}``; ``incumbent_error`` makes the incumbent untimeable."""
+
+    def __init__(self, delay: float = 0.0, ratios: dict | None = None, incumbent_error: str | None = None):
+        super().__init__(delay)
+        self.ratios = dict(ratios or {})
+        self.incumbent_error = incumbent_error
+        self.asked: list[dict] = []  # the keywords of every call
+
+    def __call__(self, problem_name: str, candidate_path: str, *, upto: str = "profile", timeout_s: float = 900.0,
+                 metric: str = "eager", incumbent: str | None = None, **kwargs: object) -> dict:
+        self.asked.append({"candidate": Path(candidate_path).stem, "upto": upto, "metric": metric, "incumbent": incumbent, **kwargs})
+        result = super().__call__(problem_name, candidate_path, upto=upto, timeout_s=timeout_s)
+        timings = result.get("timings")
+        if timings is None:
+            return result
+        us = timings["candidate_us"]
+        timings.update(metric=metric, figures={"eager": us * 1.25, "device": us, "graph": us * 0.5})
+        timings["candidate_us"] = timings["figures"][metric]
+        result["isolation"] = {"level": "process", "runner_uid": None, "detail": "fake"}
+        if incumbent is not None:
+            if self.incumbent_error:
+                result.update(incumbent=None, incumbent_error=self.incumbent_error)
+            else:
+                cid = Path(incumbent).stem
+                _, _, inc_us = fake_time(Path(incumbent).read_text())
+                ratio = inc_us / us
+                median, lo, hi = self.ratios.get(Path(candidate_path).stem, (ratio, ratio * 0.995, ratio * 1.005))
+                result["incumbent"] = {"candidate_id": cid, "figures": {"eager": inc_us * 1.25, "device": inc_us, "graph": inc_us * 0.5},
+                                       "ratio": {"metric": metric, "median": median, "lo": lo, "hi": hi, "rounds": 20}}
+        return result
+
+
 class FakeProblem:
     """Just what the loop and the search agent read from a problem (no torch import)."""
 

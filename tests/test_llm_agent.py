@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -206,9 +207,97 @@ def test_malformed_and_hostile_tool_calls_get_errors_not_crashes(tmp_path: Path)
     assert "unknown tool 'frobnicate'" in replies[4]
     assert "needs argument(s) candidate_id" in replies[5]
     assert tools.best["candidate_id"] == candidate_id(V1)  # and the session went on working
-    # the two unparseable calls ran nothing and cost nothing; every other call cost one
-    assert tools.budget_used == 6
-    assert [e["tool"] for e in events_of(tmp_path, "tool_call")][0] == "run_tests"
+    # every call cost one, the two unparseable ones too: they ran nothing and are logged as calls with their error
+    assert tools.budget_used == 8
+    calls, results = events_of(tmp_path, "tool_call"), events_of(tmp_path, "tool_result")
+    assert [e["tool"] for e in calls[:2]] == ["write_candidate", "run_tests"]
+    assert "not valid JSON" in calls[0]["rejected"] and calls[0]["args"]["raw"].startswith('{"source": "x"')
+    assert "must be a JSON object" in results[1]["result"]["error"]
+
+
+def test_malformed_replies_in_a_row_stop_the_run_as_a_failure_not_a_success(tmp_path: Path) -> None:
+    """Each malformed call costs one; ``max_malformed`` replies in a row of them end the run with a
+    resumable error and a run_interrupted event that says why (the loop then exits non-zero)."""
+    from pytest_kopt.agents.llm import ModelMisbehaving
+    from pytest_kopt.run import Run, RunOptions
+
+    garbage = [Reply([("write_candidate", '{"source": "x", notes: oops')]), Reply([("history", "[1]")]),
+               Reply([("run_tests", "not json at all"), ("benchmark", "{")])]
+    with FakeOpenAI([Reply([call("show_problem")])] + garbage) as server:
+        options = RunOptions(problem="kda", budget=20, run_dir=tmp_path / "run")
+        with Run(options, problem=get_problem("kda"), evaluate=fake_evaluate) as run:
+            with pytest.raises(ModelMisbehaving, match="3 replies in a row") as info:
+                run.execute(agent(server, max_malformed=3))
+    assert info.value.resumable
+    events = read_events(tmp_path / "run" / "events.jsonl")
+    end = events[-1]
+    assert end["kind"] == "run_interrupted" and "malformed" in end["reason"] and end["budget_used"] == 5
+    assert [e.get("rejected") is not None for e in events if e["kind"] == "tool_call"] == [False, True, True, True, True]
+    assert run.outcome.status == "interrupted" and not run.outcome.ok
+
+
+def test_a_text_reply_breaks_a_malformed_streak(tmp_path: Path) -> None:
+    tools = toolbox(tmp_path)
+    script = [Reply([("history", "[1]")]), Reply(content="thinking"), Reply([("history", "[1]")]), Reply([call("history")])]
+    with FakeOpenAI(script) as server:
+        a = agent(server, max_malformed=2, max_idle_turns=5)
+        a.restore([])
+        for _ in range(4):
+            assert a.act(tools)
+    assert tools.budget_used == 3
+
+
+def test_the_key_is_scrubbed_from_everything_a_run_keeps_and_its_replay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model (or a server) that echoes the bearer key into a candidate, its notes and its text: the key
+    reaches no file of the run (log, candidates, evaluations), no later request, no compaction memory, and
+    no file of a replay of the run."""
+    monkeypatch.setenv("KOPT_TEST_KEY", SECRET)
+    leaky = source("leak", "us=400").replace("import triton", f"import triton  # {SECRET}")
+    leaky_scrubbed = leaky.replace(SECRET, "***")
+    script = [
+        Reply([call("write_candidate", source=leaky, notes=f"key is {SECRET}"), call("benchmark", candidate_id=candidate_id(leaky_scrubbed))],
+              content=f"my key: {SECRET}"),
+        Reply([call("history")]),
+        Reply([call("show_candidate", candidate_id=candidate_id(leaky_scrubbed))]),
+    ] + long_session(2)
+    recorded = tmp_path / "recorded"
+    tools = toolbox(recorded)
+    with FakeOpenAI(script) as server:
+        a = agent(server, api_key_env="KOPT_TEST_KEY", context_tokens=1500, max_idle_turns=1)
+        a.restore([])
+        drive(a, tools)
+    assert events_of(recorded, "compaction")  # the memory was built and sent
+    assert tools.best is not None and (recorded / "candidates" / f"{candidate_id(leaky_scrubbed)}.py").is_file()
+    assert_secret_nowhere(recorded)
+    for request in server.requests[1:]:  # the first request precedes any reply
+        assert SECRET not in json.dumps(request["body"])
+    replayed = tmp_path / "replayed"
+    r = ReplayAgent(replay_path=recorded / "events.jsonl")
+    r.restore([])
+    drive(r, toolbox(replayed))
+    assert events_of(replayed, "candidate") and not events_of(replayed, "note")
+    assert_secret_nowhere(replayed)
+
+
+def test_the_system_message_states_the_objective_as_a_geometric_mean_over_the_timed_cases() -> None:
+    from pytest_kopt.agents.llm import render_objective
+    from pytest_kopt.run import objective_text
+
+    case = "geomean of B1 T8192 H16 K128 V128 +hT | B2 T16384 H16 K128 V128 +hT | B8 T1024 H8 K64 V64 +hT"
+    text = render_objective({**objective(), "metric": "eager", "score": objective_text("eager", True), "case": case}, None, 0, 100)
+    assert "geometric mean over the timed cases" in text and "eager time" in text and f"Timed on: {case}" in text
+    assert "headline shape;" not in text and "THE target" not in text
+
+
+def test_a_context_budget_smaller_than_the_memory_is_warned_about_once(tmp_path: Path) -> None:
+    tools = toolbox(tmp_path)
+    with FakeOpenAI(long_session(4)) as server:
+        a = agent(server, context_tokens=200, max_idle_turns=1)
+        a.restore([])
+        drive(a, tools)
+    assert len(events_of(tmp_path, "compaction")) >= 2
+    warnings = [e["text"] for e in events_of(tmp_path, "note") if "context budget" in e["text"]]
+    assert len(warnings) == 1 and "(200 tokens) is smaller than" in warnings[0] and "--kopt-context-tokens" in warnings[0]
 
 
 def test_quirky_server_replies_are_normalized(tmp_path: Path) -> None:
@@ -640,7 +729,8 @@ def test_end_to_end_kill_dead_endpoint_resume_and_replay(tmp_path: Path) -> None
 
         dead = kopt_pytest(tmp_path, *common, "--kopt-resume", f"--kopt-base-url=http://127.0.0.1:{free_port()}/v1")
         assert dead.returncode == 1
-        assert f"can be resumed; continue with --kopt-resume --kopt-run-dir={run_dir}" in dead.stdout  # one line, no traceback
+        hint = f"can be resumed; continue with: {shlex.quote(sys.executable)} -m pytest --kopt-optimize=kda --kopt-resume --kopt-run-dir={run_dir}"
+        assert hint in dead.stdout  # one line, no traceback, and the command that continues it
         assert "EndpointUnavailable" not in dead.stdout.split("= kopt optimize =")[0]
         stopped = read_events(run_dir / "events.jsonl")[-1]
         assert stopped["kind"] == "run_interrupted" and "can be resumed" in stopped["reason"]

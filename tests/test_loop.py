@@ -7,6 +7,7 @@ user would), and the real judge on the CPU interpreter with the kda problem.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -68,7 +69,11 @@ def test_pytest_command_runs_resumes_and_refuses(tmp_path):
     again = pytest_run(tmp_path, "--kopt-optimize=fake", f"--kopt-run-dir={run_dir}")
     assert again.returncode == 4 and "--kopt-resume" in again.stderr
 
-    more = pytest_run(tmp_path, "--kopt-optimize=fake", "--kopt-resume", "--kopt-budget=14", f"--kopt-run-dir={run_dir}")
+    # the hint the run printed is a command that works as typed: here, 4 calls more
+    (hint,) = [line for line in out.splitlines() if line.startswith("continue: ")]
+    assert hint.endswith(" --kopt-budget=+N")
+    command = shlex.split(hint[len("continue: "):].replace("--kopt-budget=+N", "--kopt-budget=+4"))
+    more = subprocess.run([*command, "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert more.returncode == 0, more.stdout + more.stderr
     assert "resumed run" in more.stdout and "[14/14] " in more.stdout
     events = read_events(run_dir / "events.jsonl")
@@ -230,7 +235,7 @@ def test_a_resumable_agent_error_fails_in_one_line(tmp_path, resumable):
     assert done.returncode == 1, done.stdout + done.stderr
     end = read_events(run_dir / "events.jsonl")[-1]
     assert end["kind"] == "run_interrupted" and end["reason"] == "Offline: the endpoint is down\nfor now" and end["budget_used"] == 1
-    hint = f"the endpoint is down for now; continue with --kopt-resume --kopt-run-dir={run_dir}"
+    hint = f"the endpoint is down for now; continue with: {shlex.quote(sys.executable)} -m pytest --kopt-optimize=fake --kopt-resume --kopt-run-dir={run_dir}"
     if resumable:  # the message alone, no traceback
         assert hint in done.stdout and "raise Offline" not in done.stdout and "another exception occurred" not in done.stdout
     else:  # any other error keeps its traceback

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kopt import cli
+from pytest_kopt import REPO_ROOT as REPO, cli
 from pytest_kopt.report import write_report
 from pytest_kopt.runsummary import summarise
 
@@ -139,7 +139,7 @@ def test_report_of_an_interpreter_run_leaves_out_the_roofline(tmp_path):
     make_run(tmp_path / "cpu", run_id="cpu", agent="search", n_candidates=6, seed=3, interpreter=True)
     md = write_report([tmp_path / "cpu"], tmp_path / "out").read_text()
     assert "Triton CPU interpreter" in md and "indicative only" in md
-    assert "| roofline floor |" not in md and "| the run's baseline candidate | 400 µs |" in md
+    assert "| roofline floor |" not in md and "| the run's baseline candidate | — | 400 µs | — |" in md
 
 
 def test_report_lists_each_timed_case_of_a_geometric_mean_objective(tmp_path):
@@ -272,3 +272,52 @@ def test_a_resumed_run_counts_its_running_time_and_its_extended_budget(tmp_path)
     run = summarise(run_dir)
     assert run.running_s == pytest.approx(150.0) and run.resumes == 1
     assert (run.budget_used, run.budget, run.status) == (45, 45, "finished")
+
+
+# ---- kopt compare on the benchmark JSONs of record (a fresh clone has no storage) -------------
+RECORD_BEFORE = REPO / "results" / "h200-2026-11-30m" / "call4"
+RECORD_AFTER = REPO / "results" / "h200-2026-11-30n" / "call3"
+
+
+def test_compare_takes_the_committed_benchmark_jsons_as_files_or_folders(capsys):
+    """What the README tells a fresh clone to type: no storage, the JSONs of record named directly."""
+    (before,), (after,) = RECORD_BEFORE.glob("*.json"), RECORD_AFTER.glob("*.json")
+    for args in ([str(RECORD_BEFORE), str(RECORD_AFTER)], [str(before), str(after)]):
+        assert cli.main(["compare", "--storage", str(REPO / "no-such-storage"), *args]) == 0
+        captured = capsys.readouterr()
+        assert "ERROR" not in captured.out + captured.err
+        assert "kda-B1_T8192_H16_K128_V128_+hT-candidate:best" in captured.out and "0.788  faster -21.2%" in captured.out
+        # a file from before the three figures shows its one figure (the median) as device time
+        assert "-/318.8/-" in captured.out and "-/251.1/-" in captured.out
+
+
+def test_compare_without_storage_or_runs_names_a_command_that_works(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert cli.main(["compare", "--storage", str(tmp_path / "absent")]) == 2
+    err = capsys.readouterr().err
+    example = err.split("e.g. ")[1].strip()
+    assert example.startswith("kopt compare ") and cli.main(example.split()[1:]) == 0
+
+
+def test_compare_exits_non_zero_on_its_own_errors_and_prints_no_stray_error(tmp_path, capsys):
+    kda, mla = REPO / "results" / "h200-2026-11-30d" / "bench-kda.json", REPO / "results" / "h200-2026-11-30d" / "bench-mla.json"
+    assert cli.main(["compare", str(kda), str(mla)]) == 2  # two runs that share no benchmark
+    captured = capsys.readouterr()
+    assert "share no benchmark" in captured.err and "ERROR" not in captured.out + captured.err
+    (tmp_path / "other.json").write_text('{"not": "a benchmark"}')
+    assert cli.main(["compare", str(kda), str(tmp_path / "other.json")]) == 2
+    assert "is not a pytest-benchmark JSON file" in capsys.readouterr().err
+    assert cli.main(["compare", str(kda)]) == 2
+    assert "need at least two" in capsys.readouterr().err
+
+
+def test_compare_shows_the_three_figures_where_the_json_has_them(histories, tmp_path, capsys):
+    (before,) = histories.glob("*/0001_before.json")
+    after = histories.parent / "figures.json"
+    data = json.loads(before.read_text())
+    for bench in data["benchmarks"]:
+        bench["extra_info"]["figures"] = {"eager": 12.5, "device": 10.25, "graph": None}
+    after.write_text(json.dumps(data))
+    assert cli.main(["compare", str(before), str(after)]) == 0
+    out = capsys.readouterr().out
+    assert _row(out.split("Figures:")[1], "test_scan").endswith("12.5/10.2/-")

@@ -38,11 +38,15 @@ def test_factory_builds_the_search_agent_by_name(tmp_path):
     assert agent_class("search") is SearchAgent
 
 
-def test_starts_with_the_baseline_and_beats_it(tmp_path):
-    outcome, events, _ = run(tmp_path, 40)
+def test_starts_from_the_baseline_the_loop_timed_and_beats_it(tmp_path):
+    """The loop times the baseline candidate before the agent starts (call 0): the agent takes that
+    verdict as the baseline's outcome and spends its first calls on the next candidate."""
+    outcome, events, agent = run(tmp_path, 40)
     baseline = next(e for e in events if e["kind"] == "run_started")["objective"]["baseline_candidate"]
     first = calls(events)[:3]
-    assert [c[1] for c in first] == ["write_candidate", "run_tests", "benchmark"] and {c[2] for c in first} == {baseline}
+    assert [c[1] for c in first] == ["write_candidate", "run_tests", "benchmark"] and len({c[2] for c in first}) == 1
+    assert baseline not in {c[2] for c in calls(events)}  # never re-written, re-tested or re-timed
+    assert agent.tried[baseline] == 956.0  # but the sampler knows its time
     assert outcome.status == "finished" and outcome.budget_used == 40
     assert outcome.best["candidate_id"] != baseline and outcome.best["vs_baseline"] > 5
     assert (tmp_path / "run" / "best.py").read_text() == (tmp_path / "run" / "candidates" / f"{outcome.best['candidate_id']}.py").read_text()
@@ -70,8 +74,9 @@ def test_each_candidate_is_written_once_and_the_search_stops_when_the_space_is_e
     outcome, events, _ = run(tmp_path, 200, problem=problem)
     written = [e["candidate_id"] for e in events if e["kind"] == "candidate"]
     assert len(written) == len(set(written)) == 4
-    writes = [c for c in calls(events) if c[1] == "write_candidate"]
-    assert len(writes) == 4  # no candidate is written twice
+    writes = [c[2] for c in calls(events) if c[1] == "write_candidate"]
+    baseline = written[0]  # recorded by the loop, which timed it: never written again by a tool call
+    assert len(writes) == 3 and set(writes) | {baseline} == set(written)  # no candidate is written twice
     assert outcome.status == "finished" and "nothing left" in outcome.reason and outcome.budget_used < 200
 
 

@@ -11,9 +11,15 @@ Why it is shaped this way:
   ``compaction`` the memory that replaced everything before it. Nothing else holds state.
 - Compaction is deterministic (``memory.build_memory`` over the log), never model-written.
 - The model's reply is untrusted: its arguments only reach ``Toolbox.call``, whose candidates
-  only run inside the judge. Bad JSON, unknown tools and ids come back to the model as errors.
-- The API key is read from the environment once, handed to the openai client and nowhere else;
-  anything logged is scrubbed of it.
+  only run inside the judge. Bad JSON, unknown tools and ids come back to the model as errors,
+  and each such call costs one unit like any other (``Toolbox.reject`` for arguments that are not
+  JSON). ``max_malformed`` replies in a row whose tool calls are all malformed stop the run with
+  ``ModelMisbehaving``: not a success, and resumable. Replies with no tool call at all are nudged;
+  ``max_idle_turns`` of them in a row and the agent says it has nothing left to try.
+- The API key is read from the environment once, handed to the openai client and nowhere else.
+  It is registered with the event log's scrubber, and a reply's text and tool-call arguments are
+  scrubbed as they arrive, so nothing downstream (the log, candidate files, the memory, the next
+  requests, a replay of the run) ever holds it.
 - Transient failures (rate limits, 5xx, time-outs, refused connections) are retried by the
   openai client with its own backoff; when it gives up, the agent pauses and tries again a few
   times, then raises ``EndpointUnavailable``, which the loop records as ``run_interrupted``:
@@ -29,7 +35,8 @@ from typing import Any, Callable
 
 import openai
 
-from ..events import read_events
+from .. import events as ev
+from ..events import read_events, register_secret, scrub
 from ..judge.policy import ALLOWED_IMPORTS
 from ..judge.sandbox import scrub_env
 from .base import Agent
@@ -80,6 +87,13 @@ class EndpointError(RuntimeError):
 
 class EndpointUnavailable(EndpointError):
     """The endpoint stayed unreachable or overloaded through every retry and pause."""
+
+
+class ModelMisbehaving(RuntimeError):
+    """The model sent ``max_malformed`` replies in a row whose tool calls were all malformed: the run stops
+    (``run_interrupted``, a non-zero exit), and a resume gives the model another turn."""
+
+    resumable = True
 
 
 def _setting(value: Any, env: str, default: Any) -> Any:
@@ -137,8 +151,15 @@ def render_objective(objective: dict, best: dict | None, budget_used: int, budge
             for x in outputs))
     headline = o.pop("headline", None)
     if headline:
-        lines.append("Headline shapes (the first is THE target): " + "; ".join(map(_fmt, headline)))
-    lines.append("Metric: wall time of kernel(...) on the headline shape; speedup = baseline time / candidate time (higher is better).")
+        lines.append("Headline shapes: " + "; ".join(map(_fmt, headline)))
+    score, metric, case = o.pop("score", None), o.pop("metric", None), o.pop("case", None)
+    if score:  # what the objective's number is: a geometric mean where several cases are timed
+        lines.append(f"Objective ({metric} time): {score}.")
+    elif metric:  # a log from before the metric was named: its text
+        lines.append(f"Objective: {metric}.")
+    if case:
+        lines.append(f"Timed on: {case}" + (" (every one counts: a candidate tuned for one case must not regress the others)" if "geomean" in str(case) else ""))
+    lines.append("Speedup = baseline time / candidate time (higher is better), under the objective's metric.")
     rules = o.pop("rules", None)
     for key in sorted(o):  # baseline and floor figures, and anything the loop adds
         lines.append(f"{key}: {_fmt(o[key])}")
@@ -216,6 +237,7 @@ class LLMAgent(Agent):
         pause_s: float | None = None,
         max_pauses: int | None = None,
         max_idle_turns: int = 3,
+        max_malformed: int = 3,
         max_result_chars: int = 12_000,
         sleep: Callable[[float], None] = time.sleep,
     ):
@@ -229,6 +251,7 @@ class LLMAgent(Agent):
                 raise ValueError(f"no API key: set ${api_key_env}, or point --kopt-base-url at a self-hosted server")
             key = "EMPTY"  # self-hosted servers (vLLM, llama.cpp) take any key
         self._secret = key if key != "EMPTY" else None  # only to scrub it from what is logged
+        register_secret(self._secret)  # the log, result files and everything built from them never hold it
         if self._secret and scrub_env({api_key_env: key}):
             # The judge strips variables named like secrets from candidates' environment; this
             # name would slip through, so the variable leaves this process (the client has the key).
@@ -246,6 +269,8 @@ class LLMAgent(Agent):
         self.pause_s = float(_setting(pause_s, "KOPT_LLM_PAUSE_S", DEFAULT_PAUSE_S))
         self.max_pauses = int(_setting(max_pauses, "KOPT_LLM_PAUSES", DEFAULT_PAUSES))
         self.max_idle_turns = int(max_idle_turns)
+        self.max_malformed = max(1, int(max_malformed))
+        self._warned_context = False
         self.max_result_chars = int(max_result_chars)
         self._sleep = sleep
         self._client = openai.OpenAI(api_key=key, base_url=base_url, timeout=float(request_timeout), max_retries=max_retries)
@@ -259,6 +284,7 @@ class LLMAgent(Agent):
         self._usage_at = 0  # ... when it was len(messages) long
         self._pending: list[tuple[dict, int | None]] = []  # the last reply's calls not yet answered
         self._idle = 0  # consecutive replies without a usable tool call
+        self._malformed = 0  # consecutive replies with tool calls, none of them usable
         self._system_logged: str | None = None
 
     def restore(self, events: list[dict]) -> None:
@@ -266,33 +292,33 @@ class LLMAgent(Agent):
         self._reset()
         last_reply: dict | None = None
         after_reply: list[dict] = []  # tool_call/tool_result events after the last reply
-        for ev in events:
-            kind = ev.get("kind")
-            if kind in ("compaction", "llm_request") and last_reply is not None:
+        for event in events:
+            kind = event.get("kind")
+            if kind in (ev.COMPACTION, ev.LLM_REQUEST) and last_reply is not None:
                 # the previous reply's turn was complete: its results are in this event's messages
-                self._idle = self._idle + 1 if not self._usable_calls(last_reply) else 0
+                self._count(last_reply.get("message") or {})
                 last_reply, after_reply = None, []
-            if kind == "compaction":
-                self.messages = [self._memory_message(ev.get("memory", ""))]
+            if kind == ev.COMPACTION:
+                self.messages = [self._memory_message(event.get("memory", ""))]
                 self._usage_tokens = None
-            elif kind == "llm_request":
-                self.messages.extend(ev.get("messages") or [])
-                if ev.get("system") is not None:
-                    self._system_logged = ev["system"]
-            elif kind == "llm_response" and ev.get("message") is not None:
-                self.messages.append(ev["message"])
-                last_reply, after_reply = ev, []
-                usage = ev.get("usage") or {}
+            elif kind == ev.LLM_REQUEST:
+                self.messages.extend(event.get("messages") or [])
+                if event.get("system") is not None:
+                    self._system_logged = event["system"]
+            elif kind == ev.LLM_RESPONSE and event.get("message") is not None:
+                self.messages.append(event["message"])
+                last_reply, after_reply = event, []
+                usage = event.get("usage") or {}
                 if usage.get("total_tokens"):
                     self._usage_tokens, self._usage_at = int(usage["total_tokens"]), len(self.messages)
-            elif kind in ("tool_call", "tool_result") and last_reply is not None:
-                after_reply.append(ev)
+            elif kind in (ev.TOOL_CALL, ev.TOOL_RESULT) and last_reply is not None:
+                after_reply.append(event)
         self._logged = len(self.messages)
         if last_reply is not None:
             # The crash came after the reply but before the next request: finish the turn.
             self._after_reply(last_reply["message"], after_reply)
-        if self._idle >= self.max_idle_turns:  # it had stopped; a resumed run gives it another turn
-            self._idle = 0
+        if self._idle >= self.max_idle_turns or self._malformed >= self.max_malformed:  # it had stopped; a resumed
+            self._idle = self._malformed = 0  # run gives it another turn
             self.messages.append({"role": "user", "content": NUDGE})
 
     def _memory_message(self, memory: str) -> dict:
@@ -302,31 +328,36 @@ class LLMAgent(Agent):
         calls = (reply_event.get("message") or {}).get("tool_calls") or []
         return any(_parse_arguments((c.get("function") or {}).get("arguments"))[1] is None for c in calls)
 
+    def _count(self, message: dict) -> None:
+        """Keep the two streaks a reply ends or extends: without a usable call, and all calls malformed."""
+        usable = self._usable_calls({"message": message})
+        self._idle = 0 if usable else self._idle + 1
+        self._malformed = self._malformed + 1 if message.get("tool_calls") and not usable else 0
+
     def _after_reply(self, message: dict, recorded: list[dict]) -> None:
         """Queue the reply's tool calls, answering from ``recorded`` results those already run."""
         calls = message.get("tool_calls") or []
         if not calls:
-            self._idle += 1
+            self._count(message)
             if self._idle < self.max_idle_turns:
                 self.messages.append({"role": "user", "content": NUDGE})
             return
         results = {}
         open_calls: dict[Any, str] = {}
-        for ev in recorded:
-            if ev.get("kind") == "tool_call":
-                open_calls[ev.get("call")] = ev.get("tool")
-            elif ev.get("kind") == "tool_result" and ev.get("call") in open_calls:
-                results[ev.get("call")] = ev
+        for event in recorded:
+            if event.get("kind") == ev.TOOL_CALL:
+                open_calls[event.get("call")] = event.get("tool")
+            elif event.get("kind") == ev.TOOL_RESULT and event.get("call") in open_calls:
+                results[event.get("call")] = event
         started = sorted(open_calls, key=lambda c: int(c or 0))
         self._pending = []
-        for c in calls:
-            _, error = _parse_arguments((c.get("function") or {}).get("arguments"))
-            call_no = started.pop(0) if error is None and started else None
+        for c in calls:  # each call of the reply, malformed ones too, is one logged tool call, in order
+            call_no = started.pop(0) if started else None
             if call_no in results:
                 self.messages.append(self._tool_message(c, results[call_no].get("result")))
             else:
                 self._pending.append((c, call_no))  # call_no: in flight at the crash
-        self._idle = 0 if self._usable_calls({"message": message}) else self._idle + 1
+        self._count(message)
 
     # ---- one step -----------------------------------------------------------------------
     def act(self, tools: Any) -> bool:
@@ -335,8 +366,13 @@ class LLMAgent(Agent):
         if self._pending:
             self._dispatch(tools)
             return True
+        if self._malformed >= self.max_malformed:
+            text = (f"the model sent {self._malformed} replies in a row whose tool calls were all malformed (arguments that are "
+                    "not a JSON object); the run stops here (a resume gives it another turn; --kopt-max-malformed sets the limit)")
+            tools.log.append(ev.NOTE, text=text)
+            raise ModelMisbehaving(text)
         if self._idle >= self.max_idle_turns:
-            tools.log.append("note", text=f"the model sent {self._idle} replies in a row without a usable tool call; the agent stops")
+            tools.log.append(ev.NOTE, text=f"the model sent {self._idle} replies in a row without a usable tool call; the agent stops")
             return False
         if self.context_estimate(tools) > self.context_tokens and len(self.messages) > 1:
             self.compact(tools, reason="context")
@@ -357,8 +393,8 @@ class LLMAgent(Agent):
             redone = self._redone_result(tools, in_flight) if in_flight is not None else None
             if redone is not None:
                 result: Any = redone  # the loop redid the call a crash interrupted: not charged again
-            elif error is not None:
-                result = {"error": f"{name or 'tool call'}: {error}"}
+            elif error is not None:  # charged like any call that fails, and logged with its error
+                result = tools.reject(name, f"{name or 'tool call'}: {error}", raw=fn.get("arguments"))
             else:
                 for hidden in HIDDEN_ARGS.get(name, ()):
                     args.pop(hidden, None)
@@ -370,9 +406,9 @@ class LLMAgent(Agent):
 
     @staticmethod
     def _redone_result(tools: Any, call_no: int) -> Any:
-        for ev in reversed(read_events(tools.log.path)):
-            if ev.get("kind") == "tool_result" and ev.get("call") == call_no:
-                return ev.get("result")
+        for event in reversed(read_events(tools.log.path)):
+            if event.get("kind") == ev.TOOL_RESULT and event.get("call") == call_no:
+                return event.get("result")
         return None
 
     def _tool_message(self, call: dict, result: Any) -> dict:
@@ -402,9 +438,18 @@ class LLMAgent(Agent):
         """Replace the conversation by the log's compact memory, recorded as a ``compaction`` event."""
         memory = build_memory(read_events(tools.log.path), tools.run_dir)
         tools.log.append(
-            "compaction", memory=memory, source="log", reason=reason,
+            ev.COMPACTION, memory=memory, source="log", reason=reason,
             tokens_before=self.context_estimate(tools), messages_dropped=len(self.messages),
         )
+        floor = estimate_tokens(self.system_message(tools)) + estimate_tokens(tool_specs(tools.SCHEMAS)) + estimate_tokens(memory)
+        if floor > self.context_tokens and not self._warned_context:
+            self._warned_context = True
+            warning = (f"warning: the context budget ({self.context_tokens} tokens) is smaller than the objective and the run's memory "
+                       f"(~{floor} tokens), so every request is compacted first; raise --kopt-context-tokens if the server allows it")
+            if hasattr(tools, "note"):
+                tools.note(warning)
+            else:
+                tools.log.append(ev.NOTE, text=warning)
         self.messages = [self._memory_message(memory)]
         self._logged = 1
         self._usage_tokens, self._usage_at = None, 0
@@ -413,7 +458,7 @@ class LLMAgent(Agent):
     # ---- the endpoint ---------------------------------------------------------------------
     def _scrub(self, value: Any) -> Any:
         if self._secret and isinstance(value, str):
-            return value.replace(self._secret, "***")
+            return scrub(value)
         return value
 
     def _request(self, tools: Any) -> dict:
@@ -425,7 +470,7 @@ class LLMAgent(Agent):
             system = self.system_message(tools)
             delta = self.messages[self._logged:]
             tools.log.append(
-                "llm_request", model=self.model, messages=delta,
+                ev.LLM_REQUEST, model=self.model, messages=delta,
                 system=system if system != self._system_logged else None,
                 n_messages=len(self.messages) + 1, estimated_tokens=self.context_estimate(tools),
             )
@@ -443,11 +488,11 @@ class LLMAgent(Agent):
                 completion = self._client.chat.completions.create(**request)
             except openai.BadRequestError as exc:
                 text = self._scrub(str(exc))
-                tools.log.append("llm_response", model=self.model, message=None, error=text, status=400, duration_s=time.monotonic() - started)
+                tools.log.append(ev.LLM_RESPONSE, model=self.model, message=None, error=text, status=400, duration_s=time.monotonic() - started)
                 lowered = text.lower()
                 if self.seed is not None and "seed" in lowered:  # some hosted endpoints refuse the parameter
                     self.seed = None
-                    tools.log.append("note", text="the endpoint refused the seed parameter; requests go without it from now on")
+                    tools.log.append(ev.NOTE, text="the endpoint refused the seed parameter; requests go without it from now on")
                     continue
                 if not compacted_for_length and "context" in lowered and ("length" in lowered or "token" in lowered) and len(self.messages) > 1:
                     compacted_for_length = True
@@ -457,7 +502,7 @@ class LLMAgent(Agent):
             except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError, openai.APIStatusError) as exc:
                 status = getattr(exc, "status_code", None)
                 text = self._scrub(f"{type(exc).__name__}: {exc}")
-                tools.log.append("llm_response", model=self.model, message=None, error=text, status=status, duration_s=time.monotonic() - started)
+                tools.log.append(ev.LLM_RESPONSE, model=self.model, message=None, error=text, status=status, duration_s=time.monotonic() - started)
                 transient = status is None or status in (408, 409, 429) or status >= 500
                 if not transient:
                     raise EndpointError(
@@ -490,13 +535,14 @@ class LLMAgent(Agent):
                 calls.append({
                     "id": getattr(tc, "id", None) or f"call_{tools.log.seq + 1}_{n}",  # a few servers omit ids
                     "type": "function",
-                    "function": {"name": getattr(fn, "name", None) or "", "arguments": arguments},
+                    # scrubbed here, before anything reads them: notes, sources and replays never hold the key
+                    "function": {"name": self._scrub(getattr(fn, "name", None) or ""), "arguments": self._scrub(arguments)},
                 })
             if calls:
                 message["tool_calls"] = calls
         usage = completion.usage.model_dump() if getattr(completion, "usage", None) is not None else None
         tools.log.append(
-            "llm_response", model=getattr(completion, "model", None) or self.model, message=message, usage=usage,
+            ev.LLM_RESPONSE, model=getattr(completion, "model", None) or self.model, message=message, usage=usage,
             finish_reason=getattr(choice, "finish_reason", None), duration_s=duration,
         )
         if usage and usage.get("total_tokens"):

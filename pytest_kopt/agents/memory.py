@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .. import runstore
+from .. import events as ev
 from ..events import read_events
+from ..runstate import Attempt, RunState
 
 MAX_TABLE_ROWS = 40  # attempts listed one per row; older, unremarkable ones are only counted
 MAX_FAILURES = 8  # distinct failure reasons kept
@@ -29,43 +31,24 @@ RESULT_CHARS = 1500
 
 
 @dataclass
-class Attempt:
-    """One candidate and the most advanced verdicts recorded for it."""
-
-    candidate_id: str
-    order: int
-    parent: str | None = None
-    strategy: str = ""
-    knobs: Any = None
-    notes: str = ""
-    path: str | None = None
-    tests: dict | None = None  # the latest run_tests verdict
-    timing: dict | None = None  # the latest benchmark/profile verdict with a time
-    failure: dict | None = None  # the latest failing verdict
-    profiled: bool = False
-    was_best: bool = False
-
-    @property
-    def us(self) -> float | None:
-        return self.timing.get("candidate_us") if self.timing else None
-
-    @property
-    def speedup(self) -> str:
-        return _fmt_speedup(self.timing or {})
-
-
-@dataclass
 class RunDigest:
-    """The facts the memory is written from, gathered in one pass over the log."""
+    """The facts the memory is written from: the log's fold, plus what the profiler said."""
 
-    run_id: str = ""
-    problem: str = ""
-    budget: int | None = None
-    budget_used: int = 0
-    attempts: dict[str, Attempt] = field(default_factory=dict)
-    best: dict | None = None
+    state: RunState
+    run_dir: Path | None = None
     profiles: dict[str, list[dict]] = field(default_factory=dict)  # candidate id -> kernels
-    notes: list[str] = field(default_factory=list)  # what the model wrote beside its tool calls
+
+    @property
+    def attempts(self) -> dict[str, Attempt]:
+        return self.state.candidates
+
+    @property
+    def best(self) -> dict | None:
+        return self.state.best
+
+    @property
+    def notes(self) -> list[str]:
+        return self.state.replies
 
 
 def _short(text: Any, limit: int) -> str:
@@ -111,63 +94,18 @@ def _profile_kernels(obj: Any) -> list[dict] | None:
 
 
 def digest(events: Iterable[dict], run_dir: Path | None = None) -> RunDigest:
-    """Gather candidates, verdicts, best, profiles and notes from a run's events."""
-    d = RunDigest()
-    calls: dict[Any, dict] = {}
-    for ev in events:
-        kind = ev.get("kind")
-        if kind == "run_started":
-            d.run_id = ev.get("run_id", "")
-            d.problem = ev.get("problem", "")
-            d.budget = ev.get("budget")
-        elif kind == "candidate":
-            cid = ev.get("candidate_id")
-            if cid and cid not in d.attempts:
-                d.attempts[cid] = Attempt(
-                    cid,
-                    len(d.attempts),
-                    parent=ev.get("parent"),
-                    strategy=ev.get("strategy") or "",
-                    knobs=ev.get("knobs"),
-                    notes=ev.get("notes") or "",
-                    path=ev.get("path"),
-                )
-        elif kind == "verdict":
-            att = d.attempts.get(ev.get("candidate_id"))
-            if att is None:
-                continue
-            if ev.get("verdict") != "pass":
-                att.failure = ev
-            elif ev.get("candidate_us") is not None:
-                att.timing = ev
-            else:
-                att.tests = ev
-            if ev.get("verdict") == "pass" and ev.get("upto") == "profile":
-                att.profiled = True
-            kernels = _profile_kernels(_read_json(ev.get("result_path"), run_dir))
-            if kernels:
-                d.profiles[att.candidate_id] = kernels
-        elif kind == "best":
-            d.best = ev
-            att = d.attempts.get(ev.get("candidate_id"))
-            if att is not None:
-                att.was_best = True
-        elif kind == "tool_call":
-            calls[ev.get("call")] = ev
-            d.budget_used = max(d.budget_used, int(ev.get("call") or 0))
-        elif kind == "tool_result":
-            call = calls.get(ev.get("call"), {})
-            if ev.get("tool") == "profile":
-                kernels = _profile_kernels(ev.get("result"))
-                cid = (call.get("args") or {}).get("candidate_id") or (ev.get("result") or {}).get("candidate_id")
-                if kernels and cid:
-                    d.profiles.setdefault(cid, kernels)
-        elif kind == "llm_response":
-            content = (ev.get("message") or {}).get("content")
-            if content and str(content).strip():
-                d.notes.append(str(content))
-        elif kind == "run_resumed" and ev.get("budget_used") is not None:
-            d.budget_used = max(d.budget_used, int(ev["budget_used"]))
+    """Fold a run's events once and gather what its profiles said."""
+    d = RunDigest(RunState.fold(events), run_dir)
+    for cid, attempt in d.attempts.items():  # the judge's full results of profiled candidates
+        verdict = d.state.results.get((cid, "profile"))
+        kernels = _profile_kernels(_read_json(verdict.get("result_path"), run_dir)) if verdict and attempt.profiled else None
+        if kernels:
+            d.profiles[cid] = kernels
+    for tool, args, result in d.state.completed_calls():  # else what the profile tool answered
+        kernels = _profile_kernels(result) if tool == "profile" else None
+        cid = args.get("candidate_id") or (result.get("candidate_id") if isinstance(result, dict) else None)
+        if kernels and cid:
+            d.profiles.setdefault(cid, kernels)
     return d
 
 
@@ -176,10 +114,10 @@ def _outcome(att: Attempt, attempts: dict[str, Attempt]) -> str:
         reasons = att.failure.get("reasons") or []
         return f"FAILED at {att.failure.get('stage', '?')}: {_short(reasons[0] if reasons else 'no reason given', REASON_CHARS)}"
     if att.timing is not None:
-        text = f"{_fmt_us(att.us)}, {att.speedup}"
+        text = f"{_fmt_us(att.candidate_us)}, {_fmt_speedup(att.fastest or {})}"
         parent = attempts.get(att.parent or "")
-        if parent is not None and parent.us and att.us:
-            text += ", faster than parent" if att.us < parent.us else ", slower than parent"
+        if parent is not None and parent.candidate_us and att.candidate_us:
+            text += ", faster than parent" if att.candidate_us < parent.candidate_us else ", slower than parent"
         if att.was_best:
             text += ", new best"
         return text
@@ -268,13 +206,12 @@ def _lead_lines(d: RunDigest) -> list[str]:
     return leads[:MAX_LEADS]
 
 
-def _last_results(events: list[dict], n: int = LAST_RESULTS) -> list[str]:
+def _last_results(state: RunState, n: int = LAST_RESULTS) -> list[str]:
     """The last few tool calls and what they returned: where the conversation left off."""
-    calls = {ev.get("call"): ev for ev in events if ev.get("kind") == "tool_call"}
-    results = [ev for ev in events if ev.get("kind") == "tool_result"][-n:]
+    results = sorted(state.answered.values(), key=lambda e: e.get("seq", 0))[-n:]
     lines = []
     for ev in results:
-        args = (calls.get(ev.get("call")) or {}).get("args") or {}
+        args = (state.calls.get(ev.get("call")) or {}).get("args") or {}
         shown = ", ".join(f"{k}={json.dumps(v)[:60]}" for k, v in sorted(args.items()) if v not in (None, ""))
         result = json.dumps(ev.get("result"), sort_keys=True, ensure_ascii=False)
         if len(result) > RESULT_CHARS:
@@ -304,10 +241,10 @@ def best_source(d: RunDigest, run_dir: Path | None) -> str | None:
 def build_memory(events: Iterable[dict], run_dir: str | Path | None = None) -> str:
     """The compact memory of a run, as Markdown text, from its events alone."""
     run_dir = Path(run_dir) if run_dir is not None else None
-    events = list(events)
     d = digest(events, run_dir)
-    budget = f" of {d.budget}" if d.budget else ""
-    out = [f"# Memory of run {d.run_id or '?'} ({d.problem or '?'}), after {d.budget_used}{budget} tool calls", ""]
+    state = d.state
+    budget = f" of {state.budget}" if state.budget else ""
+    out = [f"# Memory of run {state.run_id or '?'} ({state.problem or '?'}), after {state.budget_used}{budget} tool calls", ""]
     out.append("This replaces the earlier conversation. Everything below comes from the run's log.")
     out.append("")
     out.append("## Best so far")
@@ -328,7 +265,7 @@ def build_memory(events: Iterable[dict], run_dir: str | Path | None = None) -> s
     out += _failure_lines(d) or ["None."]
     out += ["", "## Open leads"]
     out += _lead_lines(d) or ["None recorded: pick the largest kernel in the profile of the best and attack it."]
-    last = _last_results(events)
+    last = _last_results(state)
     if last:
         out += ["", "## Last tool results"] + last
     return "\n".join(out) + "\n"
@@ -337,9 +274,9 @@ def build_memory(events: Iterable[dict], run_dir: str | Path | None = None) -> s
 def last_compaction(events: Iterable[dict]) -> dict | None:
     """The most recent ``compaction`` event, if any."""
     last = None
-    for ev in events:
-        if ev.get("kind") == "compaction":
-            last = ev
+    for event in events:
+        if event.get("kind") == ev.COMPACTION:
+            last = event
     return last
 
 

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import runstore
+from .. import events as ev
 from ..events import read_events
 from ..judge import candidate_id
+from ..runstate import RunState
 from .base import Agent
 
 REPLAYED = ("write_candidate", "run_tests", "benchmark", "profile")
@@ -42,10 +44,10 @@ class Step:
 def _sources_in_replies(events: list[dict]) -> dict[str, str]:
     """Candidate sources the model sent in its write_candidate calls, by candidate id."""
     found: dict[str, str] = {}
-    for ev in events:
-        if ev.get("kind") != "llm_response":
+    for event in events:
+        if event.get("kind") != ev.LLM_RESPONSE:
             continue
-        for call in (ev.get("message") or {}).get("tool_calls") or []:
+        for call in (event.get("message") or {}).get("tool_calls") or []:
             fn = call.get("function") or {}
             if fn.get("name") != "write_candidate":
                 continue
@@ -72,29 +74,28 @@ def load_steps(events_path: str | Path) -> list[Step]:
         events_path = events_path / "events.jsonl"
     run_dir = events_path.parent
     events = read_events(events_path)
-    candidates = {ev["candidate_id"]: ev for ev in events if ev.get("kind") == "candidate" and ev.get("candidate_id")}
-    calls = {ev.get("call"): ev for ev in events if ev.get("kind") == "tool_call"}
+    state = RunState.fold(events)
     from_replies: dict[str, str] | None = None
     steps: list[Step] = []
     missing: list[str] = []
-    for ev in events:
-        if ev.get("kind") != "tool_result" or ev.get("tool") not in REPLAYED:
+    for tool, args, result in state.completed_calls():
+        if tool not in REPLAYED:
             continue
-        result = ev.get("result") if isinstance(ev.get("result"), dict) else {}
+        result = result if isinstance(result, dict) else {}
         if result.get("error"):
             continue  # a rejected call changed nothing
-        args = (calls.get(ev.get("call")) or {}).get("args") or {}
         cid = result.get("candidate_id") or args.get("candidate_id")
         if not cid:
             continue
-        step = Step(ev["tool"], cid, recorded=result)
+        step = Step(tool, cid, recorded=result)
         if step.tool == "write_candidate":
-            cand = candidates.get(cid, {})
-            step.notes = cand.get("notes") or args.get("notes") or ""
-            step.parent, step.strategy, step.knobs = cand.get("parent"), cand.get("strategy"), cand.get("knobs")
+            cand = state.candidates.get(cid)
+            step.notes = (cand.notes if cand else "") or args.get("notes") or ""
+            if cand is not None:
+                step.parent, step.strategy, step.knobs = cand.parent, cand.strategy, cand.knobs
             step.source = _read(run_dir / "candidates" / f"{cid}.py")
-            if step.source is None and cand.get("path"):
-                p = Path(cand["path"])
+            if step.source is None and cand is not None and cand.path:
+                p = Path(cand.path)
                 step.source = _read(p if p.is_absolute() else run_dir / p) or _read(p)
             if step.source is None:
                 if from_replies is None:
@@ -124,18 +125,18 @@ class ReplayAgent(Agent):
 
     def restore(self, events: list[dict]) -> None:
         """Skip the recorded calls this run has already completed."""
-        self.position = self._completed(events)
-        done = {ev.get("call") for ev in events if ev.get("kind") == "tool_result"}
-        self._in_flight = any(ev.get("kind") == "tool_call" and ev.get("tool") in REPLAYED and ev.get("call") not in done for ev in events)
+        state = RunState.fold(events)
+        self.position = self._completed(state)
+        self._in_flight = any(call.get("tool") in REPLAYED for n, call in state.calls.items() if n not in state.answered)
 
     @staticmethod
-    def _completed(events: list[dict]) -> int:
-        return sum(1 for ev in events if ev.get("kind") == "tool_result" and ev.get("tool") in REPLAYED)
+    def _completed(state: RunState) -> int:
+        return sum(1 for tool, _, _ in state.completed_calls() if tool in REPLAYED)
 
     def act(self, tools: Any) -> bool:
         if self._in_flight:  # the loop may have redone the interrupted call since restore()
             self._in_flight = False
-            self.position = self._completed(read_events(tools.log.path))
+            self.position = self._completed(RunState.from_log(tools.log.path))
         if self.position >= len(self.steps):
             return False
         step = self.steps[self.position]
@@ -151,7 +152,7 @@ class ReplayAgent(Agent):
         self.position += 1
         difference = self._difference(step, result if isinstance(result, dict) else {})
         if difference:
-            tools.log.append("note", text=f"replay of {step.tool}({step.candidate_id}): {difference}")
+            tools.log.append(ev.NOTE, text=f"replay of {step.tool}({step.candidate_id}): {difference}")
         return True
 
     @staticmethod

@@ -7,11 +7,14 @@ known configuration: on the H200 a random start-up trial is often several times 
 each family's TRY_EARLY settings (its author's unmeasured ideas), then
 whatever the sampler proposes, except that a family DOMINATED times slower than the best is not
 run again while other candidates are left, and a combination the family's REQUIRES refuses is told
-the penalty without a tool call. Each attempt walks one pipeline, one tool call per ``act``::
+the penalty without a tool call. Each proposal walks one pipeline, one tool call per ``act``::
 
     write_candidate -> run_tests -> (pass) benchmark -> (pass, new best or within 5%) profile
 
-(no profile on Triton's CPU interpreter, where it would only repeat the benchmark slowly).
+(no profile on Triton's CPU interpreter, where it would only repeat the benchmark slowly). The
+baseline candidate is not walked again: the loop timed it before handing over (call 0), and that
+verdict is taken as its outcome at no cost (a log written before this rule, whose agent re-did
+it, replays as it was written).
 
 The sampler is told the headline time of a benchmarked candidate and a penalty for a candidate
 that failed anywhere (a knob combination the kernel cannot serve teaches it too); a bad
@@ -23,7 +26,7 @@ Profiles are recorded in the log (for people and LLM agents); the sampler optimi
 headline time alone. The parent of a candidate is the incumbent best when it was proposed.
 
 Resume: every decision is a function of the seed and the results seen, so ``restore`` replays
-the log's completed tool calls through the same decision procedure, which rebuilds the sampler
+the log's completed tool calls (its one fold, ``RunState``) through the same decision procedure, which rebuilds the sampler
 exactly (the continued run proposes what the uninterrupted one would have). If the log does not
 match (another agent, seed or code version wrote it), the sampler is instead rebuilt from the
 log's candidates and verdicts with ``add_trial``, and unfinished candidates are finished first.
@@ -41,8 +44,10 @@ from typing import Any
 
 import optuna
 
+from .. import events as ev
 from ..events import dumps
 from ..families import Family, FamilyError, load_family
+from ..runstate import RunState
 from ..tools import candidate_id
 from .base import Agent
 
@@ -57,8 +62,9 @@ DOMINATED = 10.0
 
 
 @dataclass
-class Attempt:
-    """One candidate on its way through the pipeline."""
+class Proposal:
+    """One candidate the sampler proposed, on its way through the pipeline (not a log record: that is
+    ``runstate.Attempt``)."""
 
     source: str
     strategy: str
@@ -67,6 +73,7 @@ class Attempt:
     params: dict | None = None
     parent: str | None = None
     results: dict[str, dict] = field(default_factory=dict)  # tool -> result
+    free: bool = False  # its results are the loop's own timing (call 0): nothing more to call for it
 
     @property
     def cid(self) -> str:
@@ -116,8 +123,9 @@ class SearchAgent(Agent):
         sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=self.startup_trials)
         self.study = optuna.create_study(direction="minimize", sampler=sampler)
         self.tried: dict[str, float] = {}  # candidate id -> value told to the sampler
-        self.queue: list[Attempt] = []  # unfinished candidates to finish first (fallback restore)
-        self.current: Attempt | None = None
+        self.queue: list[Proposal] = []  # unfinished candidates to finish first (fallback restore)
+        self.current: Proposal | None = None
+        self.setup: dict[str, dict[str, dict]] = {}  # candidate id -> tool results the loop's own timing stands for
         self.best: tuple[float, str] | None = None  # (us, id) among finished attempts
         self.family_best: dict[str, float] = {}  # family name -> its best passing time (us)
         self.baseline_done = False
@@ -146,18 +154,18 @@ class SearchAgent(Agent):
         return params
 
     # ---- deciding ---------------------------------------------------------------------------
-    def _attempt(self, family: Family, knobs: dict, trial: Any, params: dict | None) -> Attempt:
+    def _attempt(self, family: Family, knobs: dict, trial: Any, params: dict | None) -> Proposal:
         parent = self.best[1] if self.best else None
-        return Attempt(family.render(knobs), family.name, knobs, trial, params, parent)
+        return Proposal(family.render(knobs), family.name, knobs, trial, params, parent)
 
-    def _propose(self) -> Attempt | None:
+    def _propose(self) -> Proposal | None:
         """The next untried candidate, or None when the whole space has been tried."""
         if self.queue:
             return self.queue.pop(0)
         if not self.baseline_done:
             self.baseline_done = True
             if self.baseline_family is None or self._params(self.baseline_family, self.baseline_family.knobs) is None:
-                return Attempt(self.baseline_source, "baseline", None)
+                return Proposal(self.baseline_source, "baseline", None)
         if not self.families:
             return None
         repeats = refused = 0
@@ -192,7 +200,7 @@ class SearchAgent(Agent):
         mine = self.family_best.get(family)
         return mine is not None and self.best is not None and mine > DOMINATED * self.best[0]
 
-    def _next_step(self, attempt: Attempt) -> str | None:
+    def _next_step(self, attempt: Proposal) -> str | None:
         r = attempt.results
         if "write_candidate" not in r:
             return "write_candidate"
@@ -205,11 +213,11 @@ class SearchAgent(Agent):
         us = r["benchmark"].get("candidate_us")
         if r["benchmark"].get("verdict") != "pass" or us is None:
             return None
-        if self.profile and "profile" not in r and (self.best is None or us <= self.best[0] * (1 + PROFILE_WITHIN)):
+        if self.profile and not attempt.free and "profile" not in r and (self.best is None or us <= self.best[0] * (1 + PROFILE_WITHIN)):
             return "profile"
         return None
 
-    def _finish(self, attempt: Attempt) -> None:
+    def _finish(self, attempt: Proposal) -> None:
         bench = attempt.results.get("benchmark") or {}
         us = bench.get("candidate_us") if bench.get("verdict") == "pass" else None
         value = float(us) if us is not None else PENALTY
@@ -231,6 +239,10 @@ class SearchAgent(Agent):
                 self.current = self._propose()
                 if self.current is None:
                     return None
+                known = self.setup.get(self.current.cid)
+                if known:  # the loop timed it already: its verdict is this proposal's outcome
+                    self.current.results.update(known)
+                    self.current.free = True
             a = self.current
             step = self._next_step(a)
             if step == "write_candidate":
@@ -257,11 +269,11 @@ class SearchAgent(Agent):
     # ---- the Agent interface ----------------------------------------------------------------
     def act(self, tools: Any) -> bool:
         for text in self.notes:
-            tools.log.append("note", text=text)
+            tools.log.append(ev.NOTE, text=text)
         self.notes = []
         action = self.next_action()
         if action is None:
-            tools.log.append("note", text=f"search: all {sum(f.size() for f in self.families.values())} candidates of {', '.join(self.families) or 'no family'} tried; stopping")
+            tools.log.append(ev.NOTE, text=f"search: all {sum(f.size() for f in self.families.values())} candidates of {', '.join(self.families) or 'no family'} tried; stopping")
             return False
         result = tools.call(action.tool, **action.args)
         self.observe(action, result)
@@ -269,41 +281,42 @@ class SearchAgent(Agent):
 
     def restore(self, events: list[dict]) -> None:
         """Replay the log's completed calls through the decision procedure (see the module doc)."""
+        state = RunState.fold(events)
+        calls = state.completed_calls()
         self._reset()
-        for tool, args, result in completed_calls(events):
+        self.setup = _setup_results(state, calls)
+        for tool, args, result in calls:
             action = self.next_action()
             logged = args.get("candidate_id")
             if action is None or action.tool != tool or action.candidate() != logged:
-                self._rebuild(events)
+                self._rebuild(state)
                 break
             self.observe(action, result)
-        self._forget_retracted(events)
+        self._forget_retracted(state)
 
-    def _forget_retracted(self, events: list[dict]) -> None:
+    def _forget_retracted(self, state: RunState) -> None:
         """A retracted candidate (the toolbox's ``retract``) is no yardstick: the best to beat and to profile
         near is the fastest of the others."""
-        retracted = {e.get("candidate_id") for e in events if e.get("kind") == "retract"}
+        retracted = set(state.retracted)
         if self.best is not None and self.best[1] in retracted:
             rest = [(us, cid) for cid, us in self.tried.items() if cid not in retracted and us < PENALTY]
             self.best = min(rest) if rest else None
 
-    def _rebuild(self, events: list[dict]) -> None:
+    def _rebuild(self, state: RunState) -> None:
         """Fallback restore: the sampler learns every finished candidate; unfinished ones queue."""
+        setup = self.setup
         self._reset()
+        self.setup = setup
         self.baseline_done = True
         self.notes.append("search: the log was not written by this agent's decision procedure; sampler rebuilt from its candidates and verdicts")
-        written: dict[str, dict] = {}
-        for event in events:
-            if event.get("kind") == "candidate":
-                written.setdefault(event["candidate_id"], event)
-        results: dict[str, dict[str, dict]] = {}
-        for tool, args, result in completed_calls(events):
+        results: dict[str, dict[str, dict]] = {cid: dict(known) for cid, known in setup.items()}
+        for tool, args, result in state.completed_calls():
             if tool in ("write_candidate", "run_tests", "benchmark", "profile") and args.get("candidate_id"):
                 results.setdefault(args["candidate_id"], {})[tool] = json.loads(dumps(result))
         stale = 0
-        for cid, event in written.items():
-            family = self.families.get(event.get("strategy") or "")
-            knobs = event.get("knobs")
+        for cid, written in state.candidates.items():
+            family = self.families.get(written.strategy or "")
+            knobs = written.knobs
             if family is None or not isinstance(knobs, dict):
                 continue
             try:
@@ -315,6 +328,7 @@ class SearchAgent(Agent):
                 stale += self._learn_stale(family, knobs, results.get(cid, {}))
                 continue
             attempt.results = results.get(cid, {})
+            attempt.free = cid in setup and set(attempt.results) <= set(setup[cid])
             if "write_candidate" not in attempt.results:
                 attempt.results["write_candidate"] = {"candidate_id": cid}
             if self._next_step(attempt) is None:
@@ -349,13 +363,20 @@ class SearchAgent(Agent):
 
 def completed_calls(events: list[dict]) -> list[tuple[str, dict, dict]]:
     """(tool, logged args, result) of every call that has a result, in call order."""
-    calls: dict[int, dict] = {}
-    done: dict[int, tuple[str, dict, dict]] = {}
-    for event in events:
-        if event.get("kind") == "tool_call":
-            calls[int(event["call"])] = event
-        elif event.get("kind") == "tool_result":
-            number = int(event["call"])
-            call = calls.get(number) or {}
-            done[number] = (event.get("tool") or call.get("tool"), dict(call.get("args") or {}), event.get("result") or {})
-    return [done[n] for n in sorted(done)]
+    return RunState.fold(events).completed_calls()
+
+
+def _setup_results(state: RunState, calls: list[tuple[str, dict, dict]]) -> dict[str, dict[str, dict]]:
+    """The tool results the loop's own timing of the baseline candidate (call 0) stands for, by candidate id;
+    none for a log whose agent walked the baseline itself (written before this rule)."""
+    walked = {args.get("candidate_id") for _, args, _ in calls}
+    known: dict[str, dict[str, dict]] = {}
+    for cid, verdict in state.setup_verdicts().items():
+        if cid in walked:
+            continue
+        outcome = {k: verdict.get(k) for k in ("verdict", "stage", "reasons")}
+        results = {"write_candidate": {"candidate_id": cid, "new": False}, "run_tests": outcome}
+        if verdict.get("verdict") == "pass":
+            results["benchmark"] = {**outcome, "candidate_us": verdict.get("candidate_us")}
+        known[cid] = results
+    return known
