@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 EXECUTORS = ("local", "ray")
 CPU_DEVICE = "cpu"
+LOCAL_OBJECT_STORE = 256 << 20  # bytes: a local Ray instance moves sources and results, nothing large
 
 
 class ExecutorError(RuntimeError):
@@ -232,8 +233,9 @@ class RayExecutor(Executor):
         if not ray.is_initialized():
             if self.address:
                 ray.init(address=self.address, log_to_driver=False)
-            else:  # a local instance: its workers import what this process imports
-                ray.init(include_dashboard=False, log_to_driver=False,
+            else:  # a local instance: room for every worker, a small object store, and its workers import what this process imports
+                ray.init(include_dashboard=False, log_to_driver=False, num_cpus=max(self.workers, os.cpu_count() or 1),
+                         object_store_memory=LOCAL_OBJECT_STORE,
                          runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in map(os.path.abspath, _sys_path()) if os.path.isdir(p))}})
                 self.started_here = True
         self.gpus = int(ray.cluster_resources().get("GPU", 0))

@@ -333,3 +333,49 @@ def test_a_resume_finishes_a_run_killed_with_calls_in_flight_like_one_that_was_n
     for n in flying:
         assert [e.get("redo", False) for e in events if e["kind"] == ev.TOOL_CALL and e["call"] == n] == [False, True]
 
+
+
+def test_parallel_judges_are_pinned_one_gpu_each_and_die_with_the_loop(tmp_path):
+    """Two real evaluations in flight (the toy problem, a candidate that never returns): each has its own
+    supervisor and runner, on its own judge slot (runner scratch s0-, s2-), its supervisor sees only its
+    GPU; kill -9 of the loop takes all four processes with it."""
+    from test_judge_isolation import HOSTILE, TESTS, _alive, _processes
+
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(TESTS)!r})\n"
+        "import judge_toy_problem\n"
+        "from pytest_kopt.executor import LocalExecutor\n"
+        "from pytest_kopt.judge import evaluate\n"
+        "ex = LocalExecutor(2, devices=['0', '1'])\n"
+        "for _ in range(2):\n"
+        f"    ex.submit(evaluate, judge_toy_problem.AXPY.name, {str(HOSTILE / 'hangs.py')!r}, dict(quick=True, upto='correctness', timeout_s=600))\n"
+        "time.sleep(600)\n")
+    loop = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        supervisors, runners = [], []
+        while time.monotonic() < deadline:
+            supervisors = _processes(f"kopt-eval-{loop.pid}-")
+            slots = {slot: pid for s in supervisors for slot in (0, 2) for pid in _processes(f"s{slot}-{s}-")}
+            runners = list(slots.values())
+            if len(supervisors) == 2 and len(runners) >= 2 and all(_alive(p) for p in runners):
+                break
+            time.sleep(0.5)
+        assert len(supervisors) == 2 and set(slots) == {0, 2}, "the two evaluations never reached their runners, one slot each"
+        seen = set()
+        for pid in supervisors:
+            env = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in item)
+            seen.add(env.get("CUDA_VISIBLE_DEVICES"))
+        assert seen == {"0", "1"}
+        time.sleep(1)
+        os.kill(loop.pid, signal.SIGKILL)
+        loop.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(p) for p in supervisors + runners):
+            time.sleep(0.2)
+        assert not [p for p in supervisors + runners if _alive(p)], "a judge process outlived its loop"
+    finally:
+        if loop.poll() is None:
+            os.killpg(loop.pid, signal.SIGKILL)
