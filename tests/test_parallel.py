@@ -8,6 +8,7 @@ local Ray instance.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -379,3 +380,42 @@ def test_parallel_judges_are_pinned_one_gpu_each_and_die_with_the_loop(tmp_path)
     finally:
         if loop.poll() is None:
             os.killpg(loop.pid, signal.SIGKILL)
+
+
+def test_the_llm_agent_issues_the_calls_of_a_reply_together(tmp_path):
+    """Three benchmarks in one reply run at once, each one call of the budget, answered in the reply's order;
+    the system message says evaluations run in parallel and what a contended time means."""
+    from fake_openai_server import FakeOpenAI, Reply, call
+    from test_llm_agent import agent, fake_evaluate, objective, source
+
+    from pytest_kopt.problems import get_problem
+
+    def slow(problem, path, **kw):
+        time.sleep(0.3)
+        return fake_evaluate(problem, path, **kw)
+
+    sources = [source(f"p{i}", f"us={400 - 50 * i}") for i in range(3)]
+    ids = [candidate_id(s) for s in sources]
+    script = [Reply([call("write_candidate", source=s) for s in sources]),
+              Reply([call("benchmark", candidate_id=c) for c in ids]),
+              Reply([call("history")])]
+    run_dir = tmp_path / "run"
+    log = EventLog(run_dir / "events.jsonl", run_id="run")
+    tools = Toolbox(get_problem("kda"), objective(), log, run_dir, 7, evaluate=slow, executor=LocalExecutor(3, devices=[]))
+    with FakeOpenAI(script) as server:
+        llm = agent(server)
+        llm.restore([])
+        while tools.calls_left:
+            llm.act(tools)
+        bodies = [r["body"] for r in server.requests]
+    events = read_events(log.path)
+    assert max_in_flight(events) == 3
+    kinds = [(e["kind"], e.get("call")) for e in events if e["kind"] in (ev.TOOL_CALL, ev.TOOL_RESULT) and e["call"] in (4, 5, 6)]
+    assert kinds[:3] == [(ev.TOOL_CALL, 4), (ev.TOOL_CALL, 5), (ev.TOOL_CALL, 6)]  # all issued before any result
+    assert "Up to 3 evaluations run at once" in bodies[1]["messages"][0]["content"]
+    answered = [m for m in bodies[2]["messages"] if m["role"] == "tool"][-3:]
+    reply = next(m for m in bodies[2]["messages"] if m["role"] == "assistant" and "benchmark" in json.dumps(m))
+    assert [m["tool_call_id"] for m in answered] == [c["id"] for c in reply["tool_calls"]]
+    assert [json.loads(m["content"])["candidate_id"] for m in answered] == ids
+    assert all(json.loads(m["content"]).get("contended") for m in answered)  # three at once on one CPU
+    assert tools.budget_used == 7 and tools.best is None  # contended timings are not a best
