@@ -34,6 +34,8 @@ from pytest_benchmark.plugin import pytest_benchmark_group_stats, pytest_benchma
 from pytest_benchmark.table import CompareBetweenResults
 from pytest_benchmark.utils import NAME_FORMATTERS, load_storage, parse_columns, parse_compare_fail, report_noprogress, time_unit
 
+from . import runstore
+
 DEFAULT_STORAGE = "results/benchmarks"
 DEFAULT_THRESHOLD = "median:10%"
 FIGURES = ("eager", "device", "graph")
@@ -59,7 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
+    """Compare the RUNs; a RUN inside a packed folder (``results/h200-…/call4`` with
+    ``results/h200-….tar.xz`` beside it, or the archive itself) is read from the archive."""
+    with runstore.readable_all(args.runs) as paths:
+        runs = [str(path) if runstore.locate(run) else run for run, path in zip(args.runs, paths)]
+        return _run(argparse.Namespace(**{**vars(args), "runs": runs}), out or sys.stdout)
+
+
+def _run(args: argparse.Namespace, out: TextIO) -> int:
     try:
         named = named_files(args.runs)
     except ValueError as exc:

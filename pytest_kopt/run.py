@@ -56,7 +56,7 @@ from .executor import EXECUTORS, Executor, ExecutorError, make_executor
 from .families import FamilyError, parse_family
 from .progress import Progress, fmt_us
 from .promote import Promotion, promote
-from .runstate import TIMER_METRICS, RunState, machine_name, metric_of
+from .runstate import TIMER_METRICS, RunState, agent_name, machine_name, metric_of
 from .tools import BudgetExhausted, Toolbox, atomic_write, candidate_id, remove_stale_temp_files
 
 DEFAULT_BUDGET = 100
@@ -209,7 +209,7 @@ def resolve(options: RunOptions) -> RunOptions:
                            f"pass a total of {used} or more, or --kopt-budget=+N for N calls more")
     else:
         budget = state.budget if isinstance(state.budget, int) else started["budget"]
-    agent = options.agent or started.get("agent") or "search"
+    agent = options.agent or agent_name(started.get("agent")) or "search"
     return replace(
         options, run_dir=run_dir, started=started, agent=agent, budget=budget, budget_more=None, metric=metric,
         seed=started.get("seed", DEFAULT_SEED) if options.seed is None else options.seed,

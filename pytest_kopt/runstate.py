@@ -267,7 +267,7 @@ class RunState:
             self.problem = event.get("problem", self.problem)
             self.objective = dict(event.get("objective") or {})
             self.environment = event.get("environment") or {}
-            self.agent = event.get("agent", self.agent)
+            self.agent = agent_name(event.get("agent")) or self.agent
             self.seed = event.get("seed", self.seed)
         else:
             self.resumes += 1
@@ -276,8 +276,8 @@ class RunState:
         self.budget = event.get("budget", self.budget)
         if "environment" in event:
             self.machine = machine_name(event.get("environment"))
-        if event.get("agent") and isinstance(event.get("agent_settings"), dict):
-            self.agent_settings[str(event["agent"])] = event["agent_settings"]
+        if agent_name(event.get("agent")) and isinstance(event.get("agent_settings"), dict):
+            self.agent_settings[agent_name(event["agent"])] = event["agent_settings"]
 
     def _end(self, event: dict) -> None:
         self.status = "finished" if event.get("kind") == ev.RUN_FINISHED else "interrupted"
@@ -466,6 +466,13 @@ class RunState:
             if verdict.get("call") == 0:
                 found[cid] = verdict
         return found
+
+
+def agent_name(value: Any) -> str | None:
+    """The agent's name as a log records it: a string, or (in logs from before settings were kept apart) ``{"name": ...}``."""
+    if isinstance(value, dict):
+        value = value.get("name")
+    return str(value) if value else None
 
 
 def machine_name(environment: Any) -> str | None:

@@ -100,6 +100,21 @@ def readable(path: str | Path, *, only: Collection[str] | Callable[[str], bool] 
         yield folder if str(inside) == "." else folder / inside
 
 
+@contextlib.contextmanager
+def readable_all(paths: Collection[str | Path]) -> Iterator[list[Path]]:
+    """Each of ``paths`` as something to read, like ``readable``, with every archive among them
+    unpacked once into one temporary directory: paths from different archives share a parent, as
+    they would unpacked side by side, so names relative to it read as ``NAME/...``."""
+    found = [locate(path) for path in paths]
+    if not any(found):
+        yield [Path(path) for path in paths]
+        return
+    with tempfile.TemporaryDirectory(prefix="kopt-unpacked-") as tmp:
+        folders = {archive: _extract(archive, Path(tmp)) for archive in dict.fromkeys(f[0] for f in found if f)}
+        yield [Path(path) if f is None else folders[f[0]] if str(f[1]) == "." else folders[f[0]] / f[1]
+               for path, f in zip(paths, found)]
+
+
 def packed_message(run_dir: str | Path) -> str | None:
     """Why a run cannot be written to at ``run_dir`` because it is packed (with the commands that
     unpack it), or None where nothing packed is in the way."""

@@ -26,6 +26,7 @@ from pytest_kopt.agents.memory import digest
 from pytest_kopt.agents.search import SearchAgent
 from pytest_kopt.events import EventLog, read_events
 from pytest_kopt.families import parse_family
+from pytest_kopt.problems import available_problems
 from pytest_kopt.progress import summary_lines
 from pytest_kopt.run import DEFAULT_RESULTS_DIR, Run, RunError, RunOptions, RunStorageError, resolve
 from pytest_kopt.runsummary import summarise
@@ -369,7 +370,8 @@ def test_bad_loop_options_are_one_line_usage_errors(tmp_path, args, message):
 def test_an_unknown_problem_is_one_line_not_a_traceback(tmp_path):
     done = pytest_run(tmp_path, "--kopt-optimize=nope", f"--kopt-run-dir={tmp_path / 'run'}")
     text = done.stdout + done.stderr
-    assert done.returncode == 4 and "unknown problem 'nope'; known: kda, mla, mla-prefill" in text
+    known = ", ".join(available_problems())
+    assert "mla-paged" in known and done.returncode == 4 and f"unknown problem 'nope'; known: {known}" in text
     assert "Traceback" not in text and 'File "' not in text and len(text.splitlines()) < 15
     assert not (tmp_path / "run").exists()
 

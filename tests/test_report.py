@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kopt import REPO_ROOT as REPO, cli
+from pytest_kopt import REPO_ROOT as REPO, cli, runstore
 from pytest_kopt.report import write_report
 from pytest_kopt.runsummary import summarise
 
@@ -280,8 +280,12 @@ RECORD_AFTER = REPO / "results" / "h200-2026-11-30n" / "call3"
 
 
 def test_compare_takes_the_committed_benchmark_jsons_as_files_or_folders(capsys):
-    """What the README tells a fresh clone to type: no storage, the JSONs of record named directly."""
-    (before,), (after,) = RECORD_BEFORE.glob("*.json"), RECORD_AFTER.glob("*.json")
+    """What the README tells a fresh clone to type: no storage, the JSONs of record named directly,
+    as folders or files inside the packed session folders (read from the archives)."""
+    with runstore.readable(RECORD_BEFORE) as folder:
+        (before,) = [RECORD_BEFORE / f.name for f in folder.glob("*.json")]
+    with runstore.readable(RECORD_AFTER) as folder:
+        (after,) = [RECORD_AFTER / f.name for f in folder.glob("*.json")]
     for args in ([str(RECORD_BEFORE), str(RECORD_AFTER)], [str(before), str(after)]):
         assert cli.main(["compare", "--storage", str(REPO / "no-such-storage"), *args]) == 0
         captured = capsys.readouterr()

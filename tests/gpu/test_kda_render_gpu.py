@@ -1,7 +1,7 @@
 """On a GPU (skipped elsewhere; run on the H200): the re-rendered KDA best against the kernel the loop promoted
 (2a739a2d, as committed in its run), and its host path's promises.
 
-    pytest tests/test_kda_gpu.py -v
+    pytest tests/gpu/test_kda_render_gpu.py -v
 
 - at fla's six shapes, where both run the fused Gluon preparation and the Gluon scan: o and the final state
   identical, bit for bit, over two calls on fresh inputs (tools/compare_kda_ptx.py shows the same sm_90 PTX and
