@@ -61,6 +61,9 @@ class OptimizePlugin:
             retract=(config.getoption("kopt_retract"), config.getoption("kopt_retract_reason") or "")
             if config.getoption("kopt_retract") else None,
             results_dir=config.rootpath / DEFAULT_RESULTS_DIR,
+            workers=_whole(option(config, "kopt_workers"), "--kopt-workers"),
+            executor=str(option(config, "kopt_executor")).strip() or "local",
+            ray_address=str(option(config, "kopt_ray_address") or "").strip() or None,
         )
 
     # ---- collection: exactly one item ------------------------------------------------------
@@ -127,6 +130,17 @@ def _budget(text: str | None) -> tuple[int | None, int | None]:
     if value < 0:
         raise RunError(f"--kopt-budget must be 0 or more tool calls, got {value}")
     return (None, value) if raw.startswith("+") else (value, None)
+
+
+def _whole(text: str, name: str) -> int:
+    """A whole number of at least 1 from an option's text, or a RunError that names the option."""
+    try:
+        value = int(str(text).strip())
+    except (TypeError, ValueError):
+        raise RunError(f"{name} must be a whole number (1 or more), got {text!r}") from None
+    if value < 1:
+        raise RunError(f"{name} must be 1 or more, got {value}")
+    return value
 
 
 def _fraction(text: str, name: str) -> float:

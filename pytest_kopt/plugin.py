@@ -19,6 +19,10 @@ INI_OPTIONS = {
     "kopt_min_gain": ("fraction by which a candidate must beat the best so far to replace it (a new run fixes it in its objective)", "0.01"),
     "kopt_metric": ("the objective's timer: eager (back-to-back calls, host time included; the default), device (GPU time, L2 flushed) "
                     "or graph (CUDA-graph replay); a new run fixes it in its objective, a resumed run keeps its own", "eager"),
+    "kopt_workers": ("evaluations in flight at once, each its own judge on its own worker (one GPU each on a GPU machine); "
+                     "more workers than GPUs share them, and their timings are marked contended (never a best)", "1"),
+    "kopt_executor": ("where evaluations run: local (this host) or ray (tasks on a Ray cluster, num_gpus=1 each where it has GPUs)", "local"),
+    "kopt_ray_address": ("the Ray cluster for --kopt-executor=ray (ray.init(address=...), e.g. HEAD:6379 or auto); empty: start a local Ray instance", ""),
     "kopt_max_malformed": ("replies in a row without a usable tool call (malformed arguments, or none) before an LLM agent's run stops with an error", "3"),
 }
 

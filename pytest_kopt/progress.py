@@ -3,7 +3,8 @@
 Lines are built from the events the toolbox logs (the same facts as the log, never more), and
 handed to a ``write(line)`` callable: the pytest terminal reporter in ``loop_plugin``, print
 elsewhere. While an evaluation runs, a heartbeat line every ``heartbeat_s`` shows the run is
-alive.
+alive (with several workers: every evaluation in flight). A timing marked contended (it shared its
+device with another evaluation, so it never becomes the best) says so on its line.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Progress:
         self._lock = threading.Lock()
         self._stop: threading.Event | None = None
         self._started = 0.0
+        self._running: dict[Any, str] = {}  # call number -> label, evaluations in flight
 
     def say(self, line: str) -> None:
         """Write one line (the heartbeat thread writes too: one line at a time)."""
@@ -59,10 +61,13 @@ class Progress:
             self._started = time.monotonic()
             if event.get("tool") in EVALUATIONS:
                 args = event.get("args") or {}
-                self.waiting(f"[{event.get('call')}/{self.tools.budget}] {event.get('tool')} {args.get('candidate_id', '')}")
+                self._running[event.get("call")] = f"[{event.get('call')}/{self.tools.budget}] {event.get('tool')} {args.get('candidate_id', '')}"
+                self.waiting(" + ".join(self._running.values()))
         elif kind == ev.TOOL_RESULT:
             self._quiet()
             self.say(self.line(event))
+            if self._running.pop(event.get("call"), None) is not None and self._running:
+                self.waiting(" + ".join(self._running.values()))
         elif kind == ev.NOTE:
             self.say(f"       note: {str(event.get('text', ''))[:200]}")
 
@@ -84,6 +89,8 @@ class Progress:
                 outcome += f" [{result.get('stage')}] " + (str((result.get("reasons") or [""])[0])[:70])
             if result.get("cached"):
                 outcome += " (cached)"
+            if result.get("contended"):
+                outcome += " (contended: not a best)"
         else:
             outcome = "new" if result.get("new") else ("" if event.get("tool") != "write_candidate" else "known")
         best = t.best

@@ -22,6 +22,13 @@ verdict and its best left out, so every reader of the log agrees with ``best.jso
 A run directory that cannot be written (a full disk, a read-only mount) stops the run with a
 ``RunError`` that says so and how to continue, after a ``run_interrupted`` event where the log
 can still take one. ``--kopt-promote`` hands the best to ``pytest_kopt.promote`` when the run ends.
+
+``--kopt-workers=N`` lets up to N evaluations run at once, each its own judge on its own worker
+(``--kopt-executor=local``: threads of this process, one GPU each; ``ray``: tasks on a Ray cluster,
+``--kopt-ray-address``), the rest of the loop unchanged: the agent issues calls, results land in any
+order, the log records each as it lands, the best is decided in call order, and a resume redoes every
+call that was in flight (docs/parallel.md). ``run_started`` and ``run_resumed`` record ``workers`` and
+the ``executor``; the run ends once every call in flight is answered.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from typing import Any, Callable
 from . import KERNELS_DIR, REPO_ROOT, runstore
 from . import events as ev
 from .events import EventLog, dumps, is_storage_error, read_events
+from .executor import EXECUTORS, Executor, ExecutorError, make_executor
 from .families import FamilyError, parse_family
 from .progress import Progress, fmt_us
 from .promote import Promotion, promote
@@ -107,6 +115,9 @@ class RunOptions:
     results_dir: Path = DEFAULT_RESULTS_DIR
     started: dict | None = field(default=None, repr=False)  # the log's run_started, once resolved
     agent_settings: dict | None = None  # the agent's settings, never a key; None: the log's last ones for the agent on resume
+    workers: int = 1  # evaluations in flight at once (--kopt-workers)
+    executor: str = "local"  # where they run: local | ray (--kopt-executor)
+    ray_address: str | None = None  # --kopt-ray-address; None: start a local Ray instance
 
 
 @dataclass
@@ -151,6 +162,10 @@ def _check_options(options: RunOptions) -> None:
         raise RunError(f"--kopt-metric must be one of {', '.join(TIMER_METRICS)}, got {options.metric!r}")
     if options.promote not in (None, False, True, "check", "force"):
         raise RunError(f"--kopt-promote takes check (the default) or force, got {options.promote!r}")
+    if not isinstance(options.workers, int) or options.workers < 1:
+        raise RunError(f"--kopt-workers must be a whole number of evaluations in flight (1 or more), got {options.workers!r}")
+    if options.executor not in EXECUTORS:
+        raise RunError(f"--kopt-executor must be one of {', '.join(EXECUTORS)}, got {options.executor!r}")
 
 
 def resolve(options: RunOptions) -> RunOptions:
@@ -319,6 +334,7 @@ class Run:
         self.outcome: Outcome | None = None
         self.environment: dict = {}
         self.machine: str | None = None  # this machine's kind: its GPU, or "cpu"
+        self.executor: Executor | None = None
 
     # ---- ownership --------------------------------------------------------------------------
     def __enter__(self) -> "Run":
@@ -331,6 +347,8 @@ class Run:
         try:
             self._open()
         except BaseException as exc:
+            if self.executor is not None:
+                self.executor.close()
             if self.log is not None:
                 self.log.close()
             self.lock.release()
@@ -340,6 +358,8 @@ class Run:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self.executor is not None:
+            self.executor.close()
         if self.log is not None:
             self.log.close()
         self.lock.release()
@@ -354,13 +374,20 @@ class Run:
     def _open(self) -> None:
         opts = self.options
         remove_stale_temp_files(self.run_dir)  # a kill -9 between write and rename leaves one; we own the run now
+        try:
+            self.executor = make_executor(opts.executor, opts.workers, opts.ray_address)
+        except ExecutorError as exc:
+            raise RunError(str(exc)) from None
         self.environment = environment()
+        if self.executor.remote_gpu() is not None:  # on a Ray cluster: the GPU of the workers that time the candidates
+            self.environment["gpu"], self.environment["driver"] = self.executor.remote_gpu()
         self.machine = machine_name(self.environment)
         self.log = EventLog(self.run_dir / "events.jsonl", run_id=self.run_dir.name)
         events = read_events(self.log.path)
         started = next((e for e in events if e.get("kind") == ev.RUN_STARTED), None)
         objective = started["objective"] if started else {}
-        self.tools = Toolbox(self.problem, objective, self.log, self.run_dir, int(opts.budget), evaluate=self.evaluate, eval_timeout=opts.eval_timeout)
+        self.tools = Toolbox(self.problem, objective, self.log, self.run_dir, int(opts.budget), evaluate=self.evaluate,
+                             eval_timeout=opts.eval_timeout, executor=self.executor)
         if self.progress is not None:
             self.progress.tools = self.tools
             self.tools.listeners.append(self.progress)
@@ -379,7 +406,8 @@ class Run:
             self.tools.emit(
                 ev.RUN_RESUMED, budget_used=self.tools.budget_used, budget=self.tools.budget, agent=opts.agent,
                 agent_settings=opts.agent_settings, seed=opts.seed,
-                in_flight=in_flight["call"] if in_flight else None, repaired_bytes=self.log.repaired_bytes, environment=self.environment,
+                in_flight=in_flight["call"] if in_flight else None, in_flight_calls=[e["call"] for e in self.tools.unfinished],
+                repaired_bytes=self.log.repaired_bytes, environment=self.environment, workers=opts.workers, executor=self.executor.describe(),
             )
             recovered = self.tools.recover_best()
             if recovered is not None and self.progress is not None:
@@ -397,6 +425,8 @@ class Run:
         timed_label = getattr(self.problem, "timed_label", None)
         if timed_label is None:
             return None
+        if self.executor is not None and self.executor.remote_gpu() is not None:
+            return timed_label("cuda")  # the cluster's workers time it
         import torch
 
         return timed_label("cuda" if torch.cuda.is_available() else "cpu")
@@ -446,6 +476,7 @@ class Run:
         tools.emit(
             ev.RUN_STARTED, problem=problem.name, objective=tools.objective, environment=self.environment,
             budget=tools.budget, agent=opts.agent, agent_settings=opts.agent_settings, seed=opts.seed, eval_timeout=opts.eval_timeout,
+            workers=opts.workers, executor=self.executor.describe(),
         )
         try:
             family = parse_family(source, Path(problem.baseline_candidate_path).stem)
@@ -464,6 +495,7 @@ class Run:
             self.progress.say(
                 f"kopt: {'resumed' if self.resumed else 'started'} run {self.run_dir} ({self.problem.name}, agent {self.options.agent}, seed {self.options.seed}): "
                 f"{tools.budget_used}/{tools.budget} tool calls used; baseline {fmt_us(obj.get('baseline_us'))} on {obj.get('case') or '?'} ({tools.metric} time)"
+                + (f"; {tools.workers} evaluations at once ({self.executor.name})" if tools.workers > 1 or self.executor.name != "local" else "")
             )
         previous = _sigterm_as_ctrl_c()
         try:
@@ -472,19 +504,23 @@ class Run:
             agent.restore(read_events(self.log.path))
             idle = 0
             while True:
-                if tools.budget_left <= 0:
+                if tools.calls_left <= 0:
                     reason = "budget exhausted"
                     break
-                before = tools.budget_used
-                if not agent.act(tools):
+                before = (tools.state.issued, tools.budget_used)
+                try:
+                    more = agent.act(tools)
+                except BudgetExhausted:
+                    reason = "budget exhausted"
+                    break
+                if not more:
                     reason = f"agent {getattr(agent, 'name', 'agent')} has nothing left to try"
                     break
-                idle = idle + 1 if tools.budget_used == before else 0
+                idle = idle + 1 if (tools.state.issued, tools.budget_used) == before else 0
                 if idle >= IDLE_ACTS:
                     reason = f"agent made no tool call in {IDLE_ACTS} turns"
                     break
-        except BudgetExhausted:
-            reason = "budget exhausted"
+            tools.drain()  # every call issued is answered before the run ends
         except KeyboardInterrupt as exc:
             self.outcome = self._end("interrupted", "stopped by SIGTERM" if str(exc) == "SIGTERM" else "stopped by Ctrl-C")
             raise

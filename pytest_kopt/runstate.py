@@ -19,11 +19,20 @@ Best so far. A passing, timed verdict of a candidate not retracted replaces the 
 - else (an older log, a judge without it, a comparison that failed): its time is below the
   best's by more than the fraction ``min_gain``.
 
-``min_gain`` is the objective's (0 in logs written before the field).
+``min_gain`` is the objective's (0 in logs written before the field). A timing marked ``contended``
+(taken while another evaluation of the run shared its device: ``pytest_kopt.executor``) never
+replaces the best.
+
+In call order. With several evaluations in flight (``--kopt-workers``) results land in any order,
+but the best is decided in the order of the calls' numbers: a timed verdict of call ``n`` is weighed
+only once no call below ``n`` is still in flight (issued, without a result, not abandoned), so the
+live run and any later fold of its log, which see the same events in the same order, agree on it.
+With one call at a time every verdict is weighed at once, as before.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -100,6 +109,8 @@ def beats(best: dict | None, verdict: dict, min_gain: float) -> bool:
     """Whether ``verdict`` makes its candidate the new best (see the module docstring)."""
     us = number(verdict.get("candidate_us"))
     if verdict.get("verdict") != "pass" or verdict.get("stage") == "judge" or us is None or us <= 0:
+        return False
+    if verdict.get("contended"):  # timed beside another evaluation on its device: indicative only
         return False
     if best is None:
         return True
@@ -206,11 +217,14 @@ class RunState:
     retracted: dict[str, str] = field(default_factory=dict)  # id -> why it may not be best
     calls: dict[int, dict] = field(default_factory=dict)  # call number -> its latest tool_call event
     answered: dict[int, dict] = field(default_factory=dict)  # call number -> its tool_result event
+    pending: dict[int, dict] = field(default_factory=dict)  # call number -> its tool_call, issued and not answered (in flight)
+    abandoned: set[int] = field(default_factory=set)  # numbers of calls given up on resume (a note says why); free again
     tool_seconds: dict[str, list[float]] = field(default_factory=dict)  # tool -> wall seconds of each call
     replies: list[str] = field(default_factory=list)  # what an LLM wrote beside its tool calls
     promotions: list[dict] = field(default_factory=list)  # promote events
     ended_budget_used: int = 0  # the largest budget_used an end or resume event recorded
-    _timed: list[dict] = field(default_factory=list, repr=False)  # passing timed verdicts, in order
+    _timed: list[dict] = field(default_factory=list, repr=False)  # passing timed verdicts, weighed, in call order
+    _waiting: list[tuple] = field(default_factory=list, repr=False)  # (call, seq, verdict): timed, not yet weighed
     _call: int = field(default=0, repr=False)  # the latest call number seen (for events without one)
     _stamps: list[float] = field(default_factory=list, repr=False)
     _sessions: list[float] = field(default_factory=list, repr=False)
@@ -274,10 +288,14 @@ class RunState:
     def _tool_call(self, event: dict) -> None:
         self._call = _int(event.get("call")) or self._call + 1
         self.calls[self._call] = event
+        if self._call not in self.answered:
+            self.pending[self._call] = event
 
     def _tool_result(self, event: dict) -> None:
         number_ = _int(event.get("call")) or self._call
         self.answered[number_] = event
+        self.pending.pop(number_, None)
+        self._settle()
         took = number(event.get("duration_s"))
         if took is not None and event.get("tool"):
             self.tool_seconds.setdefault(str(event["tool"]), []).append(took)
@@ -307,7 +325,7 @@ class RunState:
             attempt.failure = event
         elif us is not None:
             attempt.timing = event
-            if attempt.fastest is None or us < number(attempt.fastest.get("candidate_us")):
+            if _faster(event, attempt.fastest):
                 attempt.fastest, attempt.timed_on = event, self.machine
         else:
             attempt.tests = event
@@ -318,9 +336,26 @@ class RunState:
         if event.get("upto"):
             self.results[(cid, str(event["upto"]))] = event
         if event.get("verdict") == "pass" and us is not None:
-            self._timed.append({**event, "call": at})
-            if cid not in self.retracted and beats(self.best, event, self.min_gain):
-                self._new_best(best_record({**event, "call": at}, self.best))
+            heapq.heappush(self._waiting, (_int(at), _int(event.get("seq")), {**event, "call": at}))
+            self._settle()
+
+    def _settle(self) -> None:
+        """Weigh the timed verdicts no earlier call is still in flight for, in call order (module docstring)."""
+        while self._waiting:
+            at = self._waiting[0][0]
+            if any(n < at for n in self.pending):
+                return
+            verdict = heapq.heappop(self._waiting)[2]
+            self._timed.append(verdict)
+            if verdict["candidate_id"] not in self.retracted and beats(self.best, verdict, self.min_gain):
+                self._new_best(best_record(verdict, self.best))
+
+    def _note(self, event: dict) -> None:
+        abandoned = event.get("abandoned")
+        if isinstance(abandoned, int) and abandoned not in self.answered:
+            self.pending.pop(abandoned, None)
+            self.abandoned.add(abandoned)
+            self._settle()
 
     def _new_best(self, record: dict) -> None:
         self.best = record
@@ -375,15 +410,31 @@ class RunState:
 
     @property
     def unanswered_gaps(self) -> list[int]:
-        """Call numbers without a result although later ones have one (a damaged log)."""
+        """Call numbers below a charged one that were never issued nor given up (a damaged log)."""
         done = set(self.answered)
-        return sorted(set(range(1, max(done) + 1)) - done) if done else []
+        return sorted(set(range(1, max(done) + 1)) - done - set(self.pending) - self.abandoned) if done else []
 
     @property
     def in_flight(self) -> dict | None:
         """The latest tool_call with no result: in flight when its process died."""
-        pending = [e for n, e in self.calls.items() if n not in self.answered]
-        return max(pending, key=lambda e: e.get("seq", 0)) if pending else None
+        return max(self.pending.values(), key=lambda e: e.get("seq", 0)) if self.pending else None
+
+    @property
+    def in_flight_calls(self) -> list[dict]:
+        """Every tool_call with no result (several with ``--kopt-workers``), by call number."""
+        return [self.pending[n] for n in sorted(self.pending)]
+
+    @property
+    def issued(self) -> int:
+        """Calls charged or in flight: what the budget must cover."""
+        return len(self.answered) + len(self.pending)
+
+    def free_number(self) -> int:
+        """The number the next call gets: the lowest neither charged nor in flight (a call given up frees its number)."""
+        n = 1
+        while n in self.answered or n in self.pending:
+            n += 1
+        return n
 
     @property
     def missing_best(self) -> bool:
@@ -431,6 +482,16 @@ def machine_name(environment: Any) -> str | None:
     return str(environment.get("gpu") or "cpu")
 
 
+def _faster(event: dict, fastest: dict | None) -> bool:
+    """Whether a passing timing stands for its candidate before ``fastest``: an uncontended one before a
+    contended one, else the lower time."""
+    if fastest is None:
+        return True
+    if bool(event.get("contended")) != bool(fastest.get("contended")):
+        return not event.get("contended")
+    return number(event.get("candidate_us")) < number(fastest.get("candidate_us"))
+
+
 def _int(value: Any) -> int:
     try:
         return int(value or 0)
@@ -451,4 +512,5 @@ _HANDLERS = {
     ev.RETRACT: RunState._retract,
     ev.PROMOTE: RunState._promote,
     ev.LLM_RESPONSE: RunState._llm_response,
+    ev.NOTE: RunState._note,
 }

@@ -22,10 +22,29 @@ an agent takes costs exactly one unit, whatever it does and whatever comes back:
   ``write_candidate`` whose source had not been stored yet cannot be redone; the agent makes
   its next call under that number instead: the later ``tool_call`` of a number is the real one.)
   ``budget_used`` is the number of distinct ``call`` numbers that have a ``tool_result``.
+  A ``write_candidate``'s source is stored before its ``tool_call`` is logged, so a new log's
+  write can always be redone.
 
-When ``budget_used == budget``, ``call`` raises ``BudgetExhausted`` and the run ends. A run
-directory that cannot be written (a full disk, a read-only mount) is not an answer to the agent:
-the error propagates and the run stops (the call is redone on resume, charged once).
+
+When every call of the budget is charged or in flight, ``call`` and ``submit`` raise
+``BudgetExhausted`` and the run ends once the calls in flight are answered. A run directory that
+cannot be written (a full disk, a read-only mount) is not an answer to the agent: the error
+propagates and the run stops (the call is redone on resume, charged once).
+
+Several calls in flight
+-----------------------
+With ``--kopt-workers=N`` up to N evaluations run at once (``pytest_kopt.executor``). ``submit``
+issues a call and returns its number at once: the number is given and the ``tool_call`` logged
+when the call is issued (the lowest number neither charged nor in flight), a tool that needs no
+judge is answered on the spot, and an evaluation runs on a free worker (``submit`` waits for one).
+Results are recorded in this (the main) thread as they land, in any order, each as its
+``verdict`` and ``tool_result``; ``next_result`` hands them to the agent in the order they were
+logged, ``result_of(n)`` waits for one call, ``call`` is ``submit`` then ``result_of``. A resume
+redoes every call that was in flight, each once under its own number, before the agent restores
+itself from the log. The best is decided in call order (``pytest_kopt.runstate``). A timing taken
+beside another evaluation on its device is marked ``contended`` in the verdict and in what the
+agent sees; it never becomes the best, and asking for the same stage again times it afresh
+instead of answering from the cache.
 
 Best so far
 -----------
@@ -46,16 +65,19 @@ is then rebuilt from the log's verdicts without it and logged as a new ``best`` 
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import time
 import traceback
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import events as ev
 from .events import TEMP_GLOB, EventLog, atomic_write, dumps, is_storage_error, signals_deferred
+from .executor import Executor, LocalExecutor, Ticket, takes_keyword
 from .judge import STAGES, candidate_id
 from .runstate import Attempt, RunState, metric_of
 
@@ -66,6 +88,8 @@ MAX_SOURCE_CHARS = 200_000
 HISTORY_RECENT, HISTORY_FASTEST = 40, 10  # rows the history tool shows: the latest and the fastest
 RAW_ARGS_CHARS = 400  # of a malformed call's arguments, kept in its tool_call event
 TIMED = ("benchmark", "profile")  # the stages that time a candidate (beside the best, when there is one)
+EVALUATIONS = {"run_tests": "correctness", "benchmark": "benchmark", "profile": "profile"}  # tool -> the judge's last stage
+WAIT_S = 0.25  # how often a wait for results looks up (Ctrl-C is acted on between looks)
 
 Evaluate = Callable[..., dict]
 
@@ -162,6 +186,7 @@ class Toolbox:
         *,
         evaluate: Evaluate | None = None,
         eval_timeout: float = 900.0,
+        executor: Executor | None = None,
     ):
         self.problem = problem
         self.objective = objective
@@ -170,7 +195,11 @@ class Toolbox:
         self.budget = int(budget)
         self.state = RunState(objective=dict(objective))  # every event this toolbox logs is applied to it
         self.results: dict[tuple[str, str], dict] = {}  # (id, upto) -> judge result
-        self.in_flight: dict | None = None  # a tool_call of a previous process without result
+        self.in_flight: dict | None = None  # the latest tool_call of a previous process without result
+        self.unfinished: list[dict] = []  # every tool_call of a previous process without result (redo_in_flight)
+        self.executor = executor or LocalExecutor(1)
+        self.running: dict[int, _Running] = {}  # call number -> its evaluation on a worker
+        self.delivered: deque[tuple[int, str, dict]] = deque()  # (call, tool, result) answered, not yet handed out
         self.listeners: list[Callable[[dict], None]] = []  # see every event the toolbox logs
         self.eval_timeout = float(eval_timeout)
         if evaluate is None:
@@ -178,6 +207,8 @@ class Toolbox:
 
             evaluate = judge_evaluate
         self._evaluate = evaluate
+        self._evaluator = self.executor.evaluator(evaluate)
+        self.executor.problem_modules[getattr(problem, "name", "")] = type(problem).__module__  # a Ray task imports it
         self._can_skip_sweep = takes_keyword(evaluate, "hypothesis")
         self._takes_metric = takes_keyword(evaluate, "metric")
         self._takes_incumbent = takes_keyword(evaluate, "incumbent")
@@ -186,6 +217,16 @@ class Toolbox:
     @property
     def budget_left(self) -> int:
         return max(0, self.budget - self.budget_used)
+
+    @property
+    def calls_left(self) -> int:
+        """Calls that may still be issued: the budget less what is charged and what is in flight."""
+        return max(0, self.budget - self.state.issued)
+
+    @property
+    def workers(self) -> int:
+        """How many evaluations may run at once (``--kopt-workers``)."""
+        return self.executor.workers
 
     @property
     def budget_used(self) -> int:
@@ -206,8 +247,9 @@ class Toolbox:
 
     @property
     def evaluator(self) -> Evaluate:
-        """The judge this toolbox calls (``pytest_kopt.judge.evaluate`` unless one was injected)."""
-        return self._evaluate
+        """The judge this toolbox calls (``pytest_kopt.judge.evaluate`` unless one was injected), run through
+        its executor: on a Ray cluster, the loop's own evaluations (a promotion) run on a worker too."""
+        return self._evaluator
 
     @property
     def metric(self) -> str:
@@ -219,7 +261,9 @@ class Toolbox:
         return _number(self.objective.get("baseline_us"))
 
     def emit(self, kind: str, **fields: Any) -> dict:
-        """Log one event and apply it to the run state (listeners see it too)."""
+        """Log one event and apply it to the run state (listeners see it too). A verdict or a result that
+        makes a new best (the state's rule, in call order) is followed by its ``best`` event."""
+        before = self.state.best
         event = self.log.append(kind, **fields)
         self.state.apply(event)
         for listener in list(self.listeners):
@@ -227,6 +271,8 @@ class Toolbox:
                 listener(event)
             except Exception:  # a broken display (closed pipe, ...) must not end the run
                 self.listeners.remove(listener)
+        if kind in (ev.VERDICT, ev.TOOL_RESULT) and self.state.best is not before and self.state.best is not None:
+            self.emit(ev.BEST, **self.state.best)
         return event
 
     def restore(self, events: list[dict]) -> None:
@@ -237,6 +283,7 @@ class Toolbox:
         self.state = state
         self.results = {key: self._load_result(verdict) for key, verdict in state.results.items()}
         self.in_flight = state.in_flight
+        self.unfinished = state.in_flight_calls
 
     def recover_best(self) -> dict | None:
         """Log the ``best`` event a kill between a verdict and its best event left out (on resume),
@@ -253,7 +300,7 @@ class Toolbox:
             except ValueError:
                 pass  # a torn result file: the verdict event is enough
         timings = {"candidate_us": verdict.get("candidate_us"), "figures": verdict.get("figures"), "metric": verdict.get("metric")}
-        return {k: verdict.get(k) for k in ("verdict", "stage", "reasons", "errors", "speedup", "incumbent")} | {"timings": timings}
+        return {k: verdict.get(k) for k in ("verdict", "stage", "reasons", "errors", "speedup", "incumbent", "contended")} | {"timings": timings}
 
     def resolve(self, cid: Any) -> str:
         """A known candidate id from an id or a unique prefix of at least 6 characters."""
@@ -268,42 +315,100 @@ class Toolbox:
         known = ", ".join(list(self.candidates)[-8:]) or "none yet"
         raise KeyError(f"unknown candidate_id {cid!r} (latest known: {known})")
 
-    # ---- the one entry point --------------------------------------------------------------
+    # ---- issuing and answering calls -------------------------------------------------------
     def call(self, tool: str, **args: Any) -> dict:
         """Run one tool: charge one unit, log ``tool_call`` and ``tool_result``, return the result."""
-        if self.budget_used >= self.budget:
-            raise BudgetExhausted(f"budget of {self.budget} tool calls used up")
-        return self._call(tool, args, self.budget_used + 1)
+        return self.result_of(self.submit(tool, **args))
+
+    def submit(self, tool: str, **args: Any) -> int:
+        """Issue one call and return its number; its result comes from ``next_result`` or ``result_of``
+        (see the module docstring). Raises ``BudgetExhausted`` when every call of the budget is issued."""
+        self._check_budget()
+        if tool in EVALUATIONS:
+            self._wait_for_worker()
+        return self._issue(tool, args, self.state.free_number())
 
     def reject(self, tool: str, error: str, raw: Any = None) -> dict:
         """Charge one call the agent could not state (arguments that are not a JSON object): logged as a
         call, answered ``{"error": error}``, nothing run."""
-        if self.budget_used >= self.budget:
-            raise BudgetExhausted(f"budget of {self.budget} tool calls used up")
+        self._check_budget()
         raw_text = raw if isinstance(raw, str) else dumps(raw)
-        return self._call(str(tool or "?"), {"raw": raw_text[:RAW_ARGS_CHARS]}, self.budget_used + 1, rejected=str(error))
+        number = self._issue(str(tool or "?"), {"raw": raw_text[:RAW_ARGS_CHARS]}, self.state.free_number(), rejected=str(error))
+        return self.result_of(number)
+
+    def next_result(self) -> tuple[int, str, dict] | None:
+        """(call, tool, result) of the oldest answered call not yet handed out, waiting for an evaluation
+        to land if none is; None when nothing is answered and nothing is in flight."""
+        while not self.delivered:
+            if not self.running:
+                return None
+            self._collect(block=True)
+        return self.delivered.popleft()
+
+    def result_of(self, number: int) -> dict:
+        """The result of call ``number`` (issued by this toolbox), waiting for it if it is in flight."""
+        while True:
+            for item in self.delivered:
+                if item[0] == number:
+                    self.delivered.remove(item)
+                    return item[2]
+            if number not in self.running:
+                raise KeyError(f"call {number} was not issued here or its result was handed out already")
+            self._collect(block=True)
+
+    def drain(self) -> None:
+        """Wait for every evaluation in flight and record it (the run ends, or a resume's redos finish)."""
+        while self.running:
+            self._collect(block=True)
+
+    def close(self) -> None:
+        """Let go of the executor (evaluations still running are abandoned: redone on resume)."""
+        self.executor.close()
 
     def redo_in_flight(self) -> dict | None:
-        """Redo the call a killed process left without result, under its own number."""
-        event, self.in_flight = self.in_flight, None
-        if event is None or int(event["call"]) != self.budget_used + 1:
-            return None
-        args = dict(event.get("args") or {})
-        if event.get("rejected"):
-            return self._call(event["tool"], args, int(event["call"]), redo=True, rejected=event["rejected"])
-        if event["tool"] == "write_candidate" and "candidate_id" in args:
-            path = self.run_dir / "candidates" / f"{args.pop('candidate_id')}.py"
-            if not path.is_file():
-                self.emit(ev.NOTE, text=f"in-flight call {event['call']} (write_candidate) could not be redone: its source was never stored; not charged")
-                return None
-            args["source"] = path.read_text(encoding="utf-8")
-        return self._call(event["tool"], args, int(event["call"]), redo=True)
+        """Redo the calls a killed process left without result, each under its own number, and wait for them;
+        returns the result of the latest one (None when there was none). A call that cannot be redone (a
+        write whose source was never stored, in a log written before sources were stored first) or that the
+        budget no longer covers is given up in a note, uncharged, and its number is free again."""
+        unfinished, self.unfinished, self.in_flight = self.unfinished, [], None
+        redone: list[int] = []
+        for event in unfinished:
+            number = int(event["call"])
+            args = dict(event.get("args") or {})
+            if self.budget_used + len(redone) >= self.budget:
+                self.emit(ev.NOTE, text=f"in-flight call {number} ({event['tool']}) is past the budget of {self.budget}: not redone, not charged", abandoned=number)
+                continue
+            if event.get("rejected"):
+                redone.append(self._issue(event["tool"], args, number, redo=True, rejected=event["rejected"]))
+                continue
+            if event["tool"] == "write_candidate" and "candidate_id" in args:
+                path = self.run_dir / "candidates" / f"{args.pop('candidate_id')}.py"
+                if not path.is_file():
+                    self.emit(ev.NOTE, text=f"in-flight call {number} (write_candidate) could not be redone: its source was never stored; not charged", abandoned=number)
+                    continue
+                args["source"] = path.read_text(encoding="utf-8")
+            if event["tool"] in EVALUATIONS:
+                self._wait_for_worker()
+            redone.append(self._issue(event["tool"], args, number, redo=True))
+        self.drain()
+        results = [self.result_of(n) for n in redone]
+        return results[-1] if results else None
 
-    def _call(self, tool: str, args: dict, number: int, redo: bool = False, rejected: str | None = None) -> dict:
+    def _check_budget(self) -> None:
+        if self.state.issued >= self.budget:
+            raise BudgetExhausted(f"budget of {self.budget} tool calls used up")
+
+    def _wait_for_worker(self) -> None:
+        while len(self.running) >= self.workers:
+            self._collect(block=True)
+
+    def _issue(self, tool: str, args: dict, number: int, redo: bool = False, rejected: str | None = None) -> int:
+        """Log call ``number`` and answer it, or start its evaluation on a worker; returns the number."""
         logged_args = dict(args)
         if tool == "write_candidate" and isinstance(args.get("source"), str) and rejected is None:
             logged_args["candidate_id"] = candidate_id(args["source"])
             del logged_args["source"]
+            self._store_first(args)
         extra = ({"redo": True} if redo else {}) | ({"rejected": rejected} if rejected is not None else {})
         self.emit(ev.TOOL_CALL, call=number, tool=tool, args=logged_args, **extra)
         start = time.monotonic()
@@ -317,16 +422,73 @@ class Toolbox:
                 result = {"error": problem}
             else:
                 try:
-                    result = getattr(self, "_tool_" + tool)(number, **args)
+                    if tool in EVALUATIONS:
+                        answer = self._start_evaluation(number, tool, self.resolve(args["candidate_id"]), start)
+                        if answer is None:  # running on a worker: answered when it lands
+                            return number
+                        result = answer
+                    else:
+                        result = getattr(self, "_tool_" + tool)(number, **args)
                 except KeyError as exc:
                     result = {"error": str(exc.args[0]) if exc.args else str(exc)}
                 except Exception as exc:  # a bug must not end a long run; a run dir that cannot be written must
                     if is_storage_error(exc):
                         raise
                     result = {"error": f"{tool} failed inside the toolbox: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=4)}
+        self._answer(number, tool, result, start)
+        return number
+
+    def _store_first(self, args: dict) -> None:
+        """A write's source goes to candidates/ before its call is logged: a kill between the two leaves a
+        call that can be redone (an unlogged file is harmless: content-addressed, written again alike)."""
+        source = args["source"]
+        if not source.strip() or len(source) > MAX_SOURCE_CHARS:
+            return  # refused by the tool itself, with its message
+        path = self.run_dir / "candidates" / f"{candidate_id(source)}.py"
+        if not path.is_file() or path.read_text(encoding="utf-8") != source:
+            atomic_write(path, source)
+
+    def _answer(self, number: int, tool: str, result: dict, start: float) -> None:
         with signals_deferred():  # the log and budget_used move together, even on Ctrl-C
             self.emit(ev.TOOL_RESULT, call=number, tool=tool, result=result, duration_s=round(time.monotonic() - start, 3))
-        return result
+        self.delivered.append((number, tool, result))
+
+    def _start_evaluation(self, number: int, tool: str, cid: str, start: float) -> dict | None:
+        """The cached answer of an evaluation, or None once it is running on a worker."""
+        upto = EVALUATIONS[tool]
+        result = self.cached(cid, upto)
+        if result is not None:
+            return self.compact(cid, upto, result, cached=True)
+        path, extra = self._judge_args(cid, upto)
+        ticket = self.executor.submit(self._evaluate, self.problem.name, str(Path(path).resolve()), {"upto": upto, "timeout_s": self.eval_timeout, **extra})
+        self.running[number] = _Running(number, tool, cid, upto, ticket, start)
+        if ticket.future.done():  # the inline worker: recorded now, as the loop always did
+            self._complete(self.running.pop(number))
+        return None
+
+    def _collect(self, block: bool) -> None:
+        """Record the evaluations that have landed (waiting for one if ``block``), in the order they ended."""
+        while True:
+            done = [r for r in self.running.values() if r.ticket.future.done()]
+            if done or not block or not self.running:
+                break
+            wait([r.ticket.future for r in self.running.values()], timeout=WAIT_S, return_when=FIRST_COMPLETED)
+        for running in sorted(done, key=lambda r: (r.ticket.finished or 0.0, r.number)):
+            self._complete(self.running.pop(running.number))
+
+    def _complete(self, running: "_Running") -> None:
+        """Record a landed evaluation: its verdict (with where it ran and whether it was contended), then its result."""
+        ticket = self.executor.collect(running.ticket)
+        result = self._judged(ticket.future)
+        placement = ticket.placement(self.executor.name) if (self.workers > 1 or self.executor.name != "local") else None
+        try:
+            answer = self.record(running.cid, running.upto, result, call=running.number, placement=placement,
+                                 contended=ticket.contended and _timed(result))
+        except Exception as exc:  # a bug must not end a long run; a run dir that cannot be written must
+            if is_storage_error(exc):
+                raise
+            answer = {"error": f"{running.tool} failed inside the toolbox: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=4)}
+        self._answer(running.number, running.tool, answer, running.start)
 
     # ---- tools ----------------------------------------------------------------------------
     def add_candidate(self, source: str, *, notes: str = "", parent: str | None = None, strategy: str | None = None, knobs: dict | None = None, call: int = 0) -> str:
@@ -353,15 +515,6 @@ class Toolbox:
             return {"error": str(exc)}
         return {"candidate_id": cid, "new": not known}
 
-    def _tool_run_tests(self, number: int, candidate_id: str) -> dict:
-        return self.evaluate(self.resolve(candidate_id), "correctness", call=number)
-
-    def _tool_benchmark(self, number: int, candidate_id: str) -> dict:
-        return self.evaluate(self.resolve(candidate_id), "benchmark", call=number)
-
-    def _tool_profile(self, number: int, candidate_id: str) -> dict:
-        return self.evaluate(self.resolve(candidate_id), "profile", call=number)
-
     def _tool_show_reference(self, number: int) -> dict:
         path = Path(self.problem.reference_path)
         return {"path": path.name, "source": path.read_text(encoding="utf-8")}
@@ -386,12 +539,13 @@ class Toolbox:
 
     # ---- evaluation -----------------------------------------------------------------------
     def cached(self, cid: str, upto: str) -> dict | None:
-        """A result that answers (cid, upto): a pass at this stage or later, or a failure at or before it."""
+        """A result that answers (cid, upto): a pass at this stage or later, or a failure at or before it.
+        A contended timing answers no timed stage: asking again times the candidate afresh."""
         want = STAGES.index(upto)
         for (rid, rupto), result in self.results.items():
             if rid != cid:
                 continue
-            if result.get("verdict") == "pass" and STAGES.index(rupto) >= want:
+            if result.get("verdict") == "pass" and STAGES.index(rupto) >= want and not (upto in TIMED and result.get("contended")):
                 return result
             stage = result.get("stage")
             if result.get("verdict") == "fail" and (STAGES.index(stage) if stage in STAGES else 0) <= want:
@@ -399,31 +553,53 @@ class Toolbox:
         return None
 
     def evaluate(self, cid: str, upto: str, *, call: int = 0) -> dict:
-        """Judge ``cid`` up to ``upto`` (or answer from the cache) and return the compact result."""
+        """Judge ``cid`` up to ``upto`` (or answer from the cache), waited for, and return the compact result."""
         result = self.cached(cid, upto)
         if result is not None:
             return self.compact(cid, upto, result, cached=True)
+        path, extra = self._judge_args(cid, upto)
+        return self.record(cid, upto, self.judge(path, upto, **extra), call=call)
+
+    def _judge_args(self, cid: str, upto: str) -> tuple[Path, dict]:
+        """(file, the judge's keywords) for an evaluation of ``cid``: without the random-shape sweep when
+        this very file passed it, beside the best when it is timed."""
         passed = self.cached(cid, "correctness")  # a pass here means this very file passed the random shapes
         swept = passed is not None and passed.get("verdict") == "pass"
         best = self.best
         incumbent = None
         if upto in TIMED and best is not None and best["candidate_id"] != cid:
             incumbent = self.run_dir / "candidates" / f"{best['candidate_id']}.py"
-        return self.record(cid, upto, self.judge(self.run_dir / "candidates" / f"{cid}.py", upto, sweep=not swept, incumbent=incumbent), call=call)
+        return self.run_dir / "candidates" / f"{cid}.py", self._keywords(sweep=not swept, incumbent=incumbent)
 
-    def judge(self, path: Path, upto: str, *, sweep: bool = True, incumbent: Path | None = None) -> dict:
-        """The judge's result for one file; a failure of the judge itself is a failed verdict.
-        ``sweep=False``: the file passed the random-shape sweep before, so the judge leaves it out
-        (its explicit cases still run on fresh inputs): ~40 % of a KDA benchmark call on the H200.
-        ``incumbent``: the best's file, timed beside this one round by round (a judge that takes it).
-        The objective's timer metric goes with every call (a judge that takes it)."""
+    def _keywords(self, *, sweep: bool = True, incumbent: Path | None = None) -> dict:
         extra: dict[str, Any] = {} if sweep or not self._can_skip_sweep else {"hypothesis": False}
         if self._takes_metric:
             extra["metric"] = self.metric
         if incumbent is not None and self._takes_incumbent and incumbent.is_file():
             extra["incumbent"] = str(incumbent.resolve())
+        return extra
+
+    def judge(self, path: Path, upto: str, *, sweep: bool = True, incumbent: Path | None = None, **extra: Any) -> dict:
+        """The judge's result for one file, waited for (on a worker of the executor); a failure of the
+        judge itself is a failed verdict.
+        ``sweep=False``: the file passed the random-shape sweep before, so the judge leaves it out
+        (its explicit cases still run on fresh inputs): ~40 % of a KDA benchmark call on the H200.
+        ``incumbent``: the best's file, timed beside this one round by round (a judge that takes it).
+        The objective's timer metric goes with every call (a judge that takes it)."""
+        kwargs = {**self._keywords(sweep=sweep, incumbent=incumbent), **extra}
+        future: Future = Future()
         try:
-            result = self._evaluate(self.problem.name, str(Path(path).resolve()), upto=upto, timeout_s=self.eval_timeout, **extra)
+            future.set_result(self._evaluator(self.problem.name, str(Path(path).resolve()), upto=upto, timeout_s=self.eval_timeout, **kwargs))
+        except Exception as exc:  # noqa: BLE001 - the judge's own failure, made a verdict by _judged
+            future.set_exception(exc)
+        return self._judged(future)
+
+    @staticmethod
+    def _judged(future: Future) -> dict:
+        """A judge's result from its future: a failure of the judge itself (it raised, or gave no verdict)
+        is a failed verdict at stage ``judge`` (not cached)."""
+        try:
+            result = future.result()
             if not isinstance(result, dict) or result.get("verdict") not in ("pass", "fail"):
                 raise TypeError(f"the judge returned {type(result).__name__} without a pass/fail verdict")
         except (KeyboardInterrupt, SystemExit):
@@ -432,27 +608,29 @@ class Toolbox:
             result = {"verdict": "fail", "stage": "judge", "reasons": [f"the judge itself failed: {type(exc).__name__}: {exc}"]}
         return result
 
-    def record(self, cid: str, upto: str, result: dict, *, call: int = 0) -> dict:
-        """Keep a judge result (evals/ file, cache, ``verdict`` event, best) and return it compact."""
+    def record(self, cid: str, upto: str, result: dict, *, call: int = 0, placement: dict | None = None, contended: bool = False) -> dict:
+        """Keep a judge result (evals/ file, cache, ``verdict`` event, best) and return it compact.
+        ``placement``: where it ran (several workers, or Ray); ``contended``: its timing shared a device."""
+        if contended:
+            result["contended"] = True
         judged = result.get("stage") != "judge"  # a judge failure is logged, not cached
         result_path = f"evals/{cid}-{upto}.json" if judged else None
         if judged:
             atomic_write(self.run_dir / result_path, dumps(result) + "\n")
             self.results[(cid, upto)] = result
         compact = self.compact(cid, upto, result, cached=False)
-        optional = {k: compact[k] for k in ("figures", "metric", "incumbent", "incumbent_error") if compact.get(k) is not None}
+        optional = {k: compact[k] for k in ("figures", "metric", "incumbent", "incumbent_error", "contended") if compact.get(k) is not None}
         if isinstance(result.get("isolation"), dict):
             optional["isolation"] = result["isolation"]
-        with signals_deferred():  # a verdict and the best it makes are logged together
-            before = self.best
+        if placement is not None:
+            optional["placement"] = placement
+        with signals_deferred():  # a verdict and the best it makes (emit adds it) are logged together
             self.emit(
                 ev.VERDICT, candidate_id=cid, upto=upto, verdict=result["verdict"], stage=result.get("stage"),
                 reasons=compact["reasons"], candidate_us=compact.get("candidate_us"), speedup=compact.get("speedup"),
                 vs_baseline=compact.get("vs_baseline"), errors=compact.get("errors", []), result_path=result_path, call=call,
                 **optional,
             )
-            if self.best is not before:  # the state's rule made it the new best
-                self.emit(ev.BEST, **self.best)
         return compact
 
     def note(self, text: str) -> dict:
@@ -506,6 +684,8 @@ class Toolbox:
             out["metric"] = timings.get("metric") if timings.get("metric") else None
             if isinstance(timings.get("figures"), dict):
                 out["figures"] = timings["figures"]
+        if result.get("contended"):
+            out["contended"] = True  # timed beside another evaluation on its device: indicative, never the best
         incumbent = result.get("incumbent")
         if isinstance(incumbent, dict) and isinstance(incumbent.get("ratio"), dict):
             out["incumbent"] = {"candidate_id": incumbent.get("candidate_id"), "ratio": incumbent["ratio"]}
@@ -539,15 +719,24 @@ class Toolbox:
                 row.update(verdict=compact["verdict"], stage=compact["stage"], upto=upto, reason=compact["reasons"][0][:300] if compact["reasons"] else "")
                 us = compact.get("candidate_us")
                 if compact["verdict"] == "pass" and us is not None and (row["candidate_us"] is None or us < row["candidate_us"]):
-                    row.update({k: compact.get(k) for k in ("candidate_us", "speedup", "vs_baseline", "figures", "incumbent")})
+                    row.update({k: compact.get(k) for k in ("candidate_us", "speedup", "vs_baseline", "figures", "incumbent", "contended")})
             rows.append(row)
         return rows
 
 
-def takes_keyword(fn: Callable[..., Any], name: str) -> bool:
-    """Whether ``fn`` accepts the keyword ``name`` (a judge replaced by a fixture may not)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+@dataclass
+class _Running:
+    """A call whose evaluation runs on a worker."""
+
+    number: int
+    tool: str
+    cid: str
+    upto: str
+    ticket: Ticket
+    start: float
+
+
+def _timed(result: dict) -> bool:
+    """Whether a judge result carries a time (a contended flag means something only then)."""
+    return _number(_timings(result).get("candidate_us")) is not None
+

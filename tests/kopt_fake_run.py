@@ -4,12 +4,13 @@ The judge here reads a candidate's knobs and returns a deterministic verdict and
 run's course depends only on the seed: a resumed run can be compared with an uninterrupted one.
 Run as a script it is the child process the kill-and-resume tests start and kill::
 
-    python tests/kopt_fake_run.py RUN_DIR BUDGET [--resume] [--seed N] [--delay S]
+    python tests/kopt_fake_run.py RUN_DIR BUDGET [--resume] [--seed N] [--delay S] [--workers N] [--executor local|ray]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 import time
 from pathlib import Path
@@ -71,17 +72,19 @@ def fake_time(source: str) -> tuple[str, str, float | None]:
 
 
 class FakeJudge:
-    """Deterministic judge; counts its calls; ``delay`` seconds per evaluation."""
+    """Deterministic judge; counts its calls; ``delay`` seconds per evaluation (``spread``: 1 to 3 times
+    that, by candidate and stage, so that evaluations in flight together land out of order)."""
 
-    def __init__(self, delay: float = 0.0):
+    def __init__(self, delay: float = 0.0, spread: bool = False):
         self.delay = delay
+        self.spread = spread
         self.calls: list[tuple[str, str]] = []
 
     def __call__(self, problem_name: str, candidate_path: str, *, upto: str = "profile", timeout_s: float = 900.0, **_: object) -> dict:
         source = Path(candidate_path).read_text()
         self.calls.append((Path(candidate_path).stem, upto))
         if self.delay:
-            time.sleep(self.delay)
+            time.sleep(self.delay * (1 + int(hashlib.sha256(f"{candidate_path}{upto}".encode()).hexdigest(), 16) % 3 if self.spread else 1))
         verdict, stage, us = fake_time(source)
         if verdict == "fail":
             return {"verdict": "fail", "stage": stage, "reasons": [f"fake {stage} failure"], "errors": [{"case": "c", "output": "o", "rel_rms": float("inf"), "tolerance": 0.01, "ok": False}] if stage == "correctness" else []}
@@ -156,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--executor", default="local")
+    parser.add_argument("--spread", action="store_true", help="evaluations take 1-3x --delay, so they land out of order")
     args = parser.parse_args(argv)
 
     from pytest_kopt.agents.search import SearchAgent
@@ -163,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     from pytest_kopt.run import Run, RunOptions
 
     problem = FakeProblem(args.run_dir.parent / "fake-problem", broken=True)
-    options = RunOptions(problem="fake", budget=args.budget, run_dir=args.run_dir, resume=args.resume, seed=args.seed)
+    options = RunOptions(problem="fake", budget=args.budget, run_dir=args.run_dir, resume=args.resume, seed=args.seed,
+                         workers=args.workers, executor=args.executor)
     try:
-        with Run(options, problem=problem, evaluate=FakeJudge(args.delay), progress=Progress(lambda line: print(line, flush=True))) as run:
+        with Run(options, problem=problem, evaluate=FakeJudge(args.delay, spread=args.spread), progress=Progress(lambda line: print(line, flush=True))) as run:
             agent = SearchAgent(problem=problem, seed=run.options.seed, profile=True)
             outcome = run.execute(agent)
     except KeyboardInterrupt:

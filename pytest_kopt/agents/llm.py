@@ -20,6 +20,10 @@ Why it is shaped this way:
   It is registered with the event log's scrubber, and a reply's text and tool-call arguments are
   scrubbed as they arrive, so nothing downstream (the log, candidate files, the memory, the next
   requests, a replay of the run) ever holds it.
+- Parallel tool calls: with ``--kopt-workers=N`` the calls of one reply are all issued before any
+  result is awaited (``Toolbox.submit``), so up to N evaluations run at once; each is one call of the
+  budget, numbered in the reply's order, and the results go back in the reply's order. The system
+  message says so, and that a *contended* timing (it shared its device) never becomes the best.
 - Transient failures (rate limits, 5xx, time-outs, refused connections) are retried by the
   openai client with its own backoff; when it gives up, the agent pauses and tries again a few
   times, then raises ``EndpointUnavailable``, which the loop records as ``run_interrupted``:
@@ -137,7 +141,7 @@ def _fmt(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
-def render_objective(objective: dict, best: dict | None, budget_used: int, budget: int) -> str:
+def render_objective(objective: dict, best: dict | None, budget_used: int, budget: int, workers: int = 1) -> str:
     """The system message: the objective, the current best and the budget, every request."""
     o = dict(objective or {})
     lines = ["You are optimizing a GPU kernel written in Triton. The objective below is fixed for the whole run."]
@@ -177,6 +181,12 @@ def render_objective(objective: dict, best: dict | None, budget_used: int, budge
     else:
         lines.append("Current best: none yet (no candidate has passed the tests and been timed).")
     lines.append(f"Budget: {budget} tool calls in all, {_budget_left(budget, budget_used)} left. Every tool call costs one.")
+    if workers > 1:
+        lines.append(
+            f"Up to {workers} evaluations run at once: the tool calls of one reply run in parallel (each costs one call), so "
+            "benchmark several candidates in one reply. A result marked contended was timed beside another evaluation on the "
+            "same device: its time is indicative and never becomes the best; benchmark that candidate again in a reply of its "
+            "own to time it alone.")
     lines.append(
         "Work like a kernel engineer: write a complete, self-contained candidate file with write_candidate "
         f"(imports only {', '.join(sorted(ALLOWED_IMPORTS - {'__future__'}))}; math in @triton.jit kernels; "
@@ -217,6 +227,13 @@ def _parse_arguments(raw: Any) -> tuple[dict | None, str | None]:
     if not isinstance(args, dict):
         return None, f"the arguments must be a JSON object, got {type(args).__name__}; nothing was run."
     return args, None
+
+
+class _Issued:
+    """A call of a reply issued and not yet answered: its number."""
+
+    def __init__(self, number: int):
+        self.number = number
 
 
 class LLMAgent(Agent):
@@ -349,7 +366,7 @@ class LLMAgent(Agent):
                 open_calls[event.get("call")] = event.get("tool")
             elif event.get("kind") == ev.TOOL_RESULT and event.get("call") in open_calls:
                 results[event.get("call")] = event
-        started = sorted(open_calls, key=lambda c: int(c or 0))
+        started = list(open_calls)  # in the order they were issued (the reply's order)
         self._pending = []
         for c in calls:  # each call of the reply, malformed ones too, is one logged tool call, in order
             call_no = started.pop(0) if started else None
@@ -385,24 +402,34 @@ class LLMAgent(Agent):
         return True
 
     def _dispatch(self, tools: Any) -> None:
-        while self._pending:
-            c, in_flight = self._pending[0]
-            fn = c.get("function") or {}
-            name = fn.get("name") or ""
-            args, error = _parse_arguments(fn.get("arguments"))
-            redone = self._redone_result(tools, in_flight) if in_flight is not None else None
-            if redone is not None:
-                result: Any = redone  # the loop redid the call a crash interrupted: not charged again
-            elif error is not None:  # charged like any call that fails, and logged with its error
-                result = tools.reject(name, f"{name or 'tool call'}: {error}", raw=fn.get("arguments"))
-            else:
-                for hidden in HIDDEN_ARGS.get(name, ()):
-                    args.pop(hidden, None)
-                if name == "write_candidate":
-                    args["strategy"] = "llm"
-                result = tools.call(name, **args)  # BudgetExhausted propagates: the loop ends the run
-            self._pending.pop(0)
+        """Issue every pending call of the reply in order (evaluations run at once, up to the workers), then
+        answer them in the reply's order."""
+        answers: list[tuple[dict, Any]] = []  # (call, its result or its number while in flight)
+        submit = getattr(tools, "submit", None)
+        try:
+            for c, in_flight in self._pending:
+                fn = c.get("function") or {}
+                name = fn.get("name") or ""
+                args, error = _parse_arguments(fn.get("arguments"))
+                redone = self._redone_result(tools, in_flight) if in_flight is not None else None
+                if redone is not None:
+                    answers.append((c, redone))  # the loop redid the call a crash interrupted: not charged again
+                elif error is not None:  # charged like any call that fails, and logged with its error
+                    answers.append((c, tools.reject(name, f"{name or 'tool call'}: {error}", raw=fn.get("arguments"))))
+                else:
+                    for hidden in HIDDEN_ARGS.get(name, ()):
+                        args.pop(hidden, None)
+                    if name == "write_candidate":
+                        args["strategy"] = "llm"
+                    # BudgetExhausted propagates: the loop answers what is in flight and ends the run
+                    answers.append((c, _Issued(submit(name, **args)) if submit else tools.call(name, **args)))
+        finally:
+            if len(answers) < len(self._pending):  # stopped part-way: what was issued is in the log, a resume goes on from it
+                self._pending = self._pending[len(answers):]
+        for c, answer in answers:
+            result = tools.result_of(answer.number) if isinstance(answer, _Issued) else answer
             self.messages.append(self._tool_message(c, result))
+        self._pending = []
 
     @staticmethod
     def _redone_result(tools: Any, call_no: int) -> Any:
@@ -425,7 +452,7 @@ class LLMAgent(Agent):
 
     # ---- context ------------------------------------------------------------------------
     def system_message(self, tools: Any) -> str:
-        return render_objective(tools.objective, tools.best, tools.budget_used, tools.budget)
+        return render_objective(tools.objective, tools.best, tools.budget_used, tools.budget, int(getattr(tools, "workers", 1) or 1))
 
     def context_estimate(self, tools: Any) -> int:
         """Tokens the next request will carry: the server's last count plus an estimate of what came after."""

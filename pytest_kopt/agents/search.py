@@ -7,9 +7,9 @@ known configuration: on the H200 a random start-up trial is often several times 
 each family's TRY_EARLY settings (its author's unmeasured ideas), then
 whatever the sampler proposes, except that a family DOMINATED times slower than the best is not
 run again while other candidates are left, and a combination the family's REQUIRES refuses is told
-the penalty without a tool call. Each proposal walks one pipeline, one tool call per ``act``::
+the penalty without a tool call. Each proposal walks one pipeline::
 
-    write_candidate -> run_tests -> (pass) benchmark -> (pass, new best or within 5%) profile
+    write_candidate -> run_tests -> (pass) benchmark -> [confirm] -> (pass, new best or within 5%) profile
 
 (no profile on Triton's CPU interpreter, where it would only repeat the benchmark slowly). The
 baseline candidate is not walked again: the loop timed it before handing over (call 0), and that
@@ -25,9 +25,22 @@ untried combination is taken in order, and when none is left the agent says it i
 Profiles are recorded in the log (for people and LLM agents); the sampler optimises the
 headline time alone. The parent of a candidate is the incumbent best when it was proposed.
 
-Resume: every decision is a function of the seed and the results seen, so ``restore`` replays
-the log's completed tool calls (its one fold, ``RunState``) through the same decision procedure, which rebuilds the sampler
-exactly (the continued run proposes what the uninterrupted one would have). If the log does not
+Batches (``--kopt-workers=N``): the agent walks up to N proposals at once, so up to N calls are in
+flight. Optuna's ask/tell interface gives several trials before any is told, and the TPE sampler's
+constant liar (``constant_liar=True``) makes the trials asked while others run differ from them.
+Each ``act`` decides (``_fill``: finish what is done, tell the sampler, decide each idle proposal's
+next step, ask for new ones until N are in flight), issues what it decided (``Toolbox.submit``),
+then takes in one result, in the order the log recorded them. A benchmark whose timing was
+*contended* (it shared its device with another evaluation) and that would lead the search is
+*confirmed*: benchmarked again, alone (nothing else is decided while it runs), because a contended
+time never makes the run's best. With one worker this is the one pipeline, one call per ``act``.
+
+Resume: every decision is a function of the seed and the results seen in the order seen, so
+``restore`` replays the log through the same decision procedure, in the log's order: each of the
+agent's ``tool_call`` events must be what it decides next, each ``tool_result`` is taken in as the
+live agent took it (after the calls decided before it were issued). This rebuilds the sampler
+exactly (the continued run proposes what the uninterrupted one would have; with several workers,
+what it would have had the results landed as they did). If the log does not
 match (another agent, seed or code version wrote it), the sampler is instead rebuilt from the
 log's candidates and verdicts with ``add_trial``, and unfinished candidates are finished first.
 Candidates rendered from an earlier version of a family file (edited between sessions) still
@@ -38,6 +51,8 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,8 +87,9 @@ class Proposal:
     trial: Any = None  # optuna trial (None: told with add_trial, or not told)
     params: dict | None = None
     parent: str | None = None
-    results: dict[str, dict] = field(default_factory=dict)  # tool -> result
+    results: dict[str, dict] = field(default_factory=dict)  # step -> result
     free: bool = False  # its results are the loop's own timing (call 0): nothing more to call for it
+    waiting: bool = False  # a step of it is decided and not yet answered
 
     @property
     def cid(self) -> str:
@@ -84,6 +100,11 @@ class Proposal:
 class Action:
     tool: str
     args: dict
+    step: str = ""  # the pipeline's step it is ("confirm" is a benchmark); default: the tool
+
+    @property
+    def name(self) -> str:
+        return self.step or self.tool
 
     def candidate(self) -> str:
         return candidate_id(self.args["source"]) if self.tool == "write_candidate" else self.args["candidate_id"]
@@ -116,15 +137,22 @@ class SearchAgent(Agent):
         self.baseline_source = baseline_path.read_text(encoding="utf-8")
         self.baseline_family = next((f for f in families if f.source == self.baseline_source), None)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.width = 1  # proposals walked at once: the run's workers (the log's, on restore)
         self._reset()
 
     # ---- state --------------------------------------------------------------------------
     def _reset(self) -> None:
-        sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=self.startup_trials)
+        with warnings.catch_warnings():  # constant_liar is marked experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=self.startup_trials, constant_liar=True)
         self.study = optuna.create_study(direction="minimize", sampler=sampler)
         self.tried: dict[str, float] = {}  # candidate id -> value told to the sampler
         self.queue: list[Proposal] = []  # unfinished candidates to finish first (fallback restore)
-        self.current: Proposal | None = None
+        self.active: list[Proposal] = []  # proposals on their way through the pipeline, in order of proposal
+        self.outbox: deque[tuple[Proposal, Action]] = deque()  # decided, not yet issued
+        self.issued: dict[int, tuple[Proposal, Action]] = {}  # call number -> what it is, until its result is taken in
+        self.unobserved: deque[tuple[int, dict]] = deque()  # results in the log the agent has not taken in yet (restore)
+        self.exhausted = False  # every candidate of the space is tried or on its way
         self.setup: dict[str, dict[str, dict]] = {}  # candidate id -> tool results the loop's own timing stands for
         self.best: tuple[float, str] | None = None  # (us, id) among finished attempts
         self.family_best: dict[str, float] = {}  # family name -> its best passing time (us)
@@ -181,6 +209,9 @@ class SearchAgent(Agent):
             if attempt.cid in self.tried:
                 self.study.tell(trial, self.tried[attempt.cid])
                 repeats += 1
+            elif attempt.cid in self._walking():  # on its way already: its value is not known yet
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                repeats += 1
             elif self._dominated(family.name):
                 self.study.tell(trial, self.family_best[family.name])
                 repeats += 1
@@ -189,11 +220,14 @@ class SearchAgent(Agent):
         # the sampler keeps repeating itself: walk the space, dominated families last
         for family in sorted(self.families.values(), key=lambda f: self._dominated(f.name)):
             for knobs in family.combinations():
-                if family.refusal(knobs) is None and candidate_id(family.render(knobs)) not in self.tried:
+                if family.refusal(knobs) is None and candidate_id(family.render(knobs)) not in set(self.tried) | self._walking():
                     self.study.enqueue_trial(self._params(family, knobs))  # combinations lie in the space
                     trial = self.study.ask(self._distributions(family))
                     return self._attempt(family, knobs, trial, trial.params)
         return None
+
+    def _walking(self) -> set[str]:
+        return {a.cid for a in self.active}
 
     def _dominated(self, family: str) -> bool:
         """Whether this family's best is DOMINATED times slower than the best of any family."""
@@ -213,12 +247,18 @@ class SearchAgent(Agent):
         us = r["benchmark"].get("candidate_us")
         if r["benchmark"].get("verdict") != "pass" or us is None:
             return None
+        if r["benchmark"].get("contended") and "confirm" not in r and (self.best is None or us < self.best[0]):
+            return "confirm"  # it would lead, but a contended time never makes the best: time it alone
+        timing = _timing(attempt)
+        us = timing.get("candidate_us") if timing.get("verdict") == "pass" else None
+        if us is None:
+            return None
         if self.profile and not attempt.free and "profile" not in r and (self.best is None or us <= self.best[0] * (1 + PROFILE_WITHIN)):
             return "profile"
         return None
 
     def _finish(self, attempt: Proposal) -> None:
-        bench = attempt.results.get("benchmark") or {}
+        bench = _timing(attempt)
         us = bench.get("candidate_us") if bench.get("verdict") == "pass" else None
         value = float(us) if us is not None else PENALTY
         if attempt.trial is not None:
@@ -229,70 +269,156 @@ class SearchAgent(Agent):
         self.tried[attempt.cid] = value
         if us is not None and attempt.strategy in self.families:
             self.family_best[attempt.strategy] = min(float(us), self.family_best.get(attempt.strategy, float("inf")))
-        if us is not None and (self.best is None or us < self.best[0]):
+        if us is not None and not bench.get("contended") and (self.best is None or us < self.best[0]):
             self.best = (float(us), attempt.cid)
 
+    def _new_proposal(self) -> Proposal | None:
+        """The next proposal, with the loop's own timing as its outcome where there is one; None once the
+        whole space is tried or on its way (then for good)."""
+        if self.exhausted:
+            return None
+        proposal = self._propose()
+        if proposal is None:
+            self.exhausted = True
+            return None
+        known = self.setup.get(proposal.cid)
+        if known:  # the loop timed it already: its verdict is this proposal's outcome
+            proposal.results.update(known)
+            proposal.free = True
+        return proposal
+
+    def _action(self, a: Proposal, step: str) -> Action:
+        if step == "write_candidate":
+            knobs_text = ", ".join(f"{k}={v}" for k, v in (a.knobs or {}).items())
+            notes = f"{a.strategy}({knobs_text})" + (" [baseline]" if a.source == self.baseline_source else "")
+            return Action("write_candidate", {"source": a.source, "notes": notes, "parent": a.parent, "strategy": a.strategy, "knobs": a.knobs})
+        if step == "confirm":
+            return Action("benchmark", {"candidate_id": a.cid}, "confirm")
+        return Action(step, {"candidate_id": a.cid})
+
+    def _confirming(self) -> bool:
+        return any(action.name == "confirm" for _, action in [*self.issued.values(), *self.outbox])
+
+    def _fill(self) -> None:
+        """Decide until ``width`` steps are in flight or decided (see the module docstring): finish what is
+        done (telling the sampler), decide each idle proposal's next step in order, propose new ones. A
+        confirmation is decided only when nothing else is in flight, and nothing beside it."""
+        while not self._confirming():
+            busy = len(self.issued) + len(self.outbox)
+            if busy >= self.width:
+                return
+            for a in self.active:
+                if a.waiting:
+                    continue
+                step = self._next_step(a)
+                if step is None:
+                    self._finish(a)
+                    self.active.remove(a)
+                elif step == "confirm" and busy:
+                    return  # when what runs now has landed
+                else:
+                    a.waiting = True
+                    self.outbox.append((a, self._action(a, step)))
+                break
+            else:  # every proposal waits for a result: a new one
+                proposal = self._new_proposal()
+                if proposal is None:
+                    return
+                self.active.append(proposal)
+
     def next_action(self) -> Action | None:
-        """What to call next (None: the space is exhausted)."""
-        while True:
-            if self.current is None:
-                self.current = self._propose()
-                if self.current is None:
-                    return None
-                known = self.setup.get(self.current.cid)
-                if known:  # the loop timed it already: its verdict is this proposal's outcome
-                    self.current.results.update(known)
-                    self.current.free = True
-            a = self.current
-            step = self._next_step(a)
-            if step == "write_candidate":
-                knobs_text = ", ".join(f"{k}={v}" for k, v in (a.knobs or {}).items())
-                notes = f"{a.strategy}({knobs_text})" + (" [baseline]" if a.source == self.baseline_source else "")
-                return Action("write_candidate", {"source": a.source, "notes": notes, "parent": a.parent, "strategy": a.strategy, "knobs": a.knobs})
-            if step is not None:
-                return Action(step, {"candidate_id": a.cid})
-            self._finish(a)
-            self.current = None
+        """What to call next (None: the space is exhausted), one call at a time: decided, then issued."""
+        self._fill()
+        if not self.outbox:
+            return None
+        proposal, action = self.outbox.popleft()
+        self.issued[0] = (proposal, action)
+        return action
 
     def observe(self, action: Action, result: dict) -> None:
+        """Take in the result of the action ``next_action`` gave."""
+        self._take_in(0, result)
+
+    def _take_in(self, number: int, result: Any) -> None:
         """Take in a tool result (as the log holds it, so a replay sees exactly the same)."""
         result = json.loads(dumps(result if isinstance(result, dict) else {"error": repr(result)}))
-        a = self.current
-        if a is None or action.candidate() != a.cid:
+        if number not in self.issued:
             return
+        a, action = self.issued.pop(number)
+        a.waiting = False
         if result.get("error"):
             result = {"verdict": "fail", "reasons": [result["error"]]}
-        a.results[action.tool] = result
+        a.results[action.name] = result
         if action.tool == "write_candidate" and result.get("verdict") == "fail":
             a.results["run_tests"] = result  # never stored: finish it as failed
 
     # ---- the Agent interface ----------------------------------------------------------------
     def act(self, tools: Any) -> bool:
+        """Decide, issue what was decided, take in one result (see the module docstring)."""
         for text in self.notes:
             tools.log.append(ev.NOTE, text=text)
         self.notes = []
-        action = self.next_action()
-        if action is None:
+        self.width = max(1, int(getattr(tools, "workers", 1)))
+        self._fill()
+        while self.outbox:
+            proposal, action = self.outbox[0]
+            number = tools.submit(action.tool, **action.args)  # BudgetExhausted ends the run: the rest stays decided
+            self.outbox.popleft()
+            self.issued[number] = (proposal, action)
+        if self.unobserved:
+            self._take_in(*self.unobserved.popleft())
+            return True
+        if not self.issued:
             tools.log.append(ev.NOTE, text=f"search: all {sum(f.size() for f in self.families.values())} candidates of {', '.join(self.families) or 'no family'} tried; stopping")
             return False
-        result = tools.call(action.tool, **action.args)
-        self.observe(action, result)
+        got = tools.next_result()
+        if got is None:  # nothing in flight after all (cannot happen with the loop's toolbox): decide afresh
+            for proposal, _ in self.issued.values():
+                proposal.waiting = False
+            self.issued.clear()
+            return True
+        self._take_in(got[0], got[2])
         return True
 
     def restore(self, events: list[dict]) -> None:
-        """Replay the log's completed calls through the decision procedure (see the module doc)."""
+        """Replay the log through the decision procedure, in the log's order (see the module doc)."""
         state = RunState.fold(events)
-        calls = state.completed_calls()
         self._reset()
-        self.setup = _setup_results(state, calls)
-        for tool, args, result in calls:
-            action = self.next_action()
-            logged = args.get("candidate_id")
-            if action is None or action.tool != tool or action.candidate() != logged:
-                self._rebuild(state)
-                break
-            self.observe(action, result)
+        self.setup = _setup_results(state, state.completed_calls())
+        try:
+            self._replay(events, state)
+        except _Mismatch:
+            self._rebuild(state)
         self._forget_retracted(state)
+
+    def _replay(self, events: list[dict], state: RunState) -> None:
+        """As ``act`` did: before each of its calls the agent decided (``_fill``), and it took in one result
+        after issuing all it had decided; results of the log it had not taken in wait in ``unobserved``."""
+        results: deque[tuple[int, dict]] = deque()
+        for event in events:
+            kind = event.get("kind")
+            if kind in ev.SESSION_STARTS:
+                self.width = max(1, int(event.get("workers") or 1))
+            elif kind == ev.TOOL_CALL and not event.get("redo"):
+                self._fill()
+                if not self.outbox:
+                    raise _Mismatch
+                proposal, action = self.outbox.popleft()
+                if action.tool != event.get("tool") or action.candidate() != (event.get("args") or {}).get("candidate_id"):
+                    raise _Mismatch
+                self.issued[int(event["call"])] = (proposal, action)
+            elif kind == ev.TOOL_RESULT and event.get("call") in self.issued:
+                results.append((int(event["call"]), event.get("result") or {}))
+            elif kind == ev.NOTE and event.get("abandoned") in self.issued:  # given up on resume: decided again
+                proposal, _ = self.issued.pop(event["abandoned"])
+                proposal.waiting = False
+            while results and not self.outbox:  # act: everything decided was issued, then one result taken in
+                self._take_in(*results.popleft())
+                self._fill()
+        self.unobserved = results
+        for number in [n for n in self.issued if n not in state.pending and n not in state.answered]:
+            proposal, _ = self.issued.pop(number)  # a call of the log that will get no result: decided again
+            proposal.waiting = False
 
     def _forget_retracted(self, state: RunState) -> None:
         """A retracted candidate (the toolbox's ``retract``) is no yardstick: the best to beat and to profile
@@ -359,6 +485,18 @@ class SearchAgent(Agent):
             return 0
         self.study.add_trial(optuna.trial.create_trial(params=params, distributions=self._distributions(family), value=value))
         return 1
+
+
+class _Mismatch(Exception):
+    """The log is not what this agent's decision procedure would have written."""
+
+
+def _timing(attempt: Proposal) -> dict:
+    """The benchmark a proposal is judged by: its confirmation when that passed, else its benchmark."""
+    confirm = attempt.results.get("confirm") or {}
+    if confirm.get("verdict") == "pass" and confirm.get("candidate_us") is not None:
+        return confirm
+    return attempt.results.get("benchmark") or {}
 
 
 def completed_calls(events: list[dict]) -> list[tuple[str, dict, dict]]:

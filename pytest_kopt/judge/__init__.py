@@ -55,6 +55,7 @@ def evaluate(
     incumbent: str | Path | None = None,
     slot: int = 0,
     min_examples: int | None = None,
+    visible_devices: str | None = None,
 ) -> dict:
     """Judge one candidate file; returns the result dict (``verdict`` is "pass" or "fail").
 
@@ -66,7 +67,10 @@ def evaluate(
     figure ``candidate_us`` and the speedup use (eager|device|graph). ``incumbent`` is another
     candidate file timed beside this one, interleaved round by round (``result["incumbent"]``).
     ``slot`` picks the runner's user (parallel evaluations use different slots);
-    ``min_examples`` overrides how many random shapes the sweep must judge.
+    ``min_examples`` overrides how many random shapes the sweep must judge. ``visible_devices``
+    pins the evaluation to GPUs: the supervisor (and so its runner, which keeps the variable) sees
+    them as ``CUDA_VISIBLE_DEVICES`` (None: whatever this process sees), so parallel evaluations
+    each get their own GPU (docs/parallel.md).
     """
 
     if upto not in STAGES:
@@ -103,7 +107,7 @@ def evaluate(
             incumbent_source, incumbent_error = _incumbent(incumbent, static_policy)
             result.update(_supervise(problem_name, problem, source, upto=upto, quick=quick, timeout_s=timeout_s, seed=seed,
                                      hypothesis=hypothesis, metric=metric, incumbent=incumbent_source, slot=slot,
-                                     min_examples=min_examples))
+                                     min_examples=min_examples, visible_devices=visible_devices))
             if incumbent is not None and incumbent_error:
                 result["incumbent"] = None
                 result["incumbent_error"] = incumbent_error
@@ -129,7 +133,8 @@ def _incumbent(path: str | Path | None, static_policy: bool) -> tuple[str | None
 
 
 def _supervise(problem_ref: str, problem: Any, source: str, *, upto: str, quick: bool, timeout_s: float, seed: int | None,
-               hypothesis: bool, metric: str, incumbent: str | None, slot: int, min_examples: int | None) -> dict:
+               hypothesis: bool, metric: str, incumbent: str | None, slot: int, min_examples: int | None,
+               visible_devices: str | None = None) -> dict:
     """Run the supervisor process on ``source``; its result, or a failure saying how it ended."""
     remove_stale_workdirs()
     workdir = Path(tempfile.mkdtemp(prefix=f"kopt-eval-{os.getpid()}-"))  # 0700: the supervisor's alone
@@ -150,7 +155,7 @@ def _supervise(problem_ref: str, problem: Any, source: str, *, upto: str, quick:
             argv.append("--no-hypothesis")
         if min_examples is not None:
             argv += ["--min-examples", str(min_examples)]
-        run, payload = run_supervisor(argv, timeout_s=timeout_s, workdir=workdir)
+        run, payload = run_supervisor(argv, timeout_s=timeout_s, workdir=workdir, visible_devices=visible_devices)
         if payload:
             try:
                 result = json.loads(payload.decode())

@@ -95,12 +95,15 @@ class ChildRun:
         return f"exited with code {code}"
 
 
-def run_supervisor(argv: list[str], *, timeout_s: float, workdir: Path) -> tuple[ChildRun, bytes]:
+def run_supervisor(argv: list[str], *, timeout_s: float, workdir: Path, visible_devices: str | None = None) -> tuple[ChildRun, bytes]:
     """Run ``python -m pytest_kopt.judge.supervisor argv`` to completion; returns how it ended and
     what it wrote to its result pipe. It dies with this process and is killed, with its whole
-    session, at the wall-clock limit (the supervisor enforces a slightly shorter one itself)."""
+    session, at the wall-clock limit (the supervisor enforces a slightly shorter one itself).
+    ``visible_devices``: the supervisor's ``CUDA_VISIBLE_DEVICES`` (its runner keeps it), else this process's."""
     read_end, write_end = os.pipe()
     env = scrub_env(dict(os.environ))
+    if visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(visible_devices)
     env["PYTHONPATH"] = python_path()
     env["PYTHONFAULTHANDLER"] = "1"
     err_path = workdir / "supervisor.stderr"
