@@ -21,9 +21,9 @@ $(BIN)/.installed: pyproject.toml setup.py
 	$(BIN)/pip install --quiet "torch==2.13.0" "triton==3.6.0" "numpy<2.3" -e .
 	touch $@
 
-# the Ray executor's extra, for the tests (~15 s; a wheel of ~70 MB)
-$(BIN)/.ray-installed: $(BIN)/.installed
-	$(BIN)/pip install --quiet -e ".[ray]"
+# the test extra: Ray for the executor's tests (~15 s; a wheel of ~70 MB) and pytest-xdist
+$(BIN)/.test-installed: $(BIN)/.installed
+	$(BIN)/pip install --quiet -e ".[test]"
 	touch $@
 
 install: $(BIN)/.installed
@@ -31,8 +31,10 @@ install: $(BIN)/.installed
 optimize: $(BIN)/.installed
 	$(BIN)/pytest --kopt-optimize=$(PROBLEM) --kopt-budget=$(BUDGET)
 
-test: $(BIN)/.installed $(BIN)/.ray-installed
-	$(BIN)/pytest
+# one pytest worker per core (at most 4), each taking whole test files (module fixtures such as the
+# hostile candidates' verdicts or a local Ray instance are built once)
+test: $(BIN)/.installed $(BIN)/.test-installed
+	$(BIN)/pytest -n auto --maxprocesses=4 --dist loadfile
 
 # make resume RUN=results/local/kda-<stamp> [MORE=40]: MORE tool calls on top of what the run has used
 resume: $(BIN)/.installed

