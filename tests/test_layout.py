@@ -82,3 +82,14 @@ def test_the_tracked_lines_are_mostly_code_and_docs() -> None:
         else:
             code += lines
     assert code >= data, f"{data} lines of run data under results/ against {code} of code and docs: pack runs and sessions (kopt pack)"
+
+
+@pytest.mark.parametrize("script", sorted((REPO_ROOT / "tools").glob("*.sh")), ids=lambda p: p.name)
+def test_device_scripts_parse_and_name_files_that_exist(script: Path) -> None:
+    """A device script is run where a mistake costs device time: it parses, and every repository
+    file it sources or runs (tools/..., benchmarks/..., kernels/...) is there."""
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    text = script.read_text()
+    named = set(re.findall(r"\b((?:tools|benchmarks|kernels|tests)/[\w./-]+\.(?:sh|py))\b", text))
+    missing = sorted(path for path in named if not (REPO_ROOT / path).exists())
+    assert not missing, f"{script.name} names files that are not in the repository: {missing}"

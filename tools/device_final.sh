@@ -3,7 +3,7 @@
 # render, fla) and MLA decode (ours, the family's direct-launch renders, FlashMLA), then the judge
 # on both bests (quick). JSON and logs under $OUT. Needs carry [".whl", "bench_extra"].
 set -uo pipefail
-source benchmarks/device_setup.sh
+source tools/device_setup.sh
 export KOPT_BENCH_SECONDS=0.6
 t0=$(date +%s)
 PYTHONPATH=$KOPT_FLA_PATH:$PYTHONPATH KOPT_BENCH_EXTRA="kda=bench_extra/kda_2a739a2d.py" timeout 170 python3 -m pytest benchmarks -q -p no:cacheprovider \

@@ -3,7 +3,7 @@
 # and the GPU-only hostile tests; results land in $OUT. From the repository root on the device:
 #   bash tools/device_judge_check.sh [quick|full]
 set -uo pipefail
-source benchmarks/device_setup.sh
+source tools/device_setup.sh
 export PYTHONPATH=$KOPT_FLA_PATH:$PYTHONPATH  # fla's chunk_kda: the KDA baseline
 MODE=${1:-full}
 Q=""; [ "$MODE" = quick ] && Q="--quick"

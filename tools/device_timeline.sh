@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device diagnostic: where a judge round's time goes (MLA decode best, quick).
 set -uo pipefail
-source benchmarks/device_setup.sh
+source tools/device_setup.sh
 timeout 200 python3 -m pytest_kopt.cli eval --problem mla kernels/best/mla.py --quick --json $OUT/mla.json 2>&1 | tail -6
 python3 - <<'PY'
 import json, os
