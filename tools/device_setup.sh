@@ -5,7 +5,7 @@
 #   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     --platform any -d .whl fla-core==0.6.0 jsonlines==4.0.0 optuna==5.0.0 alembic colorlog sqlalchemy \
-#     Mako greenlet pytest-benchmark==5.3.1
+#     Mako greenlet pytest-benchmark==5.3.1 sgl-flash-mla==1.0.0
 # flash-linear-attention goes to a folder of its own (KOPT_FLA_PATH): put it on PYTHONPATH only
 # for the benchmarks that time it, since its first call in every process autotunes for a minute.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
