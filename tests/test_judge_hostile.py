@@ -82,6 +82,13 @@ EXPECT = {
     # class 4: stale or memoised outputs while timed (fresh inputs every timed call, every output checked)
     "stale_when_timed": hostile("stale_when_timed", "benchmark", "timed eager call", "every timed output is checked", upto="benchmark"),
     "memo_when_timed": hostile("memo_when_timed", "benchmark", "timed eager call", "every timed output is checked", upto="benchmark"),
+    # running while something else is timed: a daemon that leaves the runner's process group and
+    # session (SIGSTOP of the group misses it), started at import or during a timed round
+    "escapes_stop_runtime": hostile("escapes_stop", "compile", "left processes running outside its calls", "after 'load'",
+                                    static_policy=False),
+    "escapes_when_timed_runtime": hostile("escapes_when_timed", "benchmark", "timed eager calls",
+                                          "left processes running outside its calls", "after 'batch'", static_policy=False,
+                                          upto="benchmark"),
     # class 5: a sweep that runs out of time fails
     "stalls_unseen_runtime": hostile("stalls_unseen", "correctness", "random-shape sweep judged only", "at least 4 are required",
                                      static_policy=False, timeout_s=90.0),

@@ -48,7 +48,11 @@ class RunnerClient:
         self.info: dict = {}
 
     # ---- requests ----------------------------------------------------------------------
-    def request(self, cmd: str, *, fds: tuple[int, ...] = (), timeout: float | None = None, **fields: Any) -> dict:
+    def request(self, cmd: str, *, fds: tuple[int, ...] = (), timeout: float | None = None, sweep: bool = True,
+                **fields: Any) -> dict:
+        """Send one command and wait for its answer; the runner runs only meanwhile. ``sweep=False``
+        (a timed round) stops just its process group when the answer is in: call ``sweep`` once the
+        round's window has closed."""
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise RunnerFailure(f"timed out: the evaluation's time ran out before {cmd!r}", fatal=True)
@@ -60,7 +64,8 @@ class RunnerClient:
         except ChannelError as exc:
             raise self._death(cmd, str(exc)) from None
         finally:
-            self.process.stop()
+            self.process.stop(sweep=sweep)
+        self.check_left_behind(cmd)
         for fd in extra:  # the runner has no business sending descriptors
             os.close(fd)
         if reply.get("ok") is not True:
@@ -68,6 +73,17 @@ class RunnerClient:
             raise RunnerFailure(str(error)[:4000] if error else f"the runner answered {cmd!r} without a result",
                                 fatal=bool(reply.get("fatal")))
         return reply
+
+    def sweep(self, cmd: str) -> None:
+        """Stop every process of the runner, wherever it went, after a request made with ``sweep=False``."""
+        self.process.sweep()
+        self.check_left_behind(cmd)
+
+    def check_left_behind(self, cmd: str) -> None:
+        if self.process.left_behind:
+            pids = ", ".join(str(pid) for pid in sorted(self.process.left_behind)[:5])
+            raise RunnerFailure(f"the candidate's process left processes running outside its calls (pid {pids}, after {cmd!r}; "
+                                "killed): a candidate may not start background processes", fatal=True)
 
     def _death(self, cmd: str, why: str) -> RunnerFailure:
         proc = self.process.proc

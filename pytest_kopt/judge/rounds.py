@@ -204,12 +204,13 @@ class CaseBench:
         start = time.perf_counter()
         try:
             reply = client.request("batch", mode=mode, slots=[slots.slot_id(i) for i in indices], values=slots.values_for(indices),
-                                   window_cycles=self.window)
+                                   window_cycles=self.window, sweep=False)
+            replied = time.perf_counter()
+            slots.take_snapshot()
+            elapsed = time.perf_counter() - start - self.sup.round_trip_s
+            client.sweep("batch")  # outside the window: the runner's whole tree stopped before anything else is timed
         except RunnerFailure as failure:
             raise TimedFailure([f"{who}, timed {mode} calls on {self.label}: {failure.reason}"]) from None
-        replied = time.perf_counter()
-        slots.take_snapshot()
-        elapsed = time.perf_counter() - start - self.sup.round_trip_s
         self.timeline.append({"mode": mode, "who": who, "n": len(draws), "window_us": round(elapsed * 1e6, 1),
                               "reply_us": round((replied - start) * 1e6, 1), "runner_us": reply.get("batch_us")})
         described = reply.get("outputs")

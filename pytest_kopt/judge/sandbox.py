@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import proctree
+
 # Names that look like credentials: API keys, tokens, passwords, cloud and CI secrets.
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|SIGNATURE|CERT", re.I)
 SECRET_PREFIXES = ("OPENAI_", "ANTHROPIC_", "AWS_", "AZURE_", "GOOGLE_", "GCP_", "HF_", "HUGGING", "GITHUB_", "GH_", "WANDB_")
@@ -50,6 +52,7 @@ RUNNER_UID_BASE = 61000
 PR_SET_PDEATHSIG = 1
 LEVELS = ("uid", "namespace", "process")
 CACHE_KEEP = 128  # per-candidate Triton caches kept for re-evaluations of the same file
+_RUNNER_PIDS: set[int] = set()  # this process's live runners (each in a session of its own)
 
 
 def scrub_env(env: dict[str, str]) -> dict[str, str]:
@@ -329,18 +332,33 @@ class RunnerProcess:
     uid_lock: int | None = None
     stopped: bool = False
     notes: list[str] = field(default_factory=list)
+    tree: set[int] = field(default_factory=set)  # the runner's processes when last stopped
+    left_behind: set[int] = field(default_factory=set)  # pids of processes it left running, killed
 
-    def stop(self) -> None:
-        """SIGSTOP: no host code of the candidate runs while the supervisor prepares a round."""
+    def stop(self, sweep: bool = True) -> None:
+        """SIGSTOP: no host code of the candidate runs while the supervisor prepares a round or
+        times something else. The process group at once; with ``sweep``, then every process of the
+        runner's tree wherever it went, and what it left behind is killed (``proctree``).
+        A timed round stops the group only and sweeps once its window has closed."""
         if os.environ.get("KOPT_NO_SIGSTOP"):
             return
         if not self.stopped and self.proc.poll() is None:
             self._signal(signal.SIGSTOP)
             self.stopped = True
+        if sweep:
+            self.sweep()
+
+    def sweep(self) -> None:
+        """Stop the runner's whole tree and kill what it left behind (recorded in ``left_behind``)."""
+        if os.environ.get("KOPT_NO_SIGSTOP") or not self.stopped:
+            return
+        self.tree, killed = proctree.stop_tree(self.proc.pid, set(_RUNNER_PIDS))
+        self.left_behind |= killed
 
     def cont(self) -> None:
         if self.stopped:
             self._signal(signal.SIGCONT)
+            proctree.signal_all(self.tree - {self.proc.pid}, signal.SIGCONT)
             self.stopped = False
 
     def _signal(self, sig: int) -> None:
@@ -360,13 +378,19 @@ class RunnerProcess:
             return ""
 
     def close(self) -> None:
+        procs = proctree.snapshot()
+        doomed = proctree.descendants(self.proc.pid, procs) - {self.proc.pid}
         self.cont()
         self._signal(signal.SIGKILL)
+        proctree.signal_all(doomed, signal.SIGKILL)
         try:
             self.proc.kill()
         except OSError:
             pass
         self.proc.wait()
+        _RUNNER_PIDS.discard(self.proc.pid)
+        stray = proctree.left_behind(proctree.snapshot(), set(_RUNNER_PIDS))  # its orphans, now this process's
+        proctree.signal_all(stray, signal.SIGKILL)
         self.sock.close()
         if self.uid is not None:
             kill_user_processes(self.uid)
@@ -421,6 +445,7 @@ def start_runner(*, device: str, slot: int, level: str, cache_key: str, private:
         proc = subprocess.Popen(argv, cwd=scratch, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
                                 pass_fds=(child.fileno(),), start_new_session=True, **kwargs)
     child.close()
+    _RUNNER_PIDS.add(proc.pid)
     return RunnerProcess(proc, parent, level, uid, scratch, cache, stderr_path, detail, uid_lock)
 
 

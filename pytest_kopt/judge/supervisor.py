@@ -442,6 +442,7 @@ def start_process(source: str, slot: int, workdir: Path) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import proctree
     from .sandbox import die_with_parent
 
     parser = argparse.ArgumentParser(prog="python -m pytest_kopt.judge.supervisor")
@@ -462,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-hypothesis", action="store_true")
     args = parser.parse_args(argv)
     die_with_parent()
+    proctree.become_subreaper()  # what a runner detaches is re-parented here, in view (proctree)
     wall_deadline = args.deadline if args.deadline is not None else time.time() + args.timeout
     # a margin for cleaning up and writing the result before the caller's kill
     deadline = time.monotonic() + max(wall_deadline - time.time() - 3.0, 1.0)
