@@ -89,6 +89,9 @@ EXPECT = {
     "escapes_when_timed_runtime": hostile("escapes_when_timed", "benchmark", "timed eager calls",
                                           "left processes running outside its calls", "after 'batch'", static_policy=False,
                                           upto="benchmark"),
+    # the runner is limited: first for the out-of-memory killer, no core files, files under 1 GiB,
+    # processes capped for a dedicated user (it computes honestly only then)
+    "limits_probe_runtime": hostile("limits_probe", "correctness", static_policy=False),
     # class 5: a sweep that runs out of time fails
     "stalls_unseen_runtime": hostile("stalls_unseen", "correctness", "random-shape sweep judged only", "at least 4 are required",
                                      static_policy=False, timeout_s=90.0),

@@ -35,12 +35,15 @@ from .channel import Channel, ChannelError
 FATAL_MARKERS = ("CUDA error", "illegal memory access", "AcceleratorError", "device-side assert", "CUBLAS_STATUS", "misaligned address")
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 FILE_SIZE_LIMIT = 1 << 30  # no file the runner writes may pass 1 GiB (a full disk hurts the whole loop)
+PROCESS_LIMIT = 256  # processes of a dedicated runner user (Triton's compiler needs a few; a fork bomb, all)
 
 
 # ---- before anything of the candidate's exists -------------------------------------------
 def bootstrap(args: argparse.Namespace) -> None:
-    """Die with the supervisor, never gain privileges, cap file sizes, and in namespace mode
-    make every mount read-only except the scratch and cache directories."""
+    """Die with the supervisor, never gain privileges, cap file sizes, be the out-of-memory
+    killer's first choice (a candidate that exhausts memory dies, not the supervisor or the loop),
+    cap the processes of a dedicated runner user, and in namespace mode make every mount
+    read-only except the scratch and cache directories."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
@@ -48,6 +51,10 @@ def bootstrap(args: argparse.Namespace) -> None:
         os._exit(3)  # the supervisor died before the death signal was armed
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
+    with open("/proc/self/oom_score_adj", "w") as fh:
+        fh.write("1000")
+    if args.dedicated_user:
+        resource.setrlimit(resource.RLIMIT_NPROC, (PROCESS_LIMIT, PROCESS_LIMIT))
     if args.namespace:
         from .sandbox import read_only_mounts
 
@@ -428,6 +435,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--namespace", action="store_true", help="make every mount read-only but --scratch and --writable")
     parser.add_argument("--writable", action="append", default=[])
     parser.add_argument("--parent-pid", type=int, default=0)
+    parser.add_argument("--dedicated-user", action="store_true", help="the uid level: this user runs nothing else")
     args = parser.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
     bootstrap(args)

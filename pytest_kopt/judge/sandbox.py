@@ -430,6 +430,7 @@ def start_runner(*, device: str, slot: int, level: str, cache_key: str, private:
             "--scratch", str(scratch), "--parent-pid", str(os.getpid())]
     kwargs: dict = {}
     if level == "uid":
+        argv.append("--dedicated-user")
         kwargs = dict(user=uid, group=uid, extra_groups=[])
         detail = f"runner as uid {uid}: no write access to the checkout, the Python installation or the supervisor"
     elif level == "namespace":
