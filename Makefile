@@ -43,7 +43,7 @@ resume: $(BIN)/.installed
 
 report: $(BIN)/.installed
 	@test -n "$(RUN)" || { echo "make report: name the run(s), e.g. make report RUN=results/runs/kda-h200-2"; exit 2; }
-	$(BIN)/kopt report $(RUN)
+	$(BIN)/kopt report $(RUN) --out results/local/reports
 
 compare: $(BIN)/.installed
 	$(BIN)/kopt compare $(or $(RUN),results/h200-2026-11-30m/call4 results/h200-2026-11-30n/call3)
