@@ -409,6 +409,8 @@ class Run:
                 in_flight=in_flight["call"] if in_flight else None, in_flight_calls=[e["call"] for e in self.tools.unfinished],
                 repaired_bytes=self.log.repaired_bytes, environment=self.environment, workers=opts.workers, executor=self.executor.describe(),
             )
+            if self.tools.budget_left > 0:
+                self._recover_baseline(events)
             recovered = self.tools.recover_best()
             if recovered is not None and self.progress is not None:
                 self.progress.say(f"kopt: the log had lost the best event of {recovered['candidate_id']} (a kill between its verdict and it); recorded now")
@@ -478,13 +480,40 @@ class Run:
             budget=tools.budget, agent=opts.agent, agent_settings=opts.agent_settings, seed=opts.seed, eval_timeout=opts.eval_timeout,
             workers=opts.workers, executor=self.executor.describe(),
         )
+        self._record_baseline(source, result)
+
+    def _recover_baseline(self, events: list[dict]) -> None:
+        """A kill between ``run_started`` and the baseline candidate's call-0 verdict leaves a run
+        without the loop's own timing of its baseline, which the search agent takes as given (it
+        would walk the baseline itself, and the run would go another way than an uninterrupted
+        one). Time it again (not charged) and record it as ``_start`` does."""
+        cid = self.tools.objective.get("baseline_candidate")
+        if not cid or any(e.get("kind") == ev.VERDICT and e.get("candidate_id") == cid and e.get("call") == 0 for e in events):
+            return
+        path = self.run_dir / "candidates" / f"{cid}.py"
+        if not path.is_file():  # written before run_started: only a damaged run lacks it
+            raise RunError(f"{self.run_dir}: the baseline candidate {cid} named in the objective is missing from candidates/")
+        source = path.read_text(encoding="utf-8")
+        if self.progress:
+            self.progress.say(f"kopt: the log had lost the baseline candidate's timing (a kill right after the run started); timing {cid} again")
+            self.progress.waiting(f"baseline {cid}")
         try:
-            family = parse_family(source, Path(problem.baseline_candidate_path).stem)
+            result = self.tools.judge(path, "benchmark")
+        finally:
+            if self.progress:
+                self.progress.done()
+        self._record_baseline(source, result)
+
+    def _record_baseline(self, source: str, result: dict) -> None:
+        """The baseline candidate and its verdict, call 0 (not charged)."""
+        try:
+            family = parse_family(source, Path(self.problem.baseline_candidate_path).stem)
             strategy, knobs = family.name, family.knobs
         except FamilyError:
             strategy, knobs = "baseline", None
-        tools.add_candidate(source, notes="the baseline candidate, timed by the loop to fix the objective (not charged)", strategy=strategy, knobs=knobs)
-        tools.record(cid, "benchmark", result, call=0)
+        cid = self.tools.add_candidate(source, notes="the baseline candidate, timed by the loop to fix the objective (not charged)",
+                                       strategy=strategy, knobs=knobs)
+        self.tools.record(cid, "benchmark", result, call=0)
 
     # ---- the loop ---------------------------------------------------------------------------
     def execute(self, agent: Any) -> Outcome:

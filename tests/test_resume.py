@@ -94,6 +94,25 @@ def assert_same_end(run_dir: Path, reference: dict) -> list[dict]:
     return events
 
 
+@pytest.mark.parametrize("kept", ["run_started", "candidate"])
+def test_a_kill_before_the_baseline_verdict_times_it_again_on_resume(tmp_path, reference, kept):
+    """kill -9 between ``run_started`` and the baseline candidate's call-0 verdict (after its
+    ``candidate`` event, or before it): the resume times the baseline again, uncharged, and the run
+    ends as the uninterrupted one (the search agent would otherwise walk the baseline itself)."""
+    run_dir = tmp_path / "run"
+    assert run_in_process([str(run_dir), str(BUDGET)]) == 0
+    lines = (run_dir / "events.jsonl").read_text().splitlines(keepends=True)
+    cut = next(i for i, line in enumerate(lines) if json.loads(line)["kind"] == kept)
+    (run_dir / "events.jsonl").write_text("".join(lines[:cut + 1]))
+    for leftover in ("best.py", "best.json"):
+        (run_dir / leftover).unlink()
+    assert run_in_process([str(run_dir), str(BUDGET), "--resume"]) == 0
+    events = assert_same_end(run_dir, reference)
+    baseline = events[0]["objective"]["baseline_candidate"]
+    assert [e["call"] for e in events if e["kind"] == "verdict" and e["candidate_id"] == baseline][:1] == [0]
+    assert sum(e["kind"] == "candidate" and e["candidate_id"] == baseline for e in events) == 1
+
+
 def size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
