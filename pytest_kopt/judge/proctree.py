@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 PR_SET_CHILD_SUBREAPER = 36
 MAX_SWEEPS = 50  # rounds of stopping a tree that keeps forking, before it is killed instead
-STOPPED = frozenset("TtZXx")  # stopped, traced, zombie, dead: nothing more runs there
+GONE = frozenset("ZXx")  # zombie or dead: nothing to signal
+STOPPED = frozenset("Tt") | GONE  # stopped or traced too: nothing more runs there
 _subreaper = False  # whether this process became a subreaper: only then are its strays a runner's
 
 
@@ -90,7 +91,7 @@ def left_behind(procs: dict[int, Proc], runners: set[int]) -> set[int]:
         return set()
     me, my_session = os.getpid(), os.getsid(0)
     roots = [p.pid for p in procs.values()
-             if p.ppid == me and p.sid != my_session and p.pid not in runners and p.state not in STOPPED - {"T", "t"}]
+             if p.ppid == me and p.sid != my_session and p.pid not in runners and p.state not in GONE]
     found: set[int] = set()
     for root in roots:
         found |= descendants(root, procs)
@@ -107,7 +108,7 @@ def stop_tree(root: int, runners: set[int]) -> tuple[set[int], set[int]]:
         procs = snapshot()
         tree = descendants(root, procs)
         group = procs[root].pgid if root in procs else None
-        escaped = {pid for pid in tree if procs[pid].pgid != group and procs[pid].state not in "ZXx"}
+        escaped = {pid for pid in tree if procs[pid].pgid != group and procs[pid].state not in GONE}
         stray = left_behind(procs, runners) | set().union(*(descendants(pid, procs) for pid in escaped))
         tree -= stray
         running = [pid for pid in tree if procs[pid].state not in STOPPED]
@@ -118,7 +119,7 @@ def stop_tree(root: int, runners: set[int]) -> tuple[set[int], set[int]]:
             _signal(pid, signal.SIGSTOP)
         if not running and not stray:
             _reap(killed)
-            return {pid for pid in tree - killed if procs[pid].state not in "ZXx"}, killed
+            return {pid for pid in tree - killed if procs[pid].state not in GONE}, killed
         time.sleep(0.0002)  # let the signals land before looking again
     procs = snapshot()
     tree = descendants(root, procs) - {root}
