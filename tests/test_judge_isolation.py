@@ -5,6 +5,7 @@ and the isolation level is chosen as documented (docs/judge.md)."""
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -104,3 +105,23 @@ def test_supervisor_and_runner_die_with_their_caller(tmp_path: Path) -> None:
     finally:
         if caller.poll() is None:
             os.killpg(caller.pid, signal.SIGKILL)
+
+
+def test_a_runner_of_a_dedicated_uid_has_a_login_name(tmp_path: Path) -> None:
+    """The runner's uid has no passwd entry, so getpass.getuser() there (torch's profiler asks)
+    must find LOGNAME in its environment, or the profile stage fails with KeyError from getpwuid
+    (seen on the H200)."""
+    import getpass
+
+    level, _why = sandbox.choose_level()
+    runner = sandbox.start_runner(device="cpu", slot=7, level=level, cache_key="login-name", private=tmp_path)
+    try:
+        environ = dict(item.split("=", 1) for item in
+                       Path(f"/proc/{runner.proc.pid}/environ").read_text().split("\0") if "=" in item)
+    finally:
+        runner.close()
+    assert environ.get("LOGNAME") == environ.get("USER") == sandbox.RUNNER_USER
+    if runner.uid is not None:
+        with pytest.raises(KeyError):  # why it is needed: the uid is no user of this machine
+            pwd.getpwuid(runner.uid)
+    assert getpass.getuser()  # the supervisor's own lookup is untouched

@@ -129,21 +129,33 @@ class CaseBench:
         return max(2, min(MAX_SLOTS, by_memory, by_reference))
 
     def copyout_seconds(self, slots: CaseSlots) -> float:
-        """The supervisor's own time for what the runner does with a round's outputs (one fused copy
-        per dtype into the arena), measured here on tensors of the same shapes: subtracted from each
-        round, so the candidate's figures are its calls' and not the transport's."""
+        """The supervisor's own time for what the runner does with a round's outputs: the runner's
+        ``store_outputs`` (each slot's outputs checked, then one fused copy per dtype into the
+        arena), run here on tensors of the expected shapes for as many slots as a round uses.
+        Subtracted from each round, so the candidate's figures are its calls' and not the
+        transport's (at B1 MLA decode the per-slot bookkeeping was ~15 us a call on the H200)."""
         from .arena import DTYPES
-        from .runner import grouped_copy
+        from .runner import store_outputs
 
-        shapes = [(tuple(r["shape"]), DTYPES[r["dtype"]]) for i in range(min(self.use, slots.count))
-                  for r in slots.regions[i] if r.get("dtype") and r.get("shape") is not None]
-        dsts = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in shapes]
-        srcs = [torch.empty_like(d) for d in dsts]
+        device = torch.device(self.device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        fake_slots, results = [], []
+        for i in range(min(self.use, slots.count)):
+            regions, dsts, outs = [], [], []
+            for r in slots.regions[i]:
+                pinned = r.get("dtype") and r.get("shape") is not None
+                dst = torch.empty(tuple(r["shape"]), dtype=DTYPES[r["dtype"]], device=device) if pinned else None
+                regions.append({"name": r.get("name"), "expected": {"dtype": r.get("dtype"), "shape": r.get("shape")}})
+                dsts.append(dst)
+                outs.append(torch.empty_like(dst) if dst is not None else None)
+            fake_slots.append({"regions": regions, "destinations": dsts})
+            results.append(tuple(outs))
         times = []
         for _ in range(3):
             timing.synchronize(self.device)
             start = time.perf_counter()
-            grouped_copy(dsts, srcs)
+            store_outputs(results, fake_slots, device, {})
             timing.synchronize(self.device)
             times.append(time.perf_counter() - start)
         return min(times)

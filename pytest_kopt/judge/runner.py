@@ -95,6 +95,60 @@ class CandidateFault(Exception):
         self.fatal = any(m in reason for m in FATAL_MARKERS)
 
 
+def plain_outputs(outputs: Any, count: int) -> list[Any]:
+    """The outputs as a list of plain tensors or None; a tensor or tuple subclass could answer
+    anything, so neither is accepted."""
+    import torch
+
+    if type(outputs) is torch.Tensor:
+        outputs = (outputs,)
+    if type(outputs) not in (tuple, list):
+        raise CandidateFault(f"kernel(...) returned a {type(outputs).__name__}: it must return a tuple of {count} tensors")
+    outputs = list(outputs)
+    if len(outputs) != count:
+        raise CandidateFault(f"kernel(...) returned {len(outputs)} outputs, expected {count}")
+    for i, out in enumerate(outputs):
+        if out is not None and type(out) is not torch.Tensor:
+            raise CandidateFault(f"output {i} is of type {type(out).__name__}, not a plain torch.Tensor")
+    return outputs
+
+
+def store_outputs(results: list[Any], slots: list[dict], device: Any, arenas: dict) -> list[Any]:
+    """Copy every output into the supervisor's region for it (one fused copy when the outputs
+    have their expected dtype and shape); report each output's dtype and shape. The whole of
+    what a timed round does with its outputs: the supervisor times this same function on its
+    own tensors (rounds.CaseBench.copyout_seconds) and takes it off the round."""
+    import torch
+
+    from .arena import dtype_name
+
+    dsts, srcs, described = [], [], []
+    for result, slot in zip(results, slots):
+        outputs = plain_outputs(result, len(slot["regions"]))
+        desc = []
+        for out, region, dest in zip(outputs, slot["regions"], slot["destinations"]):
+            if out is None:
+                desc.append(None)
+                continue
+            if out.device.type != device.type or (out.device.index or 0) != (device.index or 0):
+                raise CandidateFault(f"output {region['name']} is on {out.device}, the inputs on {device}")
+            if dest is not None and out.dtype == dest.dtype and out.shape == dest.shape:
+                dsts.append(dest)
+                srcs.append(out.detach())
+                desc.append(region["expected"])
+                continue
+            data = out.detach().contiguous().view(-1).view(torch.uint8) if out.numel() else out.new_empty(0, dtype=torch.uint8)
+            if data.numel() > int(region["capacity"]):
+                raise CandidateFault(f"output {region['name']} has shape {tuple(out.shape)} and dtype {out.dtype}: "
+                                     f"more than the {region['capacity']} bytes its expected shape allows")
+            start = int(region["offset"])
+            arenas[int(region["arena"])].tensor[start:start + data.numel()].copy_(data)
+            desc.append({"dtype": dtype_name(out.dtype), "shape": list(out.shape)})
+        described.append(desc)
+    grouped_copy(dsts, srcs)
+    return described
+
+
 # ---- the service -------------------------------------------------------------------------
 class Runner:
     def __init__(self, channel: Channel, device: str) -> None:
@@ -219,22 +273,6 @@ class Runner:
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are candidate faults too
             raise CandidateFault(f"the candidate raised {describe_exception(exc, self.candidate_name)}") from None
 
-    def plain_outputs(self, outputs: Any, count: int) -> list[Any]:
-        """The outputs as a list of plain tensors or None; a tensor or tuple subclass could answer
-        anything, so neither is accepted."""
-        torch = self.torch
-        if type(outputs) is torch.Tensor:
-            outputs = (outputs,)
-        if type(outputs) not in (tuple, list):
-            raise CandidateFault(f"kernel(...) returned a {type(outputs).__name__}: it must return a tuple of {count} tensors")
-        outputs = list(outputs)
-        if len(outputs) != count:
-            raise CandidateFault(f"kernel(...) returned {len(outputs)} outputs, expected {count}")
-        for i, out in enumerate(outputs):
-            if out is not None and type(out) is not torch.Tensor:
-                raise CandidateFault(f"output {i} is of type {type(out).__name__}, not a plain torch.Tensor")
-        return outputs
-
     def destination(self, region: dict) -> Any:
         """The region as a tensor of the expected dtype and shape (None when either is not pinned)."""
         from .arena import DTYPES, TensorSpec, contiguous_strides
@@ -248,36 +286,7 @@ class Runner:
         return self.arenas[spec.arena].view(spec)
 
     def store(self, results: list[Any], slots: list[dict]) -> list[Any]:
-        """Copy every output into the supervisor's region for it (one fused copy when the outputs
-        have their expected dtype and shape); report each output's dtype and shape."""
-        from .arena import dtype_name
-
-        torch = self.torch
-        dsts, srcs, described = [], [], []
-        for result, slot in zip(results, slots):
-            outputs = self.plain_outputs(result, len(slot["regions"]))
-            desc = []
-            for out, region, dest in zip(outputs, slot["regions"], slot["destinations"]):
-                if out is None:
-                    desc.append(None)
-                    continue
-                if out.device.type != self.device.type or (out.device.index or 0) != (self.device.index or 0):
-                    raise CandidateFault(f"output {region['name']} is on {out.device}, the inputs on {self.device}")
-                if dest is not None and out.dtype == dest.dtype and out.shape == dest.shape:
-                    dsts.append(dest)
-                    srcs.append(out.detach())
-                    desc.append(region["expected"])
-                    continue
-                data = out.detach().contiguous().view(-1).view(torch.uint8) if out.numel() else out.new_empty(0, dtype=torch.uint8)
-                if data.numel() > int(region["capacity"]):
-                    raise CandidateFault(f"output {region['name']} has shape {tuple(out.shape)} and dtype {out.dtype}: "
-                                         f"more than the {region['capacity']} bytes its expected shape allows")
-                start = int(region["offset"])
-                self.arenas[int(region["arena"])].tensor[start:start + data.numel()].copy_(data)
-                desc.append({"dtype": dtype_name(out.dtype), "shape": list(out.shape)})
-            described.append(desc)
-        grouped_copy(dsts, srcs)
-        return described
+        return store_outputs(results, slots, self.device, self.arenas)
 
     @staticmethod
     def compact(described: list[Any]) -> dict:
@@ -314,7 +323,7 @@ class Runner:
         finally:
             self.monitor.expected_stream = None
         seconds = time.perf_counter() - start
-        outputs = self.plain_outputs(outputs, len(regions))
+        outputs = plain_outputs(outputs, len(regions))
         names = [r["name"] for r in regions]
         expected = {r["name"]: getattr(torch, r["dtype"]) for r in regions if r.get("dtype")}
         honesty = inspect_call(outputs=tuple(outputs), output_names=names, inputs=inputs, before=before, guard=guard,
@@ -349,7 +358,7 @@ class Runner:
                 outputs = [self.invoke(slot["inputs"]) for slot in slots]
             graph.replay()
             self.sync()
-            self.graphs[tuple(slot_ids)] = (graph, [self.plain_outputs(o, len(s["regions"])) for o, s in zip(outputs, slots)])
+            self.graphs[tuple(slot_ids)] = (graph, [plain_outputs(o, len(s["regions"])) for o, s in zip(outputs, slots)])
         except BaseException as exc:  # noqa: BLE001
             self.graphs.clear()
             try:

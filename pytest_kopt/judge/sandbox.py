@@ -49,6 +49,7 @@ RUNNER_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "NVIDIA_VIS
                    "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
                    "NVSHMEM_DISABLE_NVLS", "TRITON_PTXAS_PATH", "TRITON_CUDACRT_PATH", "TRITON_CUDART_PATH")
 RUNNER_UID_BASE = 61000
+RUNNER_USER = "kopt-runner"  # LOGNAME and USER of the runner (its uid has no passwd entry)
 PR_SET_PDEATHSIG = 1
 LEVELS = ("uid", "namespace", "process")
 CACHE_KEEP = 128  # per-candidate Triton caches kept for re-evaluations of the same file
@@ -423,7 +424,10 @@ def start_runner(*, device: str, slot: int, level: str, cache_key: str, private:
     env = {k: v for k, v in os.environ.items() if k in RUNNER_ENV_KEEP}
     env.update(HOME=str(scratch / "home"), TMPDIR=str(scratch / "tmp"), TRITON_CACHE_DIR=str(cache), TRITON_HOME=str(scratch / "home"),
                TRITON_CACHE_AUTOTUNING="1", PYTHONPATH=python_path(), PYTHONNOUSERSITE="1", PYTHONDONTWRITEBYTECODE="1",
-               PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1")
+               PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1",
+               # a dedicated uid has no passwd entry: getpass.getuser() (torch's profiler and caches
+               # ask) reads these first and would otherwise raise KeyError from getpwuid
+               LOGNAME=RUNNER_USER, USER=RUNNER_USER)
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     parent.set_inheritable(False)
     argv = [sys.executable, "-s", "-P", "-m", "pytest_kopt.judge.runner", "--fd", str(child.fileno()), "--device", device,

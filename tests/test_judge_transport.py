@@ -1,0 +1,55 @@
+"""The transport of a timed round: what the runner does with its outputs, and the supervisor's own
+measure of it, taken off every round."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pytest_kopt.judge import rounds, runner
+from pytest_kopt.judge.runner import CandidateFault, store_outputs
+
+
+def slot(shapes):
+    regions = [{"name": f"out{i}", "expected": {"dtype": "float32", "shape": list(s)}} for i, s in enumerate(shapes)]
+    return {"regions": regions, "destinations": [torch.zeros(s) for s in shapes]}
+
+
+def test_store_copies_matching_outputs_and_refuses_anything_but_plain_tensors():
+    slots = [slot([(3, 4), (2,)]), slot([(3, 4), (2,)])]
+    results = [(torch.randn(3, 4), torch.randn(2)) for _ in slots]
+    described = store_outputs(results, slots, torch.device("cpu"), {})
+    assert described == [[{"dtype": "float32", "shape": [3, 4]}, {"dtype": "float32", "shape": [2]}]] * 2
+    for (a, b), s in zip(results, slots):
+        assert torch.equal(s["destinations"][0], a) and torch.equal(s["destinations"][1], b)
+
+    class Sneaky(tuple):
+        pass
+
+    with pytest.raises(CandidateFault, match="tuple of 2"):
+        store_outputs([Sneaky(results[0])], slots[:1], torch.device("cpu"), {})
+    with pytest.raises(CandidateFault, match="expected 2"):
+        store_outputs([results[0][:1]], slots[:1], torch.device("cpu"), {})
+
+
+def test_the_supervisor_times_the_runners_whole_store_over_a_rounds_slots(monkeypatch):
+    """copyout_seconds runs store_outputs itself (checks and copy, not the copy alone) on as many
+    slots as a round uses, with outputs of the expected shapes; the result is a real duration."""
+    seen = []
+    real = runner.store_outputs
+
+    def counting(results, slots, device, arenas):
+        seen.append((len(results), [tuple(o.shape) for o in results[0]]))
+        return real(results, slots, device, arenas)
+
+    monkeypatch.setattr(runner, "store_outputs", counting)
+
+    class Slots:
+        count = 5
+        regions = [[{"name": "o", "dtype": "bfloat16", "shape": [2, 8]}, {"name": "lse", "dtype": "float32", "shape": [2]}]] * 5
+
+    bench = object.__new__(rounds.CaseBench)
+    bench.device, bench.use = "cpu", 3
+    seconds = bench.copyout_seconds(Slots())
+    assert seen == [(3, [(2, 8), (2,)])] * 3  # three tries, each over the round's 3 slots
+    assert 0 < seconds < 1
