@@ -223,8 +223,13 @@ class CaseBench:
             client.sweep("batch")  # outside the window: the runner's whole tree stopped before anything else is timed
         except RunnerFailure as failure:
             raise TimedFailure([f"{who}, timed {mode} calls on {self.label}: {failure.reason}"]) from None
+        entered, answered = reply.get("entered"), reply.get("answered")
+        clocks = isinstance(entered, float) and isinstance(answered, float)
+        # where the window went, by the runner's word (diagnostic only): request to runner, runner to reply
         self.timeline.append({"mode": mode, "who": who, "n": len(draws), "window_us": round(elapsed * 1e6, 1),
-                              "reply_us": round((replied - start) * 1e6, 1), "runner_us": reply.get("batch_us")})
+                              "reply_us": round((replied - start) * 1e6, 1), "runner_us": reply.get("batch_us"),
+                              "to_runner_us": round((entered - start) * 1e6, 1) if clocks else None,
+                              "from_runner_us": round((replied - answered) * 1e6, 1) if clocks else None})
         described = reply.get("outputs")
         if "outputs_all" in reply and reply.get("count") == len(indices):
             described = [reply["outputs_all"]] * len(indices)

@@ -372,6 +372,7 @@ class Runner:
         """Timed calls back to back: ``eager`` calls, ``graph`` replays, or ``device``: each call
         (a replay when captured) between CUDA events after an L2 flush. Outputs are copied to
         the supervisor's regions after the last call."""
+        entered = time.perf_counter()  # the system-wide monotonic clock: the supervisor places it in its window
         torch = self.torch
         self.set_values(message)
         mode = message["mode"]
@@ -416,8 +417,9 @@ class Runner:
         event_us = [s.elapsed_time(e) * 1e3 for s, e in pairs] if mode == "device" else []
         described = self.store(results, slots)
         self.sync()
+        answered = time.perf_counter()
         return {"ok": True, **self.compact(described), "event_us": event_us, "host_us": host_us,
-                "batch_us": (time.perf_counter() - started) * 1e6}
+                "batch_us": (answered - started) * 1e6, "entered": entered, "answered": answered}
 
     def do_profile(self, message: dict, fds: list[int]) -> dict:
         from .profile import profile_kernels
