@@ -53,3 +53,52 @@ def test_the_supervisor_times_the_runners_whole_store_over_a_rounds_slots(monkey
     seconds = bench.copyout_seconds(Slots())
     assert seen == [(3, [(2, 8), (2,)])] * 3  # three tries, each over the round's 3 slots
     assert 0 < seconds < 1
+
+
+def test_the_yardstick_runner_never_loads_a_candidate_and_a_candidates_runner_never_becomes_one(tmp_path):
+    """``null`` only before a load, and no load after ``null``: a runner is either the
+    supervisor's transport yardstick or a candidate's, never both."""
+    import time
+
+    from pytest_kopt.judge import sandbox
+    from pytest_kopt.judge.client import RunnerClient, RunnerFailure
+
+    level, _why = sandbox.choose_level()
+    clients = []
+    try:
+        for slot, private in ((11, tmp_path / "a"), (12, tmp_path / "b")):
+            private.mkdir()
+            process = sandbox.start_runner(device="cpu", slot=slot, level=level, cache_key=f"null-{slot}", private=private)
+            clients.append(RunnerClient(process, torch.device("cpu"), time.monotonic() + 120, ""))
+        yardstick, candidate = clients
+        assert yardstick.request("null")["ok"]
+        with pytest.raises(RunnerFailure, match="loads no candidate"):
+            yardstick.request("load", source="def kernel(x):\n    return (x,)\n")
+        candidate.request("load", source="def kernel(x):\n    return (x,)\n")
+        with pytest.raises(RunnerFailure, match="cannot be the transport yardstick"):
+            candidate.request("null")
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_an_evaluation_takes_the_yardsticks_transport_off_every_round(monkeypatch, tmp_path):
+    """With the yardstick (forced on the CPU), the result names the transport taken off each
+    round, and the candidate's figure is the median of its rounds' windows less that transport."""
+    import json
+
+    from pytest_kopt.cli import main
+
+    monkeypatch.setenv("KOPT_TRANSPORT_YARDSTICK", "1")
+    out = tmp_path / "result.json"
+    code = main(["eval", "--problem", "judge_toy_problem:AXPY", "tests/hostile/good_axpy.py", "--quick", "--upto", "benchmark",
+                 "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert code == 0, result["reasons"]
+    timings = result["timings"]
+    transport = timings["transport_us"]
+    assert transport is not None and 0 < transport < 1e6
+    rows = [row for rows in result["timelines"].values() for row in rows if row["mode"] == "eager"]
+    assert rows and all(row["n"] == 1 for row in rows)  # one slot a round on the CPU
+    per_round = sorted(row["window_us"] - transport for row in rows)
+    assert timings["candidate_us"] == pytest.approx((per_round[(len(per_round) - 1) // 2] + per_round[len(per_round) // 2]) / 2, rel=1e-3)

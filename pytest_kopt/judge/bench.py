@@ -96,6 +96,9 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
         slots = bench.open_slots(sup.client, "bench")
         snapshot = bench.snapshot_seconds(slots)
         bench.calibrate(sup.client, slots, snapshot)  # warm-up rounds, not counted
+        transport = sup.transport_client()
+        if transport is not None:
+            bench.measure_transport(transport)
         graph_safe, why = bench.capture(sup.client, slots)
         modes = [m for m in bench.modes if graph_safe or m != "graph"]
         effective = sup.metric if sup.metric in modes else "eager"
@@ -180,6 +183,7 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
         "reference_us": (reference_figures or {}).get(effective) or (reference_figures or {}).get("eager"),
         "reference_figures": reference_figures, "compile_s": sup.call_seconds.get(label), "slots": bench.use,
         "runner_batch_us": series.batch_us, "timed_reference_s": bench.reference_s,
+        "transport_us": bench.transport_s * 1e6 if bench.transport_s is not None else None,
         "rounds": {m: len(v) for m, v in series.rounds.items()}, "timer": TIMERS[kind],
         "host_us": statistics.median(host) if host else None,
         "candidate_stats": _stats(series.rounds[effective]),

@@ -12,14 +12,15 @@ For the candidate (and an incumbent) the round goes through the runner:
 The clock stops only once the outputs are in the supervisor's own memory, so a runner that
 answers before its work is done gains nothing: the snapshot would miss the work and fail the
 check. The runner is stopped (SIGSTOP) between requests, so no candidate host code runs while
-inputs are written. Per-call time = (t1 - t0 - the snapshot's own time) / M.
+inputs are written. Per-call time = (t1 - t0 - the round's transport) / M, the transport measured
+through a runner that loads no candidate (``measure_transport``).
 
 Modes: ``eager`` (calls back to back), ``graph`` (replays of CUDA graphs the runner captured,
 one per slot), ``device`` (each call between CUDA events after an L2 flush: the runner's report,
 accepted only if it is not below 0.9x the supervisor's own graph figure for the same case).
-Baselines and the reference run in the supervisor's process with the same rounds, fresh inputs
-and output copies (timing.py's in-process helpers), so the figures compare like with like; the
-one difference left is the runner's request round trip, which counts against the candidate.
+Baselines and the reference run in the supervisor's process with the same rounds and fresh
+inputs (timing.py's in-process helpers), so with the transport taken off the figures compare like
+with like.
 
 An incumbent (the loop's best so far) is timed in the metric's rounds too, interleaved round by
 round with the candidate, in a runner of its own: each pair of rounds gives a ratio, and the
@@ -45,6 +46,7 @@ ROUND_TARGET_S = 0.01  # aim for rounds this long on a GPU, so the request's rou
 MAX_SLOTS = 256
 SLOT_MEMORY = 16 << 30  # bytes one case's slots may hold on a GPU (inputs, draws, expected outputs, snapshot)
 REFERENCE_BUDGET_S = 0.5  # per round: references of the draws
+TRANSPORT_ROUNDS = 5  # rounds through the transport yardstick (after one warm-up); the least is taken off
 
 
 class TimedFailure(Exception):
@@ -119,6 +121,7 @@ class CaseBench:
         self.window = timing.HOST_WINDOW_CYCLES
         self.timeline: list[dict] = []  # per round: where the time went (diagnostic, in the result)
         self.copyout_s = 0.0  # the transport's copy of a round's outputs (``copyout_seconds``)
+        self.transport_s: float | None = None  # a whole round's transport, through the yardstick (``measure_transport``)
 
     def _slot_count(self) -> int:
         """Slots to allocate: as many as memory and the references' cost allow, up to MAX_SLOTS."""
@@ -159,6 +162,37 @@ class CaseBench:
             timing.synchronize(self.device)
             times.append(time.perf_counter() - start)
         return min(times)
+
+    def measure_transport(self, client: RunnerClient) -> None:
+        """Seconds of a round's transport, through a runner that loads no candidate (``Runner.do_null``:
+        each call's outputs exist already), on slots with this case's outputs and as many calls as
+        the candidate's rounds: the request and the runner's wake-up, the store of every output
+        into the arena, the reply and the supervisor's snapshot. The least of TRANSPORT_ROUNDS
+        rounds (never more than any one of them) is taken off each timed round through a runner,
+        so what is left is the calls. The candidate's runner is stopped meanwhile: it cannot
+        touch the yardstick, which is a process and a user of the supervisor's own."""
+        problem = self.sup.problem
+        tiny = {k: (v.new_zeros(1) if isinstance(v, torch.Tensor) else v) for k, v in self.sample.items()}
+        slots = CaseSlots(client, tiny, self.expected, [o.name for o in problem.outputs], problem.expected_dtypes(self.sample),
+                          self.use, "transport")
+        try:
+            indices = list(range(slots.count))
+            for i in indices:
+                slots.write(i, {k: v for k, v in self.sample.items() if not isinstance(v, torch.Tensor)})
+            times = []
+            for k in range(1 + TRANSPORT_ROUNDS):
+                timing.synchronize(self.device)
+                start = time.perf_counter()
+                client.request("batch", mode="eager", slots=[slots.slot_id(i) for i in indices], values=slots.values_for(indices),
+                               window_cycles=self.window, sweep=False)
+                slots.take_snapshot()
+                elapsed = time.perf_counter() - start
+                client.sweep("batch")
+                if k:
+                    times.append(elapsed)
+        finally:
+            slots.release()
+        self.transport_s = min(times)
 
     def calibrate(self, client: RunnerClient, slots: CaseSlots, snapshot_s: float) -> None:
         """Two warm-up eager rounds (not counted) set how many slots a round uses, aiming at
@@ -219,7 +253,7 @@ class CaseBench:
                                    window_cycles=self.window, sweep=False)
             replied = time.perf_counter()
             slots.take_snapshot()
-            elapsed = time.perf_counter() - start - self.sup.round_trip_s
+            elapsed = time.perf_counter() - start
             client.sweep("batch")  # outside the window: the runner's whole tree stopped before anything else is timed
         except RunnerFailure as failure:
             raise TimedFailure([f"{who}, timed {mode} calls on {self.label}: {failure.reason}"]) from None
@@ -244,7 +278,11 @@ class CaseBench:
             changed = slots.inputs_intact(i, inputs)
             if changed:
                 raise TimedFailure([f"{who}: timed calls modified input(s) {', '.join(changed)}: inputs must be left unchanged"])
-        return max(elapsed - snapshot_s - self.copyout_s, 0.0) / len(draws), reply
+        if self.transport_s is not None and len(draws) == self.use:
+            transport = self.transport_s
+        else:  # no yardstick (or a round of another size): the echo round trip, the snapshot and the store
+            transport = self.sup.round_trip_s + snapshot_s + self.copyout_s
+        return max(elapsed - transport, 0.0) / len(draws), reply
 
 
     # ---- in-process (baselines, the reference) ----------------------------------------------------

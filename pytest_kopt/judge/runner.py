@@ -166,6 +166,7 @@ class Runner:
         self.slots: dict[str, dict] = {}  # slot id -> {"inputs": {...}, "regions": [...], "shapes": [...]}
         self.graphs: dict[tuple, tuple[Any, Any]] = {}  # slot ids -> (one CUDA graph of a call on each, their outputs)
         self.kernel: Any = None
+        self.null = False  # a transport-only runner (``do_null``): never loads a candidate
         self.monitor = checks.LaunchMonitor()
         self.monitor.install()
         self.candidate_name = "candidate.py"
@@ -211,7 +212,18 @@ class Runner:
         self.arenas[arena.id] = arena
         return {"ok": True}
 
+    def do_null(self, message: dict, fds: list[int]) -> dict:
+        """Become the supervisor's transport yardstick: every call "returns" outputs made once per
+        slot at ``prepare``, so a timed round costs only the request, the store and the reply. Only
+        before any candidate is loaded, and no candidate is loaded after."""
+        if self.kernel is not None:
+            raise ValueError("a runner that has loaded a candidate cannot be the transport yardstick")
+        self.null = True
+        return {"ok": True}
+
     def do_load(self, message: dict, fds: list[int]) -> dict:
+        if self.null:
+            raise ValueError("the transport yardstick loads no candidate")
         path = Path(os.getcwd()) / self.candidate_name
         path.write_text(str(message["source"]))
         start = time.perf_counter()
@@ -243,8 +255,10 @@ class Runner:
         regions = message["outputs"]
         for region in regions:
             region["expected"] = {"dtype": region.get("dtype"), "shape": region.get("shape")}
-        self.slots[str(message["slot"])] = {"inputs": inputs, "regions": regions, "arenas": arenas,
-                                            "destinations": [self.destination(r) for r in regions]}
+        destinations = [self.destination(r) for r in regions]
+        self.slots[str(message["slot"])] = {"inputs": inputs, "regions": regions, "arenas": arenas, "destinations": destinations,
+                                            "null_outputs": tuple(None if d is None else self.torch.empty_like(d) for d in destinations)
+                                            if self.null else None}
         self.graphs.clear()
         return {"ok": True}
 
@@ -384,7 +398,9 @@ class Runner:
         host_us: list[float] = []
         self.monitor.enabled = False
         try:
-            if mode == "eager":
+            if self.null and mode in ("eager", "graph"):
+                results = [slot["null_outputs"] for slot in slots]
+            elif mode == "eager":
                 for slot in slots:
                     results.append(self.invoke(slot["inputs"]))
             elif mode == "graph":

@@ -79,7 +79,8 @@ class Supervisor:
         self._stage: tuple[str, float] | None = None
         self.client: Any = None
         self.prestarted: dict[int, Any] = {}
-        self.round_trip_s = 0.0  # a trusted request round trip, subtracted from timed rounds (rounds.echo_round_trip)  # slot -> runner process main() started before importing torch
+        self.round_trip_s = 0.0  # a trusted request round trip, subtracted when there is no transport yardstick (rounds.echo_round_trip)
+        self.transport: Any = None  # the transport yardstick: a runner that loads no candidate (``transport_client``)
         self.result: dict[str, Any] = {
             "verdict": "fail", "stage": "compile", "reasons": [], "problem": problem.name,
             "device": torch.cuda.get_device_name() if self.cuda else "cpu (Triton interpreter)", "upto": upto, "quick": quick,
@@ -148,6 +149,27 @@ class Supervisor:
             client.close()
             raise RunnerFailure(f"the runner sees device {client.info.get('device')!r}, the supervisor {self.device}")
         return client
+
+    def transport_client(self) -> Any:
+        """The runner that measures the transport of a timed round (``Runner.do_null``: it loads no
+        candidate), started once per evaluation (main() starts it early, beside the candidate's), as
+        a user of its own. None, with a note, when it cannot start: rounds then fall back to the
+        echo round trip and the store measured here."""
+        from .client import RunnerFailure
+
+        if not (self.cuda or os.environ.get("KOPT_TRANSPORT_YARDSTICK")):
+            return None  # CPU timings are indicative only: no third process on a small machine (tests force it)
+        if self.transport is None:
+            try:
+                self.transport = self.start_client(TRANSPORT_SOURCE, self.slot + 2)
+                self.transport.request("null")
+            except (RunnerFailure, OSError, RuntimeError) as exc:
+                self.result["notes"].append(f"no transport yardstick ({getattr(exc, 'reason', None) or exc}): the echo round trip and "
+                                            "the store are taken off each timed round instead")
+                if self.transport is not None:
+                    self.transport.close()
+                self.transport = False
+        return self.transport or None
 
     def load(self, client: Any, source: str) -> float:
         from .client import RunnerFailure
@@ -409,7 +431,7 @@ class Supervisor:
             self.result["reasons"] = [f"judge error during {self.result['stage']}: {type(exc).__name__}: {exc}",
                                       traceback.format_exc(limit=8)[-2500:]]
         finally:
-            for client in (self.client, getattr(self, "incumbent_client", None)):
+            for client in (self.client, getattr(self, "incumbent_client", None), self.transport):
                 if client is not None:
                     client.close()
             for process in self.prestarted.values():
@@ -418,6 +440,9 @@ class Supervisor:
         self.result["child_duration_s"] = time.perf_counter() - start
         self.result["seconds"] = {key: round(value, 6) for key, value in sorted(self.seconds.items())}
         return self.result
+
+
+TRANSPORT_SOURCE = "# the transport yardstick: a runner that loads no candidate\n"
 
 
 class CandidateFault(Exception):
@@ -472,8 +497,11 @@ def main(argv: list[str] | None = None) -> int:
     incumbent = args.incumbent.read_text() if args.incumbent else None
     # the runners import torch and Triton while this process does the same (seconds each)
     prestarted = {args.slot: start_process(source, args.slot, args.candidate.parent)}
-    if incumbent is not None and STAGES.index(args.upto) >= STAGES.index("benchmark"):
-        prestarted[args.slot + 1] = start_process(incumbent, args.slot + 1, args.candidate.parent)
+    if STAGES.index(args.upto) >= STAGES.index("benchmark"):
+        if os.path.exists("/dev/nvidiactl") or os.environ.get("KOPT_TRANSPORT_YARDSTICK"):  # a GPU, without importing torch yet
+            prestarted[args.slot + 2] = start_process(TRANSPORT_SOURCE, args.slot + 2, args.candidate.parent)
+        if incumbent is not None:
+            prestarted[args.slot + 1] = start_process(incumbent, args.slot + 1, args.candidate.parent)
 
     from .. import interpret
 
