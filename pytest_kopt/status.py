@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -63,6 +64,7 @@ class RunFigure:
     baseline_us: float | None
     timed: str | None
     timer: str | None
+    rendered_from: str | None = None  # the run's candidate this file was rendered from (its provenance says so)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +94,15 @@ def render(results: Path, kernels: Path) -> str:
     """The whole page as Markdown."""
     best_files = sorted((p for p in (kernels / "best").glob("*.py") if p.name != "__init__.py"), key=lambda p: p.stem)
     benches = list(benchmarks(results))
-    figures = find_runs({_sha(p)[:12] for p in best_files}, _run_paths(results / "runs"), results)
+    # a best re-rendered from its family (or relaunched) is not byte for byte the run's candidate:
+    # its provenance (kernels/best/<problem>.json) names the candidate the run found
+    provenance = {p.stem: _json(p.with_suffix(".json")) or {} for p in best_files}
+    found_ids = {str(provenance[p.stem].get("candidate_id") or "")[:12] for p in best_files} - {""}
+    figures = find_runs({_sha(p)[:12] for p in best_files} | found_ids, _run_paths(results / "runs"), results)
+    for path in best_files:
+        sha12, origin = _sha(path)[:12], str(provenance[path.stem].get("candidate_id") or "")[:12]
+        if sha12 not in figures and origin in figures:
+            figures[sha12] = dataclasses.replace(figures[origin], rendered_from=origin)
     lines = ["# Where each problem stands", "",
              "_Written by `kopt status` from the runs under `results/runs/` and the pytest-benchmark JSONs under `results/`;"
              " do not edit (regenerate it). A figure is a median on the timer named, beside the baselines timed in the same"
@@ -117,6 +127,9 @@ def _problem_section(path: Path, figure: RunFigure | None, bench: Benchmark | No
         where = f"`{figure.run}` ({figure.shown_path})"
         found = f"tool call {figure.call} of {figure.calls}" if figure.call is not None else "a run's candidate"
         lines.append(f"- Run: {where}, {found}{'' if figure.is_best else '; not that run’s best now'}.")
+        if figure.rendered_from:
+            lines.append(f"  This file was rendered again from the run's candidate `{figure.rendered_from}` (its provenance,"
+                         f" `kernels/best/{problem}.json`, has the family, the knobs and what changed); the run's figures are of that candidate.")
         if figure.candidate_us is not None:
             versus = ""
             if figure.baseline_us:

@@ -106,3 +106,16 @@ def test_the_committed_status_page_is_current(capsys: pytest.CaptureFixture[str]
     """results/STATUS.md is what `kopt status` says now: after a promotion or a new benchmark,
     run `kopt status` and commit the page with the evidence."""
     assert cli.main(["status", "--results", str(REPO_ROOT / "results"), "--check"]) == 0, capsys.readouterr().err
+
+
+def test_status_finds_the_run_of_a_re_rendered_best_through_its_provenance(tree: tuple[Path, Path]) -> None:
+    """A best rendered again from its family is not the run's candidate byte for byte; its
+    provenance JSON names the candidate the run found, and the page says so."""
+    results, kernels = tree
+    (kernels / "best" / "kda.py").write_text(BEST_SOURCE + "# re-rendered\n")
+    run_cid = sha(BEST_SOURCE)[:12]
+    (kernels / "best" / "kda.json").write_text(json.dumps({"problem": "kda", "candidate_id": run_cid, "run": "results/runs/kda-x"}))
+    page = render(results, kernels)
+    assert f"| `kda-x` |" in page and "no committed run" not in page
+    assert f"This file was rendered again from the run's candidate `{run_cid}`" in page
+    assert "tool call 7 of 9." in page
