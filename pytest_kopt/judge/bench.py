@@ -34,12 +34,9 @@ def _stage_failed(reasons: list[str]) -> Exception:
 
 def benchmark_stage(sup: Any) -> None:
     from .profile import measure_ceilings
-    from .rounds import echo_round_trip
     from ..problems.base import H200_BF16_FLOPS_PER_S, H200_COPY_BYTES_PER_S
 
     problem, result = sup.problem, sup.result
-    sup.round_trip_s = echo_round_trip() if sup.cuda else 0.0
-    result["round_trip_us"] = sup.round_trip_s * 1e6
     if not sup.cuda:
         result["notes"].append("CPU: timings are of the smoke case under the Triton interpreter, indicative only; "
                                "the physical-floor check is skipped and roofline figures use the H200 ceilings")
@@ -94,11 +91,12 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
     started = time.perf_counter()
     try:
         slots = bench.open_slots(sup.client, "bench")
-        snapshot = bench.snapshot_seconds(slots)
-        bench.calibrate(sup.client, slots, snapshot)  # warm-up rounds, not counted
+        bench.calibrate(sup.client, slots)  # warm-up rounds, not counted
         transport = sup.transport_client()
         if transport is not None:
             bench.measure_transport(transport)
+        else:
+            bench.fallback_transport(slots)
         graph_safe, why = bench.capture(sup.client, slots)
         modes = [m for m in bench.modes if graph_safe or m != "graph"]
         effective = sup.metric if sup.metric in modes else "eager"
@@ -108,18 +106,17 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
         if incumbent and incumbent["alive"]:
             try:
                 inc_slots = bench.open_slots(incumbent["client"], "incumbent")
-                inc_snapshot = bench.snapshot_seconds(inc_slots)
                 if effective != "eager":
                     bench.capture(incumbent["client"], inc_slots)
-                bench.runner_round(incumbent["client"], inc_slots, "eager", inc_snapshot, "the incumbent")
+                bench.runner_round(incumbent["client"], inc_slots, "eager", "the incumbent")
             except (RunnerFailure, TimedFailure) as failure:
                 _incumbent_failed(sup, incumbent, failure)
         for mode in order:
-            seconds, reply = bench.runner_round(sup.client, slots, mode, snapshot, "the candidate")
+            seconds, reply = bench.runner_round(sup.client, slots, mode, "the candidate")
             _record(series, mode, seconds, reply, bench.use)
             if mode == effective and incumbent and incumbent["alive"] and inc_slots is not None:
                 try:
-                    inc_seconds, inc_reply = bench.runner_round(incumbent["client"], inc_slots, mode, inc_snapshot, "the incumbent")
+                    inc_seconds, inc_reply = bench.runner_round(incumbent["client"], inc_slots, mode, "the incumbent")
                     _record(inc_series, mode, inc_seconds, inc_reply, min(bench.use, inc_slots.count))
                     mine = series.rounds[mode][-1]
                     theirs = inc_series.rounds[mode][-1]

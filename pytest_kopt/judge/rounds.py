@@ -120,8 +120,7 @@ class CaseBench:
         self.use = min(self.count, 4)  # slots a round uses: set from the warm-up rounds (``calibrate``)
         self.window = timing.HOST_WINDOW_CYCLES
         self.timeline: list[dict] = []  # per round: where the time went (diagnostic, in the result)
-        self.copyout_s = 0.0  # the transport's copy of a round's outputs (``copyout_seconds``)
-        self.transport_s: float | None = None  # a whole round's transport, through the yardstick (``measure_transport``)
+        self.transport_s: float | None = None  # a round's transport, taken off each timed round (``measure_transport``)
 
     def _slot_count(self) -> int:
         """Slots to allocate: as many as memory and the references' cost allow, up to MAX_SLOTS."""
@@ -134,9 +133,7 @@ class CaseBench:
     def copyout_seconds(self, slots: CaseSlots) -> float:
         """The supervisor's own time for what the runner does with a round's outputs: the runner's
         ``store_outputs`` (each slot's outputs checked, then one fused copy per dtype into the
-        arena), run here on tensors of the expected shapes for as many slots as a round uses.
-        Subtracted from each round, so the candidate's figures are its calls' and not the
-        transport's (at B1 MLA decode the per-slot bookkeeping was ~15 us a call on the H200)."""
+        arena), run here on tensors of the expected shapes for as many slots as a round uses."""
         from .arena import DTYPES
         from .runner import store_outputs
 
@@ -179,31 +176,40 @@ class CaseBench:
             indices = list(range(slots.count))
             for i in indices:
                 slots.write(i, {k: v for k, v in self.sample.items() if not isinstance(v, torch.Tensor)})
-            times = []
-            for k in range(1 + TRANSPORT_ROUNDS):
-                timing.synchronize(self.device)
-                start = time.perf_counter()
-                client.request("batch", mode="eager", slots=[slots.slot_id(i) for i in indices], values=slots.values_for(indices),
-                               window_cycles=self.window, sweep=False)
-                slots.take_snapshot()
-                elapsed = time.perf_counter() - start
-                client.sweep("batch")
-                if k:
-                    times.append(elapsed)
+            times = [self._timed_request(client, slots, "eager", indices)[2] for _ in range(1 + TRANSPORT_ROUNDS)][1:]
         finally:
             slots.release()
         self.transport_s = min(times)
 
-    def calibrate(self, client: RunnerClient, slots: CaseSlots, snapshot_s: float) -> None:
+    def fallback_transport(self, slots: CaseSlots) -> None:
+        """Without a yardstick: the echo round trip of a trusted process, the snapshot and the store,
+        each measured by the supervisor, stand for a round's transport (they miss the runner's
+        wake-up and its request handling, so they take off less)."""
+        self.transport_s = self.sup.echo_round_trip_s() + self.snapshot_seconds(slots) + self.copyout_seconds(slots)
+
+    def _timed_request(self, client: RunnerClient, slots: CaseSlots, mode: str, indices: list[int]) -> tuple[float, float, float, dict]:
+        """(clock at the request, clock at the reply, seconds from the request to the outputs in the
+        supervisor's memory, the reply) of one "batch" request; the runner's whole tree is stopped
+        after the window."""
+        timing.synchronize(self.device)
+        start = time.perf_counter()
+        reply = client.request("batch", mode=mode, slots=[slots.slot_id(i) for i in indices], values=slots.values_for(indices),
+                               window_cycles=self.window, sweep=False)
+        replied = time.perf_counter()
+        slots.take_snapshot()
+        elapsed = time.perf_counter() - start
+        client.sweep("batch")  # outside the window: the runner's whole tree stopped before anything else is timed
+        return start, replied, elapsed, reply
+
+    def calibrate(self, client: RunnerClient, slots: CaseSlots) -> None:
         """Two warm-up eager rounds (not counted) set how many slots a round uses, aiming at
         ROUND_TARGET_S per round, and the device mode's host window from the per-call time."""
         if not self.cuda:
             return
         for _ in range(2):
-            per_call, _reply = self.runner_round(client, slots, "eager", snapshot_s, "the candidate")
+            per_call, _reply = self.runner_round(client, slots, "eager", "the candidate")
             self.use = max(2, min(self.count, math.ceil(ROUND_TARGET_S / max(per_call, 1e-7))))
         self.window = timing.host_window_cycles(per_call)
-        self.copyout_s = self.copyout_seconds(slots)
 
     # ---- draws ---------------------------------------------------------------------------
     def draws(self, n: int, *, with_reference: bool = True) -> list[tuple[dict, Any]]:
@@ -240,21 +246,14 @@ class CaseBench:
         reply = client.request("capture", slots=[slots.slot_id(i) for i in indices], values=slots.values_for(indices))
         return bool(reply.get("graph_safe")), reply.get("reason")
 
-    def runner_round(self, client: RunnerClient, slots: CaseSlots, mode: str, snapshot_s: float, who: str) -> tuple[float, dict]:
+    def runner_round(self, client: RunnerClient, slots: CaseSlots, mode: str, who: str) -> tuple[float, dict]:
         """One round through a runner; (seconds per call, the runner's answer). Raises TimedFailure."""
         draws = self.draws(min(self.use, slots.count))
         for i, (inputs, _) in enumerate(draws):
             slots.write(i, inputs)
-        timing.synchronize(self.device)
         indices = list(range(len(draws)))
-        start = time.perf_counter()
         try:
-            reply = client.request("batch", mode=mode, slots=[slots.slot_id(i) for i in indices], values=slots.values_for(indices),
-                                   window_cycles=self.window, sweep=False)
-            replied = time.perf_counter()
-            slots.take_snapshot()
-            elapsed = time.perf_counter() - start
-            client.sweep("batch")  # outside the window: the runner's whole tree stopped before anything else is timed
+            start, replied, elapsed, reply = self._timed_request(client, slots, mode, indices)
         except RunnerFailure as failure:
             raise TimedFailure([f"{who}, timed {mode} calls on {self.label}: {failure.reason}"]) from None
         entered, answered = reply.get("entered"), reply.get("answered")
@@ -278,10 +277,8 @@ class CaseBench:
             changed = slots.inputs_intact(i, inputs)
             if changed:
                 raise TimedFailure([f"{who}: timed calls modified input(s) {', '.join(changed)}: inputs must be left unchanged"])
-        if self.transport_s is not None and len(draws) == self.use:
-            transport = self.transport_s
-        else:  # no yardstick (or a round of another size): the echo round trip, the snapshot and the store
-            transport = self.sup.round_trip_s + snapshot_s + self.copyout_s
+        # the transport is measured for rounds of ``use`` calls; calibration rounds (before it) keep theirs
+        transport = self.transport_s if self.transport_s is not None and len(draws) == self.use else 0.0
         return max(elapsed - transport, 0.0) / len(draws), reply
 
 

@@ -79,7 +79,7 @@ class Supervisor:
         self._stage: tuple[str, float] | None = None
         self.client: Any = None
         self.prestarted: dict[int, Any] = {}
-        self.round_trip_s = 0.0  # a trusted request round trip, subtracted when there is no transport yardstick (rounds.echo_round_trip)
+        self._round_trip_s: float | None = None  # ``echo_round_trip_s``, measured once when needed
         self.transport: Any = None  # the transport yardstick: a runner that loads no candidate (``transport_client``)
         self.result: dict[str, Any] = {
             "verdict": "fail", "stage": "compile", "reasons": [], "problem": problem.name,
@@ -149,6 +149,16 @@ class Supervisor:
             client.close()
             raise RunnerFailure(f"the runner sees device {client.info.get('device')!r}, the supervisor {self.device}")
         return client
+
+    def echo_round_trip_s(self) -> float:
+        """A trusted request round trip (rounds.echo_round_trip; none on the CPU), measured once and
+        recorded in the result: part of the transport taken off when there is no yardstick."""
+        if self._round_trip_s is None:
+            from .rounds import echo_round_trip
+
+            self._round_trip_s = echo_round_trip() if self.cuda else 0.0
+            self.result["round_trip_us"] = self._round_trip_s * 1e6
+        return self._round_trip_s
 
     def transport_client(self) -> Any:
         """The runner that measures the transport of a timed round (``Runner.do_null``: it loads no
