@@ -16,5 +16,6 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1
 export TRITON_CACHE_AUTOTUNING=1  # autotuning choices kept on disk: fla's first-call minute is paid once per machine
+export KOPT_JUDGE_TRACE=${OUT:-/tmp}/judge-trace.log  # the judge appends a line per stage, checked call and timed case
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"

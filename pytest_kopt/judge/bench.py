@@ -135,6 +135,7 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
                 except RunnerFailure:
                     pass
         sup.spent("timing:candidate", started)
+        sup.trace(f"timed {label}: {time.perf_counter() - started:.1f} s")
     if not sup.cuda:
         series.rounds["device"] = list(series.rounds["eager"])
     figures = {m: series.median_us(m) for m in timing.METRICS}
@@ -172,6 +173,7 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
             if value:
                 baselines[name] = value
     sup.spent("timing:baselines", started)
+    sup.trace(f"baselines on {label}: {time.perf_counter() - started:.1f} s")
     host = series.host_us
     timings = {
         "case": label, "metric": effective, "candidate_us": candidate_us, "figures": figures, "graph_safe": graph_safe,

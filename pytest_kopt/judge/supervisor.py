@@ -75,6 +75,7 @@ class Supervisor:
         self.output_names = [o.name for o in problem.outputs]
         self.tolerance = {o.name: o.tolerance for o in problem.outputs}
         self.seconds: dict[str, float] = {}
+        self._born = time.perf_counter()
         self.call_seconds: dict[str, float] = {}
         self._stage: tuple[str, float] | None = None
         self.client: Any = None
@@ -96,6 +97,15 @@ class Supervisor:
         self.close_stage()
         self._stage = (stage, time.perf_counter())
         self.result["stage"] = stage
+        self.trace(f"stage {stage}")
+
+    def trace(self, what: str) -> None:
+        """With KOPT_JUDGE_TRACE=<file>, a line appended there per stage, checked call and timed case:
+        where an evaluation that ran out of time spent it."""
+        path = os.environ.get("KOPT_JUDGE_TRACE")
+        if path:
+            with open(path, "a") as trace:
+                trace.write(f"[{self.problem.name} {time.perf_counter() - self._born:7.1f} s] {what}\n")
 
     def close_stage(self) -> None:
         if self._stage is not None:
@@ -209,6 +219,7 @@ class Supervisor:
             self.call_seconds[label] = float(seconds)
         elif isinstance(seconds, (int, float)):
             self.call_seconds[label] = min(self.call_seconds[label], float(seconds))
+        self.trace(f"checked call {label}: {time.perf_counter() - started:.2f} s (runner {seconds if not isinstance(seconds, (int, float)) else round(seconds, 3)} s)")
         slots.take_snapshot()
         outputs, problems = slots.outputs(0, reply.get("outputs"))
         honesty = reply.get("honesty")
