@@ -19,8 +19,11 @@ HOSTILE = TESTS / "hostile"
 TOY_REF = "judge_toy_problem:AXPY"  # module:attribute, importable because tests/ is on sys.path
 
 
-def test_kopt_eval_passes_an_honest_candidate_and_saves_both_jsons(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_kopt_eval_passes_an_honest_candidate_and_saves_both_jsons(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     out, bench = tmp_path / "result.json", tmp_path / "bench.json"
+    trace = tmp_path / "trace.log"
+    monkeypatch.setenv("KOPT_JUDGE_TRACE", str(trace))
     code = main(["eval", "--problem", TOY_REF, str(HOSTILE / "good_axpy.py"), "--quick", "--upto", "benchmark",
                  "--json", str(out), "--benchmark-json", str(bench)])
     printed = capsys.readouterr().out
@@ -37,6 +40,12 @@ def test_kopt_eval_passes_an_honest_candidate_and_saves_both_jsons(tmp_path: Pat
     candidate = saved["benchmarks"][0]
     assert candidate["stats"]["median"] * 1e6 == pytest.approx(result["timings"]["candidate_us"])
     assert len(candidate["stats"]["data"]) == candidate["stats"]["rounds"] >= 2
+    # KOPT_JUDGE_TRACE: a line per stage, checked call and timed case, in order
+    lines = trace.read_text().splitlines()
+    stages = [line.split("] stage ")[1] for line in lines if "] stage " in line]
+    assert stages == ["compile", "correctness", "benchmark"], lines
+    assert f"evaluation of candidate {result['candidate_id']}" in lines[0]
+    assert any("] timed " in line for line in lines) and any("] checked call " in line for line in lines)
 
 
 def test_quick_mode_stops_before_the_profile_unless_the_profile_is_asked_for(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

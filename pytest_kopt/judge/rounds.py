@@ -261,6 +261,7 @@ class CaseBench:
         # where the window went, by the runner's word (diagnostic only): request to runner, runner to reply
         self.timeline.append({"mode": mode, "who": who, "n": len(draws), "window_us": round(elapsed * 1e6, 1),
                               "reply_us": round((replied - start) * 1e6, 1), "runner_us": reply.get("batch_us"),
+                              "calls_us": reply.get("calls_us"),
                               "to_runner_us": round((entered - start) * 1e6, 1) if clocks else None,
                               "from_runner_us": round((replied - answered) * 1e6, 1) if clocks else None})
         described = reply.get("outputs")

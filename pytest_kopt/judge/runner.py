@@ -430,12 +430,14 @@ class Runner:
             self.sync()
         except BaseException as exc:  # noqa: BLE001
             raise CandidateFault(f"the candidate's kernels failed: {describe_exception(exc, self.candidate_name)}") from None
+        called = time.perf_counter()
         event_us = [s.elapsed_time(e) * 1e3 for s, e in pairs] if mode == "device" else []
         described = self.store(results, slots)
         self.sync()
         answered = time.perf_counter()
         return {"ok": True, **self.compact(described), "event_us": event_us, "host_us": host_us,
-                "batch_us": (answered - started) * 1e6, "entered": entered, "answered": answered}
+                "batch_us": (answered - started) * 1e6, "calls_us": (called - started) * 1e6,
+                "entered": entered, "answered": answered}
 
     def do_profile(self, message: dict, fds: list[int]) -> dict:
         from .profile import profile_kernels

@@ -105,7 +105,7 @@ class Supervisor:
         path = os.environ.get("KOPT_JUDGE_TRACE")
         if path:
             with open(path, "a") as trace:
-                trace.write(f"[{self.problem.name} {time.perf_counter() - self._born:7.1f} s] {what}\n")
+                trace.write(f"[{self.problem.name} pid {os.getpid()} {time.perf_counter() - self._born:7.1f} s] {what}\n")
 
     def close_stage(self) -> None:
         if self._stage is not None:
@@ -431,6 +431,9 @@ class Supervisor:
     def run(self) -> dict:
         start = time.perf_counter()
         last = STAGES.index(self.upto)
+        from . import candidate_id
+
+        self.trace(f"evaluation of candidate {candidate_id(self.source)}: up to {self.upto}{', quick' if self.quick else ''}, metric {self.metric}")
         try:
             self.stage_compile()
             if last >= STAGES.index("correctness"):
