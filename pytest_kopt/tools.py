@@ -212,6 +212,8 @@ class Toolbox:
         self._can_skip_sweep = takes_keyword(evaluate, "hypothesis")
         self._takes_metric = takes_keyword(evaluate, "metric")
         self._takes_incumbent = takes_keyword(evaluate, "incumbent")
+        self._takes_baselines = takes_keyword(evaluate, "baselines")
+        self._takes_timing = takes_keyword(evaluate, "timing")
 
     # ---- bookkeeping --------------------------------------------------------------------
     @property
@@ -545,7 +547,9 @@ class Toolbox:
         for (rid, rupto), result in self.results.items():
             if rid != cid:
                 continue
-            if result.get("verdict") == "pass" and STAGES.index(rupto) >= want and not (upto in TIMED and result.get("contended")):
+            untimed = _number(_timings(result).get("candidate_us")) is None  # a profile of a candidate timed before
+            if (result.get("verdict") == "pass" and STAGES.index(rupto) >= want
+                    and not (upto in TIMED and result.get("contended")) and not (upto == "benchmark" and untimed)):
                 return result
             stage = result.get("stage")
             if result.get("verdict") == "fail" and (STAGES.index(stage) if stage in STAGES else 0) <= want:
@@ -561,15 +565,31 @@ class Toolbox:
         return self.record(cid, upto, self.judge(path, upto, **extra), call=call)
 
     def _judge_args(self, cid: str, upto: str) -> tuple[Path, dict]:
-        """(file, the judge's keywords) for an evaluation of ``cid``: without the random-shape sweep when
-        this very file passed it, beside the best when it is timed."""
+        """(file, the judge's keywords) for a tool's evaluation of ``cid``: without the random-shape
+        sweep when this very file passed it; beside the best when it is timed; never timing the
+        baselines (the run timed them when it started: ``objective["baselines_us"]``); and a profile
+        of a candidate with an uncontended timing already is not timed again (``timed_by``)."""
         passed = self.cached(cid, "correctness")  # a pass here means this very file passed the random shapes
         swept = passed is not None and passed.get("verdict") == "pass"
+        timed = self.timed_result(cid) if upto == "profile" and self._takes_timing else None
         best = self.best
         incumbent = None
-        if upto in TIMED and best is not None and best["candidate_id"] != cid:
+        if upto in TIMED and timed is None and best is not None and best["candidate_id"] != cid:
             incumbent = self.run_dir / "candidates" / f"{best['candidate_id']}.py"
-        return self.run_dir / "candidates" / f"{cid}.py", self._keywords(sweep=not swept, incumbent=incumbent)
+        extra = self._keywords(sweep=not swept, incumbent=incumbent)
+        if self._takes_baselines:
+            extra["baselines"] = False
+        if timed is not None:
+            extra["timing"] = False
+        return self.run_dir / "candidates" / f"{cid}.py", extra
+
+    def timed_result(self, cid: str) -> dict | None:
+        """A passing, uncontended result of ``cid`` with a timing (its benchmark), or None."""
+        for (rid, _upto), result in self.results.items():
+            if (rid == cid and result.get("verdict") == "pass" and not result.get("contended")
+                    and _number(_timings(result).get("candidate_us")) is not None):
+                return result
+        return None
 
     def _keywords(self, *, sweep: bool = True, incumbent: Path | None = None) -> dict:
         extra: dict[str, Any] = {} if sweep or not self._can_skip_sweep else {"hypothesis": False}
@@ -680,10 +700,20 @@ class Toolbox:
             out["speedup"] = _number(result.get("speedup"))
             out["vs_baseline"] = self.baseline_us / us if self.baseline_us and us > 0 else None
             out["baselines_us"] = timings.get("baselines")
+            run_baselines = self.objective.get("baselines_us") if isinstance(self.objective, dict) else None
+            if not out["baselines_us"] and isinstance(run_baselines, dict) and run_baselines:
+                # the baselines as the run timed them when it started (tool evaluations leave them out)
+                out["baselines_us"] = run_baselines
+                first = _number(next(iter(run_baselines.values())))
+                out["speedup"] = first / us if first and us > 0 else None
             out["case"] = timings.get("case")
             out["metric"] = timings.get("metric") if timings.get("metric") else None
             if isinstance(timings.get("figures"), dict):
                 out["figures"] = timings["figures"]
+        elif upto == "profile" and result.get("verdict") == "pass" and (before := self.timed_result(cid)) is not None:
+            # profiled without timing again: the timing it has (not a new one, so not logged as one)
+            t = _timings(before)
+            out["timed_before"] = {"upto": before.get("upto"), "candidate_us": _number(t.get("candidate_us")), "figures": t.get("figures")}
         if result.get("contended"):
             out["contended"] = True  # timed beside another evaluation on its device: indicative, never the best
         incumbent = result.get("incumbent")

@@ -113,8 +113,14 @@ class IncumbentJudge(FakeJudge):
         self.asked.append({"candidate": Path(candidate_path).stem, "upto": upto, "metric": metric, "incumbent": incumbent, **kwargs})
         result = super().__call__(problem_name, candidate_path, upto=upto, timeout_s=timeout_s)
         timings = result.get("timings")
+        if timings is not None and kwargs.get("timing") is False:  # a profile without the benchmark stage
+            result.update(timings=None, speedup=None, roofline=None)
+            return result
         if timings is None:
             return result
+        if kwargs.get("baselines") is False:  # the baselines and the reference not timed
+            timings.update(baselines={}, reference_us=None)
+            result["speedup"] = None
         us = timings["candidate_us"]
         timings.update(metric=metric, figures={"eager": us * 1.25, "device": us, "graph": us * 0.5})
         timings["candidate_us"] = timings["figures"][metric]

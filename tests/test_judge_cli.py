@@ -149,3 +149,20 @@ def test_pytest_route_fails_at_the_stage_and_skips_the_rest(tmp_path: Path) -> N
     assert run.returncode == 1, run.stdout + run.stderr
     assert "policy failed" in run.stdout and "third-party kernel libraries" in run.stdout
     assert "1 failed, 4 skipped" in run.stdout, run.stdout
+
+
+def test_the_loops_cheaper_evaluations_leave_out_the_baselines_or_the_timing(tmp_path: Path) -> None:
+    """``baselines=False``: the candidate timed, the baselines and the reference not (the loop timed
+    them when its run started); ``timing=False`` with ``upto="profile"``: a profile, no timing."""
+    from pytest_kopt.judge import evaluate
+
+    timed = evaluate(TOY_REF, HOSTILE / "good_axpy.py", quick=True, upto="benchmark", baselines=False)
+    assert timed["verdict"] == "pass" and timed["timings"]["candidate_us"] > 0
+    assert timed["timings"]["baselines"] == {} and timed["timings"]["reference_us"] is None and timed["speedup"] is None
+    assert {b["name"].split("[")[0] for b in timed["benchmarks"]} == {"candidate"}
+    assert any("baselines not timed" in n for n in timed["notes"])
+    profiled = evaluate(TOY_REF, HOSTILE / "good_axpy.py", quick=True, upto="profile", timing=False, hypothesis=False)
+    assert profiled["verdict"] == "pass" and profiled["stage"] == "profile"
+    assert profiled["timings"] is None and profiled["profile"]["kernels"]
+    assert "stage:benchmark" not in profiled["seconds"]
+

@@ -90,6 +90,48 @@ def test_a_candidate_becomes_best_only_when_its_interval_against_the_best_clears
     assert "1.060x [1.040, 1.080]" in table and "eager*" in table and "56.0 us" in table
 
 
+def test_tool_evaluations_leave_out_the_baselines_and_a_profile_after_a_timing_is_not_timed_again(tmp_path):
+    """What made a loop's benchmark and profile calls slow on the H200 (fla, the reference and every
+    case timed again in each): the baselines are timed once, when the run starts (the objective's
+    ``baselines_us``); a profile of a candidate with an uncontended timing only profiles."""
+    judge = IncumbentJudge()
+    log = EventLog(tmp_path / "run" / "events.jsonl", "run")
+    objective = {"problem": "fake", "baseline_us": 956.0, "min_gain": 0.01, "metric": "eager", "baselines_us": {"fla": 700.0}}
+    tools = Toolbox(FakeProblem(tmp_path / "problem"), objective, log, tmp_path / "run", 50, evaluate=judge)
+    first = bench(tools, X)
+    assert judge.asked[-1]["baselines"] is False
+    assert first["baselines_us"] == {"fla": 700.0} and first["speedup"] == pytest.approx(700.0 / first["candidate_us"])
+    second = bench(tools, Y)  # beside the best: timed with the incumbent, still no baselines
+    assert judge.asked[-1]["incumbent"] is not None and judge.asked[-1]["baselines"] is False
+    best = dict(tools.best)
+    profiled = tools.call("profile", candidate_id=second["candidate_id"])
+    assert judge.asked[-1]["timing"] is False and judge.asked[-1]["incumbent"] is None and judge.asked[-1]["upto"] == "profile"
+    assert profiled["verdict"] == "pass" and "candidate_us" not in profiled
+    assert profiled["timed_before"]["candidate_us"] == second["candidate_us"]
+    assert tools.best == best  # a profile without a timing changes nothing about the best
+    verdict = [e for e in read_events(tools.log.path) if e["kind"] == "verdict"][-1]
+    assert verdict["upto"] == "profile" and verdict["candidate_us"] is None
+    # the untimed profile never answers a benchmark; the benchmark it followed does (no new evaluation)
+    asked = len(judge.asked)
+    again = tools.call("benchmark", candidate_id=second["candidate_id"])
+    assert len(judge.asked) == asked and again["cached"] and again["candidate_us"] == second["candidate_us"]
+    # a profile of a candidate never timed times it (and beside the best)
+    z = tools.call("write_candidate", source=Z, strategy="fast")["candidate_id"]
+    tools.call("profile", candidate_id=z)
+    assert "timing" not in judge.asked[-1] and judge.asked[-1]["incumbent"] is not None
+
+
+def test_the_run_start_times_the_baselines(tmp_path):
+    """The baseline candidate's evaluation, which fixes the objective (``Toolbox.judge``, as
+    ``Run._start`` calls it), keeps the baselines: the run's ``baselines_us`` come from it."""
+    judge = IncumbentJudge()
+    tools = toolbox(tmp_path, judge)
+    baseline = tmp_path / "baseline.py"
+    baseline.write_text(X)
+    result = tools.judge(baseline, "benchmark")
+    assert "baselines" not in judge.asked[-1] and result["timings"]["baselines"] == {"eager": 500.0}
+
+
 def test_without_the_judges_comparison_the_times_and_min_gain_decide(tmp_path):
     tools = toolbox(tmp_path, IncumbentJudge(incumbent_error="the incumbent failed to compile"))
     bench(tools, X)

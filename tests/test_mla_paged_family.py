@@ -300,6 +300,9 @@ def test_plan_is_reused_and_direct_launch_values_follow_the_signature(tmp_dir):
     runtime = len(names) - len(plan["constexprs"])
     assert names[runtime:] == list(plan["constexprs"]) and plan["constexpr_values"] == list(plan["constexprs"].values())
     assert not plan["direct"] and plan["compiled"] is None  # the interpreter always goes through the JIT entry
+    # a compiled kernel's launcher reads grid[0], grid[1] and grid[2]: a 2-element grid raised
+    # IndexError on the H200's first direct launch, which the interpreter never makes
+    assert len(plan["grid"]) == 3 and len(plan["merge_grid"]) == 3
 
 
 # ---- sm_90 ----------------------------------------------------------------------------------------

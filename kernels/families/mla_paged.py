@@ -495,7 +495,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index):
                       B_P2=triton.next_power_of_2(B), PAGE_CHUNK=PAGE_CHUNK, MERGE_W=max(16, min(D_NOPE, FUSED_MERGE_ELEMS // block_h)), DN=D_NOPE, DR=D_ROPE, PDL=pdl)
     merge_constexprs = dict(BLOCK_V=merge_bv, CHUNK=MERGE_SPLIT_CHUNK, DN=D_NOPE, PDL=pdl)
     return dict(
-        grid=(n_rb, parts), merge_grid=(R, D_NOPE // merge_bv, B), fused=merge == "fused", tma=tma,
+        grid=(n_rb, parts, 1), merge_grid=(R, D_NOPE // merge_bv, B), fused=merge == "fused", tma=tma,
         sizes=(B, Sq, H, num_pages * page, block_table.shape[1]),
         strides=(q.stride(0), q.stride(1), q.stride(2), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0)),
         constexprs=constexprs, merge_constexprs=merge_constexprs,

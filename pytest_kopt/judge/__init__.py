@@ -56,6 +56,8 @@ def evaluate(
     slot: int = 0,
     min_examples: int | None = None,
     visible_devices: str | None = None,
+    baselines: bool = True,
+    timing: bool = True,
 ) -> dict:
     """Judge one candidate file; returns the result dict (``verdict`` is "pass" or "fail").
 
@@ -70,7 +72,9 @@ def evaluate(
     ``min_examples`` overrides how many random shapes the sweep must judge. ``visible_devices``
     pins the evaluation to GPUs: the supervisor (and so its runner, which keeps the variable) sees
     them as ``CUDA_VISIBLE_DEVICES`` (None: whatever this process sees), so parallel evaluations
-    each get their own GPU (docs/parallel.md).
+    each get their own GPU (docs/parallel.md). ``baselines=False`` leaves the baselines' and the
+    reference's timing out (the loop times them once, when its run starts); ``timing=False`` with
+    ``upto="profile"`` profiles without timing again (the loop's profile of a candidate it timed).
     """
 
     if upto not in STAGES:
@@ -107,7 +111,8 @@ def evaluate(
             incumbent_source, incumbent_error = _incumbent(incumbent, static_policy)
             result.update(_supervise(problem_name, problem, source, upto=upto, quick=quick, timeout_s=timeout_s, seed=seed,
                                      hypothesis=hypothesis, metric=metric, incumbent=incumbent_source, slot=slot,
-                                     min_examples=min_examples, visible_devices=visible_devices))
+                                     min_examples=min_examples, visible_devices=visible_devices, baselines=baselines,
+                                     timing=timing))
             if incumbent is not None and incumbent_error:
                 result["incumbent"] = None
                 result["incumbent_error"] = incumbent_error
@@ -134,7 +139,7 @@ def _incumbent(path: str | Path | None, static_policy: bool) -> tuple[str | None
 
 def _supervise(problem_ref: str, problem: Any, source: str, *, upto: str, quick: bool, timeout_s: float, seed: int | None,
                hypothesis: bool, metric: str, incumbent: str | None, slot: int, min_examples: int | None,
-               visible_devices: str | None = None) -> dict:
+               visible_devices: str | None = None, baselines: bool = True, timing: bool = True) -> dict:
     """Run the supervisor process on ``source``; its result, or a failure saying how it ended."""
     remove_stale_workdirs()
     workdir = Path(tempfile.mkdtemp(prefix=f"kopt-eval-{os.getpid()}-"))  # 0700: the supervisor's alone
@@ -153,6 +158,10 @@ def _supervise(problem_ref: str, problem: Any, source: str, *, upto: str, quick:
             argv += ["--seed", str(seed)]
         if not hypothesis:
             argv.append("--no-hypothesis")
+        if not baselines:
+            argv.append("--no-baselines")
+        if not timing:
+            argv.append("--no-timing")
         if min_examples is not None:
             argv += ["--min-examples", str(min_examples)]
         run, payload = run_supervisor(argv, timeout_s=timeout_s, workdir=workdir, visible_devices=visible_devices)

@@ -158,7 +158,12 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
     baselines, baseline_figures, baseline_errors = {}, {}, {}
     reference_figures: dict | None = None
     started = time.perf_counter()
-    for name, fn in [(b.name, b.fn) for b in problem.baselines(str(sup.device))] + [("reference", problem.reference)]:
+    timed_locally = [(b.name, b.fn) for b in problem.baselines(str(sup.device))] + [("reference", problem.reference)]
+    if not sup.time_baselines:
+        timed_locally = []
+        if "baselines not timed" not in " ".join(sup.result["notes"]):
+            sup.result["notes"].append("baselines not timed in this evaluation (the loop timed them once, at its start)")
+    for name, fn in timed_locally:
         try:
             figs, entries = bench.local_figures(name, fn, order)
         except Exception as exc:  # noqa: BLE001 - a baseline that cannot run here is reported, not fatal

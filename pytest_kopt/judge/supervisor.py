@@ -52,7 +52,8 @@ class Supervisor:
     """One evaluation. ``run()`` returns the result dict (docs/architecture.md pins its keys)."""
 
     def __init__(self, problem: Any, source: str, *, workdir: Path, upto: str, quick: bool, seed: int | None, metric: str,
-                 incumbent: str | None, deadline: float, slot: int, hypothesis: bool, min_examples: int | None) -> None:
+                 incumbent: str | None, deadline: float, slot: int, hypothesis: bool, min_examples: int | None,
+                 baselines: bool = True, time_cases: bool = True) -> None:
         import torch
 
         self.torch = torch
@@ -66,6 +67,8 @@ class Supervisor:
         self.deadline = deadline
         self.slot = slot
         self.hypothesis = hypothesis
+        self.time_baselines = baselines  # False: the baselines and the reference are not timed (the loop has them)
+        self.time_cases = time_cases  # False: a profile without the benchmark stage (the loop timed it already)
         self.rng = random.Random(seed) if seed is not None else secrets.SystemRandom()
         self.cuda = torch.cuda.is_available()
         self.device = torch.device("cuda" if self.cuda else "cpu")
@@ -440,7 +443,7 @@ class Supervisor:
                 self.stage_correctness()
             elif self.first_reasons:
                 raise StageFailed("compile", self.first_reasons)
-            if last >= STAGES.index("benchmark"):
+            if last >= STAGES.index("benchmark") and (self.time_cases or self.upto != "profile"):
                 self.stage_benchmark()
             if last >= STAGES.index("profile"):
                 self.stage_profile()
@@ -510,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slot", type=int, default=0)
     parser.add_argument("--min-examples", type=int)
     parser.add_argument("--no-hypothesis", action="store_true")
+    parser.add_argument("--no-baselines", action="store_true")
+    parser.add_argument("--no-timing", action="store_true")
     args = parser.parse_args(argv)
     die_with_parent()
     proctree.become_subreaper()  # what a runner detaches is re-parented here, in view (proctree)
@@ -535,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     problem = resolve_problem(args.problem, module=args.problem_module, qualname=args.problem_class)
     supervisor = Supervisor(problem, source, workdir=args.candidate.parent, upto=args.upto, quick=args.quick, seed=args.seed,
                             metric=args.metric, incumbent=incumbent, deadline=deadline, slot=args.slot,
-                            hypothesis=not args.no_hypothesis, min_examples=args.min_examples)
+                            hypothesis=not args.no_hypothesis, min_examples=args.min_examples,
+                            baselines=not args.no_baselines, time_cases=not args.no_timing)
     supervisor.prestarted = prestarted
     result = supervisor.run()
     from .channel import finite
