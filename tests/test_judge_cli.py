@@ -166,3 +166,25 @@ def test_the_loops_cheaper_evaluations_leave_out_the_baselines_or_the_timing(tmp
     assert profiled["timings"] is None and profiled["profile"]["kernels"]
     assert "stage:benchmark" not in profiled["seconds"]
 
+
+def test_the_warmers_compile_ahead_every_shape_the_correctness_stage_then_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KOPT_WARM_WORKERS (on by default on a GPU only): the runner's warmers call the candidate on
+    the explicit cases and on the sweep's shapes, planned by a dry run of the sweep with its secret
+    seed, before the checked calls; the verdict still comes from the checked calls alone."""
+    from pytest_kopt.judge import evaluate
+
+    trace = tmp_path / "trace.log"
+    monkeypatch.setenv("KOPT_WARM_WORKERS", "2")
+    monkeypatch.setenv("KOPT_JUDGE_TRACE", str(trace))
+    result = evaluate(TOY_REF, HOSTILE / "good_axpy.py", quick=True, upto="correctness")
+    assert result["verdict"] == "pass", result["reasons"]
+    warm = result["warm"]
+    assert warm["workers"] == 2 and warm["failed"] == 0
+    checked = [line.split("] checked call ")[1].split(":")[0] for line in trace.read_text().splitlines() if "] checked call " in line]
+    swept = checked[-result["correctness"]["hypothesis_examples"]:]
+    assert swept and set(swept) <= set(warm["shapes"])  # the dry run planned the shapes the sweep drew
+    # a candidate wrong past N = 128 still fails on its checked calls: warming judged nothing
+    wrong = evaluate(TOY_REF, HOSTILE / "small_shapes_only.py", quick=True, upto="correctness", seed=5)
+    assert wrong["verdict"] == "fail" and wrong["stage"] == "correctness", wrong["reasons"]
+    assert wrong["warm"]["failed"] == 0  # its warm calls raised nothing: they are not checked
+

@@ -239,6 +239,42 @@ class Runner:
             raise CandidateFault("the candidate defines no callable kernel(...)")
         return {"ok": True, "import_s": time.perf_counter() - start}
 
+    def do_warm(self, message: dict, fds: list[int]) -> dict:
+        """Compile ahead: ``workers`` children (``pytest_kopt.judge.warm``) call the loaded candidate
+        once on each of ``cases`` (dealt round robin) with inputs of their own, filling this
+        candidate's Triton cache in parallel; all of them have exited (or been killed after
+        ``limit_s``) before the answer. Per case: seconds and the error it raised, if any."""
+        import json
+        import subprocess
+
+        if self.kernel is None:
+            raise ValueError("warm needs a loaded candidate")
+        cases = list(message["cases"])
+        workers = max(1, min(int(message["workers"]), len(cases)))
+        problem = message["problem"]
+        deadline = time.monotonic() + float(message.get("limit_s") or 120.0)
+        shares = [list(range(k, len(cases), workers)) for k in range(workers)]
+        procs = []
+        for share in shares:
+            argv = [sys.executable, "-s", "-P", "-m", "pytest_kopt.judge.warm", "--candidate", str(Path(os.getcwd()) / self.candidate_name),
+                    "--problem", str(problem["ref"]), "--problem-module", str(problem["module"]), "--problem-class", str(problem["qualname"]),
+                    "--device", str(self.device), "--cases", json.dumps([cases[i] for i in share]), "--parent-pid", str(os.getpid())]
+            procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
+        warmed: list[dict | None] = [None] * len(cases)
+        for share, proc in zip(shares, procs):
+            try:
+                out, _ = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+                rows = json.loads(out.decode().strip().splitlines()[-1])
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                rows = [{"seconds": None, "error": "not warmed before the time ran out"}] * len(share)
+            except (ValueError, IndexError):
+                rows = [{"seconds": None, "error": f"the warmer ended with code {proc.returncode} and no report"}] * len(share)
+            for i, row in zip(share, rows):
+                warmed[i] = row
+        return {"ok": True, "warmed": warmed, "workers": workers}
+
     def do_prepare(self, message: dict, fds: list[int]) -> dict:
         """Build (once) the input views of a slot and remember where its outputs go."""
         from .arena import TensorSpec

@@ -11,7 +11,8 @@ profile) are read as claims: they can fail a candidate, never pass one.
 
 Stages: compile (the runner imports the file; first call on the smoke case), correctness
 (explicit cases twice each, fresh data the second time at the same addresses; then hypothesis
-shapes, at least ``min_examples`` of them, shrunk to the minimal failing one), benchmark (three
+shapes, at least ``min_examples`` of them, shrunk to the minimal failing one; on a GPU the runner's
+warmers first compile every shape the stage will check, in parallel), benchmark (three
 figures per timed case; baselines and the reference in this process), profile (the runner's
 per-kernel breakdown, shown as reported).
 """
@@ -69,6 +70,8 @@ class Supervisor:
         self.hypothesis = hypothesis
         self.time_baselines = baselines  # False: the baselines and the reference are not timed (the loop has them)
         self.time_cases = time_cases  # False: a profile without the benchmark stage (the loop timed it already)
+        self.sweep_seed: int | None = None  # the random-shape sweep's (secret) seed, drawn when first needed
+        self.problem_ref = problem.name  # how a runner's warmers name the problem (main() passes --problem)
         self.rng = random.Random(seed) if seed is not None else secrets.SystemRandom()
         self.cuda = torch.cuda.is_available()
         self.device = torch.device("cuda" if self.cuda else "cpu")
@@ -323,6 +326,8 @@ class Supervisor:
         problem = self.problem
         cases = [c for c in problem.correctness_cases(str(self.device), quick=self.quick)]
         reasons = list(self.first_reasons)
+        if not reasons:
+            self.warm([*cases, *(self.sweep_plan() if self.hypothesis else [])])
         try:
             if not reasons:  # the smoke case's second call: new data at the same addresses
                 inputs = self.make(problem.smoke_case)
@@ -344,12 +349,77 @@ class Supervisor:
         else:
             self.result["correctness"].update(hypothesis_examples=0, hypothesis_skipped="this file passed the sweep in an earlier evaluation")
 
-    def hypothesis_cases(self) -> None:
-        """Random shapes from the problem's strategy, at least ``min_examples`` of them; on failure
-        hypothesis shrinks to the smallest failing case it can find in the time left."""
+    def sweep(self, check: Any) -> Any:
+        """``check`` as the random-shape sweep runs it: hypothesis over the problem's strategy, with
+        this evaluation's secret sweep seed (the same shapes each time it is run, while they pass)."""
         from hypothesis import HealthCheck, Phase, given, settings
         from hypothesis import seed as hypothesis_seed
 
+        if self.sweep_seed is None:
+            self.sweep_seed = self.seed()
+        test = given(self.problem.case_strategy(str(self.device)))(check)
+        test = settings(max_examples=self.target_examples, deadline=None, database=None, derandomize=False, print_blob=False,
+                        report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
+                        phases=[Phase.explicit, Phase.generate, Phase.shrink])(test)
+        return hypothesis_seed(self.sweep_seed)(test)
+
+    def sweep_plan(self) -> list[dict]:
+        """The shapes the sweep will draw first (a dry run of it: nothing is called)."""
+        planned: list[dict] = []
+        seen: set[str] = set()
+
+        def record(case: dict) -> None:
+            key = json.dumps(case, sort_keys=True, default=str)
+            if key not in seen:
+                seen.add(key)
+                planned.append(dict(case))
+
+        try:
+            self.sweep(record)()
+        except Exception:  # noqa: BLE001 - a plan is only a hint for the warmers
+            pass
+        return planned
+
+    def warm(self, cases: list[dict]) -> None:
+        """Compile ahead: the runner's warmers (``Runner.do_warm``) call the candidate once on each
+        shape the stage will check, in parallel, so the checked calls find its Triton cache full.
+        On a GPU (``KOPT_WARM_WORKERS``: how many; 0 turns it off; it forces it on the CPU, for
+        tests). Only a time saver: what is judged is the checked calls that follow."""
+        from .client import RunnerFailure
+        from .problemref import hints
+
+        default = min(4, max(1, (os.cpu_count() or 2) // 4)) if self.cuda else 0
+        workers = int(os.environ.get("KOPT_WARM_WORKERS", default))
+        shapes: dict[str, dict] = {}
+        for case in cases:
+            shape = {k: v for k, v in case.items() if k != "dist"}  # a distribution changes values, not kernels
+            shapes.setdefault(json.dumps(shape, sort_keys=True, default=str), case)
+        if workers <= 0 or not shapes:
+            return
+        module, qualname = hints(self.problem)
+        started = time.perf_counter()
+        limit_s = min(120.0, self.deadline - time.monotonic() - 60.0)
+        if limit_s < 10.0:
+            return
+        try:
+            reply = self.client.request("warm", cases=list(shapes.values()), workers=workers, limit_s=limit_s, timeout=limit_s + 30.0,
+                                        problem={"ref": self.problem_ref, "module": module, "qualname": qualname})
+        except RunnerFailure as failure:
+            if failure.fatal:
+                raise CandidateFault(failure.reason, fatal=True) from None
+            self.result["notes"].append(f"the compile-ahead warmers failed: {failure.reason}"[:300])
+            return
+        finally:
+            self.spent("warm", started)
+        rows = [r for r in reply.get("warmed") or [] if isinstance(r, dict)]
+        failed = sum(1 for r in rows if r.get("error"))
+        self.result["warm"] = {"shapes": [self.label(c) for c in shapes.values()], "workers": reply.get("workers"),
+                               "seconds": time.perf_counter() - started, "failed": failed}
+        self.trace(f"warmed {len(shapes)} shapes with {reply.get('workers')} workers in {time.perf_counter() - started:.1f} s ({failed} raised)")
+
+    def hypothesis_cases(self) -> None:
+        """Random shapes from the problem's strategy, at least ``min_examples`` of them; on failure
+        hypothesis shrinks to the smallest failing case it can find in the time left."""
         budget_s = 90.0 if self.quick else 300.0
         deadline = min(time.monotonic() + budget_s, self.deadline - 30)
         outcomes: dict[str, list[str]] = {}
@@ -378,11 +448,7 @@ class Supervisor:
             if outcomes[key]:
                 raise CaseFailed(key)
 
-        test = given(self.problem.case_strategy(str(self.device)))(check)
-        test = settings(max_examples=self.target_examples, deadline=None, database=None, derandomize=False, print_blob=False,
-                        report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
-                        phases=[Phase.explicit, Phase.generate, Phase.shrink])(test)
-        test = hypothesis_seed(self.seed())(test)
+        test = self.sweep(check)
         started = time.perf_counter()
         try:
             test()
@@ -543,6 +609,7 @@ def main(argv: list[str] | None = None) -> int:
                             hypothesis=not args.no_hypothesis, min_examples=args.min_examples,
                             baselines=not args.no_baselines, time_cases=not args.no_timing)
     supervisor.prestarted = prestarted
+    supervisor.problem_ref = args.problem
     result = supervisor.run()
     from .channel import finite
 
