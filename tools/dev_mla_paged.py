@@ -59,8 +59,8 @@ SMOKE_DENSE = [{"B": 1, "Sq": 2, "H": 16, "Skv": 64}, {"B": 2, "Sq": 1, "H": 16,
 
 # (name, family, knob overrides); "best" is the promoted dense kernel file itself
 PAGED_VARIANTS = {
-    "paged": ("mla_paged", {}),  # the family defaults (CONFIG auto)
-    "paged-direct": ("mla_paged", {"LAUNCH": "direct"}),
+    "paged": ("mla_paged", {}),  # the family defaults (CONFIG auto, LAUNCH direct)
+    "paged-jit": ("mla_paged", {"LAUNCH": "jit"}),  # every call through the JIT entry
     "paged-fused": ("mla_paged", {"MERGE": "fused"}),
     "paged-kernel": ("mla_paged", {"MERGE": "kernel"}),
     "paged-ov0": ("mla_paged", {"OVERHEAD": 0}),
@@ -74,7 +74,7 @@ DENSE_VARIANTS = {
     "balanced-direct": ("mla_decode", {**BALANCED, "LAUNCH": "direct"}),
     "balanced-fused-direct": ("mla_decode", {**BALANCED, "MERGE": "fused", "LAUNCH": "direct"}),
 }
-DEFAULT_VARIANTS = ["paged", "paged-direct", "best", "balanced", "balanced-direct"]
+DEFAULT_VARIANTS = ["paged", "paged-jit", "best", "balanced", "balanced-direct"]
 
 
 def render(name: str, family: str | None, overrides: dict, out_dir: Path):
