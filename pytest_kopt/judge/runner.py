@@ -95,6 +95,15 @@ class CandidateFault(Exception):
         self.fatal = any(m in reason for m in FATAL_MARKERS)
 
 
+def import_candidate(path: Path | str) -> Any:
+    """The candidate file imported as the module ``kopt_candidate`` (by the runner and its warmers)."""
+    spec = importlib.util.spec_from_file_location("kopt_candidate", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules["kopt_candidate"] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
 def plain_outputs(outputs: Any, count: int) -> list[Any]:
     """The outputs as a list of plain tensors or None; a tensor or tuple subclass could answer
     anything, so neither is accepted."""
@@ -228,10 +237,7 @@ class Runner:
         path.write_text(str(message["source"]))
         start = time.perf_counter()
         try:
-            spec = importlib.util.spec_from_file_location("kopt_candidate", path)
-            module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-            sys.modules["kopt_candidate"] = module
-            spec.loader.exec_module(module)  # type: ignore[union-attr]
+            module = import_candidate(path)
         except BaseException as exc:  # noqa: BLE001
             raise CandidateFault(f"importing the candidate failed: {describe_exception(exc, self.candidate_name)}") from None
         self.kernel = getattr(module, "kernel", None)

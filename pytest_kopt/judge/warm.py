@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import importlib.util
 import json
 import os
 import secrets
 import signal
-import sys
 import time
 
 PR_SET_PDEATHSIG = 1
@@ -48,11 +46,9 @@ def main(argv: list[str] | None = None) -> None:
     from .problemref import resolve_problem
 
     problem = resolve_problem(args.problem, module=args.problem_module, qualname=args.problem_class)
-    spec = importlib.util.spec_from_file_location("kopt_candidate", args.candidate)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules["kopt_candidate"] = module
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    kernel = module.kernel
+    from .runner import import_candidate
+
+    kernel = import_candidate(args.candidate).kernel
     report = []
     for case in json.loads(args.cases):
         started = time.perf_counter()
