@@ -411,11 +411,11 @@ class Supervisor:
             return
         finally:
             self.spent("warm", started)
-        rows = [r for r in reply.get("warmed") or [] if isinstance(r, dict)]
-        failed = sum(1 for r in rows if r.get("error"))
-        self.result["warm"] = {"shapes": [self.label(c) for c in shapes.values()], "workers": reply.get("workers"),
+        rows = reply.get("warmed") if isinstance(reply.get("warmed"), list) else []
+        failed = sum(1 for r in rows if isinstance(r, dict) and r.get("error"))  # the runner's word: shown, never weighed
+        self.result["warm"] = {"shapes": [self.label(c) for c in shapes.values()], "workers": workers,
                                "seconds": time.perf_counter() - started, "failed": failed}
-        self.trace(f"warmed {len(shapes)} shapes with {reply.get('workers')} workers in {time.perf_counter() - started:.1f} s ({failed} raised)")
+        self.trace(f"warmed {len(shapes)} shapes with {workers} workers in {time.perf_counter() - started:.1f} s ({failed} raised)")
 
     def hypothesis_cases(self) -> None:
         """Random shapes from the problem's strategy, at least ``min_examples`` of them; on failure
