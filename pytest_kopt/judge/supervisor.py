@@ -326,9 +326,9 @@ class Supervisor:
         problem = self.problem
         cases = [c for c in problem.correctness_cases(str(self.device), quick=self.quick)]
         reasons = list(self.first_reasons)
-        if not reasons and self.hypothesis:  # without the sweep, the file was judged before: its cache is warm
-            self.warm([*cases, *self.sweep_plan()])
         try:
+            if not reasons and self.hypothesis:  # without the sweep, the file was judged before: its cache is warm
+                self.warm([*cases, *self.sweep_plan()])
             if not reasons:  # the smoke case's second call: new data at the same addresses
                 inputs = self.make(problem.smoke_case)
                 expected = self.reference(inputs)
