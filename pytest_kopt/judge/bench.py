@@ -47,6 +47,8 @@ def benchmark_stage(sup: Any) -> None:
             ceilings = {"bytes_per_s": measured["bytes_per_s"], "flops_per_s": measured["flops_per_s"], "source": "measured in this run"}
         except Exception as exc:  # noqa: BLE001 - keep the defaults
             result["notes"].append(f"could not measure ceilings: {exc}")
+    if not sup.time_baselines:
+        result["notes"].append("baselines not timed in this evaluation (the loop timed them once, at its start)")
     incumbent = _start_incumbent(sup)
     per_case = []
     ratios: list[list[float]] = []
@@ -159,11 +161,7 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
     reference_figures: dict | None = None
     started = time.perf_counter()
     timed_locally = [(b.name, b.fn) for b in problem.baselines(str(sup.device))] + [("reference", problem.reference)]
-    if not sup.time_baselines:
-        timed_locally = []
-        if "baselines not timed" not in " ".join(sup.result["notes"]):
-            sup.result["notes"].append("baselines not timed in this evaluation (the loop timed them once, at its start)")
-    for name, fn in timed_locally:
+    for name, fn in timed_locally if sup.time_baselines else []:
         try:
             figs, entries = bench.local_figures(name, fn, order)
         except Exception as exc:  # noqa: BLE001 - a baseline that cannot run here is reported, not fatal

@@ -225,7 +225,8 @@ class Supervisor:
             self.call_seconds[label] = float(seconds)
         elif isinstance(seconds, (int, float)):
             self.call_seconds[label] = min(self.call_seconds[label], float(seconds))
-        self.trace(f"checked call {label}: {time.perf_counter() - started:.2f} s (runner {seconds if not isinstance(seconds, (int, float)) else round(seconds, 3)} s)")
+        self.trace(f"checked call {label}: {time.perf_counter() - started:.2f} s (runner {seconds:.3f} s)"
+                   if isinstance(seconds, (int, float)) else f"checked call {label}: the runner gave no time")
         slots.take_snapshot()
         outputs, problems = slots.outputs(0, reply.get("outputs"))
         honesty = reply.get("honesty")
