@@ -187,4 +187,9 @@ def test_the_warmers_compile_ahead_every_shape_the_correctness_stage_then_checks
     wrong = evaluate(TOY_REF, HOSTILE / "small_shapes_only.py", quick=True, upto="correctness", seed=5)
     assert wrong["verdict"] == "fail" and wrong["stage"] == "correctness", wrong["reasons"]
     assert wrong["warm"]["failed"] == 0  # its warm calls raised nothing: they are not checked
+    # a malformed setting is said, not a traceback (on the CPU the default is no warmers)
+    monkeypatch.setenv("KOPT_WARM_WORKERS", "four")
+    told = evaluate(TOY_REF, HOSTILE / "good_axpy.py", quick=True, upto="correctness")
+    assert told["verdict"] == "pass" and "warm" not in told
+    assert any("KOPT_WARM_WORKERS='four' is not a whole number" in n for n in told["notes"])
 

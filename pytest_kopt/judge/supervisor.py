@@ -390,7 +390,12 @@ class Supervisor:
         from .problemref import hints
 
         default = min(4, max(1, (os.cpu_count() or 2) // 4)) if self.cuda else 0
-        workers = int(os.environ.get("KOPT_WARM_WORKERS", default))
+        try:
+            workers = int(os.environ.get("KOPT_WARM_WORKERS", default))
+        except ValueError:
+            self.result["notes"].append(f"KOPT_WARM_WORKERS={os.environ['KOPT_WARM_WORKERS']!r} is not a whole number: "
+                                        f"{default} warmers used")
+            workers = default
         shapes: dict[str, dict] = {}
         for case in cases:
             shape = {k: v for k, v in case.items() if k != "dist"}  # a distribution changes values, not kernels
