@@ -109,6 +109,27 @@ def test_where_each_kernel_runs(hopper, shape, dtype, launches):
         assert out.grid == (NT, -(-V // min(V, 64)), BH) and out.options == {"num_warps": 4, "num_stages": 2}
 
 
+@pytest.mark.parametrize("beside_knob, shape, bv, beside", [
+    ("quarter", (1, 64, 2, 128, 128), 64, False),  # four 64-wide programs: more than SMS / 4
+    ("wide", (1, 64, 2, 128, 128), 128, True),  # two 128-wide programs: beside (B2 T16384 H16 on the H200)
+    ("wide", (1, 64, 1, 128, 128), 64, True),  # beside at 64 already: unchanged
+    ("wide", (1, 64, 3, 128, 128), 64, False),  # three 128-wide programs would still be more than SMS / 4
+    ("wide", (1, 40, 4, 64, 64), 64, False),  # V 64: no 128-wide program
+])
+def test_the_beside_knob_picks_the_scan_width(hopper, tmp_path, monkeypatch, beside_knob, shape, bv, beside):
+    module = render({"beside": beside_knob}, tmp_path)
+    monkeypatch.setattr(module, "_Launch", Recorder)
+    module.kernel(**fake_inputs(*shape))
+    made = next(reversed(module._PLANS.values())).launches
+    names = [r.name for r in made]
+    assert names == (["_kda_scan_wgmma_ws", "_kda_prep_gluon"] if beside else ["_kda_prep_gluon", "_kda_scan_wgmma_ws"])
+    scan, prep = made if beside else made[::-1]
+    B, T, H, K, V = shape
+    assert scan.grid == (V // bv, B * H) and scan.options == {"num_warps": bv // 16} and scan.args["BV"] == bv
+    assert scan.args["WAIT"] == beside and prep.args["FLAG"] == beside and prep.options["launch_pdl"] == beside
+    assert scan.args["ua_desc"].block_shape[-1] == bv and scan.args["o_desc"].block_shape == [1, 32, bv]
+
+
 def test_other_gpus_and_misaligned_inputs_take_the_triton_path(hopper):
     x = fake_inputs(1, 64, 1, 128, 128)
     x["q"] = torch.Tensor._make_subclass(FakeCuda, torch.empty(1 * 64 * 128 + 4, dtype=torch.bfloat16)[4:].view(1, 64, 1, 128))
