@@ -44,13 +44,16 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDes
 # -- knobs.py ----------------------------------------------------------------------------------------------------------
 # The knobs. ``launch``: how a call launches its kernels once its plan is built (host.py): "compiled" straight through
 # the compiled kernels, "jit" through ``JITFunction.run`` (binding and specialising every argument again: tens of
-# microseconds); the CPU interpreter always takes the second. The family's other choices were measured on the H200 and
-# retired (kernels/notes/kda/README.md).
+# microseconds); the CPU interpreter always takes the second. ``beside``: where the scan runs beside the preparation
+# (host.py), "quarter" where its 64-wide programs number at most a quarter of the SMs (the headline's 32 of the H200's
+# 132), "wide" also where 128-wide programs would (then 128-wide: B2 T16384 H16's 32 programs). The family's other
+# choices were measured on the H200 and retired (kernels/notes/kda/README.md).
 
 # kopt:knobs-begin
-KNOBS = {"launch": "compiled"}
+KNOBS = {"launch": "compiled", "beside": "quarter"}
 # kopt:knobs-end
-SPACE = {"launch": ["compiled", "jit"]}
+SPACE = {"launch": ["compiled", "jit"], "beside": ["quarter", "wide"]}
+TRY_EARLY = [{"beside": "wide"}]
 
 
 # -- common.py ---------------------------------------------------------------------------------------------------------
@@ -944,10 +947,10 @@ def _kda_scan_wgmma_ws(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT
 #
 # Where. On Hopper with bf16 q, k, v, float32 g, TMA-compatible strides, K 32/64/128 and V a multiple of 64: the
 # fused Gluon preparation, then the Gluon scan. Where the scan has at most a quarter as many programs as the GPU has
-# SMs (the headline's 32 on the H200's 132) it is launched first, the preparation beside it as its programmatic
-# dependent, flagging each chunk once stored: there the scan's chain is the longer stage (H200: -12 % at the
-# headline). Elsewhere the Triton block rows and solve, then the Gluon scan where it applies, else the Triton scan
-# and read-out: always so on the CPU interpreter.
+# SMs (the headline's 32 on the H200's 132; knob ``beside`` "wide": also where as many 128-wide programs would be) it
+# is launched first, the preparation beside it as its programmatic dependent, flagging each chunk once stored: there
+# the scan's chain is the longer stage (H200: -12 % at the headline). Elsewhere the Triton block rows and solve, then
+# the Gluon scan where it applies, else the Triton scan and read-out: always so on the CPU interpreter.
 #
 # Plans. What depends only on a call's key (shapes, dtypes, strides and 16-byte alignment of the inputs, initial and
 # final state or not, device, stream) is built once: grids, argument lists, kernels compiled for the key,

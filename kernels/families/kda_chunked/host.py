@@ -4,8 +4,8 @@ Where. On Hopper with bf16 q, k, v, float32 g, TMA-compatible strides, K 32/64/1
 fused Gluon preparation, then the Gluon scan. Where the scan has at most a quarter as many programs as the GPU has
 SMs (the headline's 32 on the H200's 132; knob ``beside`` "wide": also where as many 128-wide programs would be) it
 is launched first, the preparation beside it as its programmatic dependent, flagging each chunk once stored: there
-the scan's chain is the longer stage (H200: -12 % at the headline). Elsewhere the Triton block rows and solve, then the Gluon scan where it applies, else the Triton scan
-and read-out: always so on the CPU interpreter.
+the scan's chain is the longer stage (H200: -12 % at the headline). Elsewhere the Triton block rows and solve, then
+the Gluon scan where it applies, else the Triton scan and read-out: always so on the CPU interpreter.
 
 Plans. What depends only on a call's key (shapes, dtypes, strides and 16-byte alignment of the inputs, initial and
 final state or not, device, stream) is built once: grids, argument lists, kernels compiled for the key,
@@ -134,7 +134,7 @@ class _Plan:
             scan_bv = 128 if V % 128 == 0 and BH * (V // 64) > sm_count else 64
         if fused:
             beside = BH * (V // scan_bv) <= sm_count // 4
-            if not beside and KNOBS["beside"] == "wide" and V % 128 == 0 and BH * (V // 128) <= sm_count // 4:
+            if KNOBS["beside"] == "wide" and not beside and V % 128 == 0 and BH * (V // 128) <= sm_count // 4:
                 beside, scan_bv = True, 128  # fewer, wider scan programs: more SMs left to the preparation
             if beside:
                 self.flags = torch.zeros((BH * NT,), dtype=torch.int32, device=dev)  # chunk done, zeroed every call
