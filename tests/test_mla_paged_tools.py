@@ -40,3 +40,21 @@ def test_smoke_run_checks_times_and_writes_json(tool, tmp_path, capsys):
 def test_unknown_variant_is_refused(tool, tmp_path):
     with pytest.raises(SystemExit):
         tool.main([str(tmp_path), "--smoke", "--variants", "fastest"])
+
+
+def test_a_file_is_timed_beside_the_variants(tool, tmp_path):
+    """--file NAME=PATH: a candidate file's kernel gets its own row at the paged cases, checked like the others (here the
+    family's render under another name, and a file whose kernel is wrong: its row says so, the run goes on)."""
+    from pytest_kopt.families import load_family
+
+    good = tmp_path / "good.py"
+    good.write_text(load_family("mla_paged").render({}))
+    bad = tmp_path / "bad.py"
+    bad.write_text(good.read_text() + "\n_right = kernel\n\ndef kernel(**inputs):\n    o, lse = _right(**inputs)\n    return o * 2, lse\n")
+    out = tmp_path / "out"
+    assert tool.main([str(out), "--smoke", "--only", "paged", "--variants", "paged", "--cases", "B3 Sq1", "--budget-s", "0.01",
+                      "--file", f"mine={good}", "--file", f"wrong={bad}"]) == 0
+    rows = json.loads((out / "dev_mla_paged.json").read_text())["results"][0]["rows"]
+    assert set(rows) == {"paged", "mine", "wrong", "torch-eager"}
+    assert rows["mine"]["ok"] and rows["mine"]["rel_rms_o"] == rows["paged"]["rel_rms_o"]
+    assert not rows["wrong"]["ok"] and rows["wrong"]["rel_rms_o"] > 0.5

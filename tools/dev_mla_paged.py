@@ -3,7 +3,7 @@ cases and the dense decode at B1 Sq1/Sq2/Sq4, B64, B32 and B1 Skv 131072 (develo
 30 and 31).
 
     PYTHONPATH=. python3 tools/dev_mla_paged.py OUT_DIR [--only paged|dense] [--cases SUBSTR,..]
-                                               [--variants NAME,..] [--budget-s 1.0]
+                                               [--variants NAME,..] [--file NAME=PATH ..] [--budget-s 1.0]
     PYTHONPATH=. python3 tools/dev_mla_paged.py OUT_DIR --smoke      # CPU interpreter dry run, tiny cases
 
 For every (case, implementation): fresh random inputs, the float32 reference, relative RMS of o and
@@ -88,14 +88,18 @@ def render(name: str, family: str | None, overrides: dict, out_dir: Path):
     return load_module(path).kernel
 
 
-def implementations(kind: str, wanted: list[str], out_dir: Path) -> tuple[dict, dict]:
-    """{name: callable} and {name: why it is absent}."""
+def implementations(kind: str, wanted: list[str], out_dir: Path, files: dict | None = None) -> tuple[dict, dict]:
+    """{name: callable} and {name: why it is absent}; ``files`` ({name: path}) adds each file's ``kernel`` (paged
+    cases only: e.g. a prototype, tools/proto_mla_gluon.py)."""
     impls, absent = {}, {}
     table = PAGED_VARIANTS if kind == "paged" else DENSE_VARIANTS
     for name in wanted:
         if name in table:
             family, overrides = table[name]
             impls[name] = render(name, family, overrides, out_dir)
+    if kind == "paged":
+        for name, path in (files or {}).items():
+            impls[name] = load_module(Path(path)).kernel
     flashmla, reason = flashmla_status()
     if flashmla is None:
         absent["flashmla"] = reason
@@ -266,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", help="comma-separated substrings of case labels to keep")
     parser.add_argument("--variants", help=f"comma-separated ({', '.join([*PAGED_VARIANTS, *DENSE_VARIANTS])}); default "
                                            f"{','.join(DEFAULT_VARIANTS)}")
+    parser.add_argument("--file", action="append", default=[], metavar="NAME=PATH",
+                        help="also time PATH's kernel(q, kv_cache, block_table, cache_seqlens, scale) at the paged cases")
     parser.add_argument("--budget-s", type=float, default=1.0, help="seconds of back-to-back calls per eager figure")
     parser.add_argument("--seed", type=int, default=20261201)
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny cases: checks the script, not the kernels' speed")
@@ -289,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report["environment"]), flush=True)
     out_path = args.out_dir / "dev_mla_paged.json"
     for kind, problem, cases in plans:
-        impls, absent = implementations(kind, wanted, args.out_dir)
+        files = dict(item.split("=", 1) for item in args.file)
+        impls, absent = implementations(kind, wanted, args.out_dir, files)
         report["absent"].update(absent)
         for name, why in absent.items():
             print(f"{kind}: {name} skipped: {why}", flush=True)

@@ -50,7 +50,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDes
 # choices were measured on the H200 and retired (kernels/notes/kda/README.md).
 
 # kopt:knobs-begin
-KNOBS = {"launch": "compiled", "beside": "quarter"}
+KNOBS = {'launch': 'compiled', 'beside': 'wide'}
 # kopt:knobs-end
 SPACE = {"launch": ["compiled", "jit"], "beside": ["quarter", "wide"]}
 TRY_EARLY = [{"beside": "wide"}]
@@ -1066,6 +1066,8 @@ class _Plan:
             scan_bv = 128 if V % 128 == 0 and BH * (V // 64) > sm_count else 64
         if fused:
             beside = BH * (V // scan_bv) <= sm_count // 4
+            if not beside and V % 128 == 0 and BH * (V // 128) <= sm_count // 4:
+                beside, scan_bv = True, 128  # fewer, wider scan programs: more SMs left to the preparation
             if beside:
                 self.flags = torch.zeros((BH * NT,), dtype=torch.int32, device=dev)  # chunk done, zeroed every call
             box = [1, BT, 1, K]
