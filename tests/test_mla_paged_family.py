@@ -305,6 +305,100 @@ def test_plan_is_reused_and_direct_launch_values_follow_the_signature(tmp_dir):
     assert len(plan["grid"]) == 3 and len(plan["merge_grid"]) == 3
 
 
+# ---- ENGINE "gluon" on a pretend H200 ---------------------------------------------------------------
+class _FakeCuda(torch.Tensor):
+    @property
+    def is_cuda(self):
+        return True
+
+
+class _FakeJIT:
+    """Stands in for a kernel's JIT entry (``fn[grid](...)``) and for the compiled kernel it returns: records what each
+    launch was handed (and the descriptors' bases at that moment)."""
+
+    def __init__(self, real, log, name):
+        self.arg_names, self.log, self.name = real.arg_names, log, name
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            bases = [a.base for a in args if hasattr(a, "block_shape")]
+            self.log.append((self.name, "jit", grid, args, kwargs, bases))
+            return _FakeCompiled(self.log, self.name)
+        return launch
+
+
+class _FakeCompiled:
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def __getitem__(self, grid):
+        def launch(*args, stream=None):
+            bases = [a.base for a in args if hasattr(a, "block_shape")]
+            self.log.append((self.name, "compiled", grid, args, {"stream": stream}, bases))
+        return launch
+
+
+def _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, capability=9):
+    module = render({"ENGINE": "gluon"}, tmp_dir)
+    module._PLANS.clear()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (capability, 0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 5})())
+    monkeypatch.setattr(module, "_sm_count", lambda index: 132)
+    log = []
+    monkeypatch.setattr(module, "_mla_paged_ws", _FakeJIT(module._mla_paged_ws, log, "ws"))
+    monkeypatch.setattr(module, "_mla_paged_merge", _FakeJIT(module._mla_paged_merge, log, "merge"))
+    monkeypatch.setattr(module, "_mla_paged_fwd", _FakeJIT(module._mla_paged_fwd, log, "triton"))
+    return module, log
+
+
+def _fake_cuda_inputs(case, seed):
+    x = MLA_PAGED.make_inputs(case, device="cpu", seed=seed)
+    return {k: torch.Tensor._make_subclass(_FakeCuda, v) if isinstance(v, torch.Tensor) else v for k, v in x.items()}
+
+
+def test_gluon_engine_plan_descriptors_and_direct_launches(tmp_dir, monkeypatch):
+    """Where it applies, one plan: grid (64-row blocks, SMs / blocks), the merge kernel after it; the four descriptors
+    built once and pointed at each call's q and cache only while it launches; the second call launches the first
+    call's compiled kernels with every constexpr in signature order; misaligned lengths go through the JIT again."""
+    module, log = _gluon_on_a_pretend_h200(tmp_dir, monkeypatch)
+    case = {"B": 3, "Sq": 2, "H": 64, "lengths": [300, 64, 129]}
+    first, second = _fake_cuda_inputs(case, 0), _fake_cuda_inputs(case, 1)
+    module.kernel(**first)
+    plan = next(iter(module._PLANS.values()))
+    assert plan["engine"] == "gluon" and plan["grid"] == (2, 66, 1) and plan["merge_grid"][2] == 3
+    assert [(name, how) for name, how, *_ in log] == [("ws", "jit"), ("merge", "jit")]
+    _, _, grid, args, kwargs, bases = log[0]
+    assert grid == plan["grid"] and kwargs == {**plan["constexprs"], "num_warps": 4}
+    assert [b is first["q"] for b in bases[:2]] == [True, True] and [b is first["kv_cache"] for b in bases[2:]] == [True, True]
+    assert [d.block_shape for d in plan["descs"]] == [[64, 256], [64, 64], [64, 256], [64, 64]]
+    assert all(d.base is None for d in plan["descs"])  # no caller's tensor held between calls
+    assert log[1][4]["PDL"] == 0
+    descs = plan["descs"]
+    module.kernel(**second)
+    assert len(module._PLANS) == 1 and plan["descs"] is descs
+    assert [(name, how) for name, how, *_ in log[2:]] == [("ws", "compiled"), ("merge", "compiled")]
+    _, _, grid, args, kwargs, bases = log[2]
+    names = module._mla_paged_ws.arg_names
+    assert len(args) == len(names) and list(args[len(names) - len(plan["constexprs"]):]) == list(plan["constexprs"].values())
+    assert bases[0] is second["q"] and bases[2] is second["kv_cache"] and kwargs == {"stream": 5}
+    third = _fake_cuda_inputs(case, 2)
+    third["cache_seqlens"] = torch.Tensor._make_subclass(_FakeCuda, torch.cat([torch.zeros(1, dtype=torch.int32), third["cache_seqlens"]])[1:])
+    module.kernel(**third)
+    assert [(name, how) for name, how, *_ in log[4:]] == [("ws", "jit"), ("merge", "jit")]
+
+
+@pytest.mark.parametrize("capability, case", [
+    (8, {"B": 2, "Sq": 1, "H": 64, "lengths": [100, 64]}),  # not Hopper
+    (9, {"B": 2, "Sq": 1, "H": 16, "lengths": [100, 64]}),  # 16 rows a sequence: not a 64-row block
+    (9, {"B": 2, "Sq": 1, "H": 64, "page_size": 16, "lengths": [100, 64]}),  # pages of 16 tokens
+])
+def test_gluon_engine_leaves_what_it_cannot_take_to_triton(tmp_dir, monkeypatch, capability, case):
+    module, log = _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, capability)
+    module.kernel(**_fake_cuda_inputs(case, 0))
+    assert next(iter(module._PLANS.values()))["engine"] == "triton" and log[0][0] == "triton"
+
+
 # ---- sm_90 ----------------------------------------------------------------------------------------
 _SM90_SCRIPT = r"""
 import importlib.util, json, re, sys
@@ -368,3 +462,52 @@ def test_compiles_for_hopper():
         assert info["shared"] <= 232448, (name, info["shared"])
         assert info["kv_buffers"] >= 2, (name, info)
         assert (info["tma"] > 0) == name.startswith("wide"), (name, info)
+
+
+_GLUON_SM90_SCRIPT = r"""
+import importlib.util, json, subprocess, sys, tempfile, types
+from pathlib import Path
+import torch, triton
+
+def load(path):
+    spec = importlib.util.spec_from_file_location(Path(path).stem + "_sm90", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+fam, tool = load(sys.argv[1]), load(sys.argv[2])
+B, H, pages = 64, 64, 8192
+q = torch.empty(B, 1, H, 576, dtype=torch.bfloat16)
+kv = torch.empty(pages, 64, 576, dtype=torch.bfloat16)
+q_n, q_r, kv_n, kv_r = fam._gluon_descriptors(q, kv)
+i32 = lambda n: torch.empty(n, dtype=torch.int32)
+args = dict(q_n=q_n, q_r=q_r, kv_n=kv_n, kv_r=kv_r, table=i32(B * 128), lens=i32(B), o=torch.empty(16, dtype=torch.bfloat16),
+            lse=torch.empty(16), part_o=torch.empty(16), part_lse=torch.empty(16), meta=i32(16), stride_tb=128, B=B, Sq=1, H=H,
+            capacity=8192, qk_scale=0.1, PAGE=64, OVH=5, B_P2=64, DN=512)
+kernel, _ = tool.compile_launch(types.SimpleNamespace(fn=fam._mla_paged_ws, args=args, options=dict(num_warps=4)))
+ptx = kernel.asm["ptx"]
+ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+with tempfile.TemporaryDirectory() as tmp:
+    (Path(tmp) / "k.ptx").write_text(ptx)
+    notes = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(Path(tmp) / "k.ptx"), "-o", str(Path(tmp) / "k.cubin")],
+                           capture_output=True, text=True).stderr
+print(json.dumps({"ptx": ptx, "notes": notes, "shared": kernel.metadata.shared}))
+"""
+
+
+def test_gluon_engine_compiles_for_hopper(tmp_path):
+    """ENGINE "gluon"'s kernel compiled for sm_90 as launched at B64 Sq1 (no GPU): three partitions with their register
+    budgets (warpgroup 1 232, the loader 40), scores [64 x 64] and P V [64 x 256] on wgmma, every tile by TMA, and
+    shared memory within one block's (one program per SM; q's 72 KB and two 72 KB tiles fill it)."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    import json
+    import re
+
+    tool = FAMILY.path.parents[2] / "tools" / "compare_kda_ptx.py"
+    out = json.loads(compile_in_child(_GLUON_SM90_SCRIPT, str(FAMILY.path), str(tool), cache_dir=tmp_path).strip().splitlines()[-1])
+    ptx, notes = out["ptx"], out["notes"]
+    assert {"232", "40"} <= set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") > 0
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") > 0
+    assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global") >= 6  # q's three boxes, each tile's three
+    assert 200_000 < out["shared"] <= 232448 and "C7515" not in notes and "Used " in notes

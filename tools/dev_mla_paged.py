@@ -65,6 +65,7 @@ PAGED_VARIANTS = {
     "paged-kernel": ("mla_paged", {"MERGE": "kernel"}),
     "paged-ov0": ("mla_paged", {"OVERHEAD": 0}),
     "paged-wide": ("mla_paged", {"CONFIG": "knobs"}),  # the 64-row TMA tiles at every shape
+    "paged-gluon": ("mla_paged", {"ENGINE": "gluon"}),  # the warp-specialised Gluon kernel where it applies
 }
 BALANCED = {"SCHEDULE": "balanced", "PDL": 2, "num_stages": 4, "MERGERS": 4}  # mla_decode's first TRY_EARLY entry
 DENSE_VARIANTS = {
@@ -90,7 +91,7 @@ def render(name: str, family: str | None, overrides: dict, out_dir: Path):
 
 def implementations(kind: str, wanted: list[str], out_dir: Path, files: dict | None = None) -> tuple[dict, dict]:
     """{name: callable} and {name: why it is absent}; ``files`` ({name: path}) adds each file's ``kernel`` (paged
-    cases only: e.g. a prototype, tools/proto_mla_gluon.py)."""
+    cases only: e.g. a prototype, or an earlier file)."""
     impls, absent = {}, {}
     table = PAGED_VARIANTS if kind == "paged" else DENSE_VARIANTS
     for name in wanted:
