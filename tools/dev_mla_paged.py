@@ -287,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [v for v in wanted if v not in PAGED_VARIANTS and v not in DENSE_VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}")
+    if any("=" not in item for item in args.file):
+        parser.error(f"--file takes NAME=PATH, got {[item for item in args.file if '=' not in item]}")
+    files = dict(item.split("=", 1) for item in args.file)
     plans = []
     if args.only in (None, "paged"):
         plans.append(("paged", MLA_PAGED, SMOKE_PAGED if args.smoke else list(MLA_PAGED.headline_cases)))
@@ -296,7 +299,6 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report["environment"]), flush=True)
     out_path = args.out_dir / "dev_mla_paged.json"
     for kind, problem, cases in plans:
-        files = dict(item.split("=", 1) for item in args.file)
         impls, absent = implementations(kind, wanted, args.out_dir, files)
         report["absent"].update(absent)
         for name, why in absent.items():

@@ -868,16 +868,16 @@ def kernel(q, kv_cache, block_table, cache_seqlens, scale):
     lse = torch.empty(plan["lse_shape"], device=q.device, dtype=torch.float32)
     stream_id = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
     part_o, part_lse, counters, meta = _scratch(plan, q.device, stream_id)
+    if plan["engine"] == "gluon":
+        aligned = (block_table.data_ptr() | cache_seqlens.data_ptr()) % 16 == 0
+        return _launch_gluon(plan, q, kv_cache, block_table, cache_seqlens, scale, o, lse, (part_o, part_lse, counters, meta),
+                             stream_id, aligned)
     args = (q, kv_cache, block_table, cache_seqlens, o, lse, part_o, part_lse, counters, meta, *plan["strides"], *plan["sizes"],
             scale * LOG2E)
     if plan["tma"] and q.is_cuda:
         triton.set_allocator(_descriptor_scratch)
     merge_args = (part_o, part_lse, o, lse, meta, *plan["merge_sizes"])
     compiled = plan["compiled"]
-    if plan["engine"] == "gluon":
-        aligned = (block_table.data_ptr() | cache_seqlens.data_ptr()) % 16 == 0
-        return _launch_gluon(plan, q, kv_cache, block_table, cache_seqlens, scale, o, lse, (part_o, part_lse, counters, meta),
-                             stream_id, aligned)
     if compiled is not None and (q.data_ptr() | kv_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()) % 16 == 0:
         # the compiled kernels of this plan's first call: every argument in signature order, constexprs included
         compiled[0][plan["grid"]](*args, *plan["constexpr_values"], stream=stream_id)
