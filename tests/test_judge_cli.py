@@ -193,3 +193,18 @@ def test_the_warmers_compile_ahead_every_shape_the_correctness_stage_then_checks
     assert told["verdict"] == "pass" and "warm" not in told
     assert any("KOPT_WARM_WORKERS='four' is not a whole number" in n for n in told["notes"])
 
+
+
+def test_a_family_folder_is_judged_as_its_rendered_defaults(tmp_path: Path) -> None:
+    """``kopt eval`` on a family folder judges the one-file candidate its defaults render to; a folder that is not a
+    family is refused with a message, never judged."""
+    from pytest_kopt.families import load_family
+    from pytest_kopt.judge.cli import candidate_file
+
+    family = load_family("mla_paged")
+    rendered = Path(candidate_file(str(family.path), tmp_path))
+    assert rendered.parent == tmp_path and rendered.read_text() == family.render({})
+    assert candidate_file(str(HOSTILE / "good_axpy.py"), tmp_path) == str(HOSTILE / "good_axpy.py")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(SystemExit, match="not a family"):
+        candidate_file(str(tmp_path / "plain"), tmp_path)

