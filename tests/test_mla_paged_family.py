@@ -340,15 +340,17 @@ class _FakeCompiled:
         return launch
 
 
-def _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, capability=9):
-    module = render({"ENGINE": "gluon"}, tmp_dir)
+def _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, capability=9, engine="gluon"):
+    module = render({"ENGINE": engine}, tmp_dir)
     module._PLANS.clear()
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (capability, 0))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 5})())
     monkeypatch.setattr(module, "_sm_count", lambda index: 132)
     log = []
-    monkeypatch.setattr(module, "_mla_paged_ws", _FakeJIT(module._mla_paged_ws, log, "ws"))
+    for fn, name in (("_mla_paged_ws", "ws"), ("_mla_paged_seesaw", "seesaw")):  # a render keeps the engine it uses
+        if hasattr(module, fn):
+            monkeypatch.setattr(module, fn, _FakeJIT(getattr(module, fn), log, name))
     monkeypatch.setattr(module, "_mla_paged_merge", _FakeJIT(module._mla_paged_merge, log, "merge"))
     monkeypatch.setattr(module, "_mla_paged_fwd", _FakeJIT(module._mla_paged_fwd, log, "triton"))
     return module, log
@@ -359,17 +361,18 @@ def _fake_cuda_inputs(case, seed):
     return {k: torch.Tensor._make_subclass(_FakeCuda, v) if isinstance(v, torch.Tensor) else v for k, v in x.items()}
 
 
-def test_gluon_engine_plan_descriptors_and_direct_launches(tmp_dir, monkeypatch):
+@pytest.mark.parametrize("engine, name", [("gluon", "ws"), ("seesaw", "seesaw")])
+def test_gluon_engine_plan_descriptors_and_direct_launches(tmp_dir, monkeypatch, engine, name):
     """Where it applies, one plan: grid (64-row blocks, SMs / blocks), the merge kernel after it; the four descriptors
     built once and pointed at each call's q and cache only while it launches; the second call launches the first
     call's compiled kernels with every constexpr in signature order; misaligned lengths go through the JIT again."""
-    module, log = _gluon_on_a_pretend_h200(tmp_dir, monkeypatch)
+    module, log = _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, engine=engine)
     case = {"B": 3, "Sq": 2, "H": 64, "lengths": [300, 64, 129]}
     first, second = _fake_cuda_inputs(case, 0), _fake_cuda_inputs(case, 1)
     module.kernel(**first)
     plan = next(iter(module._PLANS.values()))
     assert plan["engine"] == "gluon" and plan["grid"] == (2, 66, 1) and plan["merge_grid"][2] == 3
-    assert [(name, how) for name, how, *_ in log] == [("ws", "jit"), ("merge", "jit")]
+    assert [(fn, how) for fn, how, *_ in log] == [(name, "jit"), ("merge", "jit")]
     _, _, grid, args, kwargs, bases = log[0]
     assert grid == plan["grid"] and kwargs == {**plan["constexprs"], "num_warps": 4}
     assert [b is first["q"] for b in bases[:2]] == [True, True] and [b is first["kv_cache"] for b in bases[2:]] == [True, True]
@@ -379,15 +382,15 @@ def test_gluon_engine_plan_descriptors_and_direct_launches(tmp_dir, monkeypatch)
     descs = plan["descs"]
     module.kernel(**second)
     assert len(module._PLANS) == 1 and plan["descs"] is descs
-    assert [(name, how) for name, how, *_ in log[2:]] == [("ws", "compiled"), ("merge", "compiled")]
+    assert [(fn, how) for fn, how, *_ in log[2:]] == [(name, "compiled"), ("merge", "compiled")]
     _, _, grid, args, kwargs, bases = log[2]
-    names = module._mla_paged_ws.arg_names
+    names = plan["gluon_fn"].arg_names
     assert len(args) == len(names) and list(args[len(names) - len(plan["constexprs"]):]) == list(plan["constexprs"].values())
     assert bases[0] is second["q"] and bases[2] is second["kv_cache"] and kwargs == {"stream": 5}
     third = _fake_cuda_inputs(case, 2)
     third["cache_seqlens"] = torch.Tensor._make_subclass(_FakeCuda, torch.cat([torch.zeros(1, dtype=torch.int32), third["cache_seqlens"]])[1:])
     module.kernel(**third)
-    assert [(name, how) for name, how, *_ in log[4:]] == [("ws", "jit"), ("merge", "jit")]
+    assert [(fn, how) for fn, how, *_ in log[4:]] == [(name, "jit"), ("merge", "jit")]
 
 
 @pytest.mark.parametrize("capability, case", [
@@ -485,15 +488,16 @@ def load(path):
     return module
 
 fam, tool = load(sys.argv[1]), load(sys.argv[2])
+fn, Sq = getattr(fam, sys.argv[3]), int(sys.argv[4])
 B, H, pages = 64, 64, 8192
-q = torch.empty(B, 1, H, 576, dtype=torch.bfloat16)
+q = torch.empty(B, Sq, H, 576, dtype=torch.bfloat16)
 kv = torch.empty(pages, 64, 576, dtype=torch.bfloat16)
 q_n, q_r, kv_n, kv_r = fam._gluon_descriptors(q, kv)
 i32 = lambda n: torch.empty(n, dtype=torch.int32)
 args = dict(q_n=q_n, q_r=q_r, kv_n=kv_n, kv_r=kv_r, table=i32(B * 128), lens=i32(B), o=torch.empty(16, dtype=torch.bfloat16),
-            lse=torch.empty(16), part_o=torch.empty(16), part_lse=torch.empty(16), meta=i32(16), stride_tb=128, B=B, Sq=1, H=H,
+            lse=torch.empty(16), part_o=torch.empty(16), part_lse=torch.empty(16), meta=i32(16), stride_tb=128, B=B, Sq=Sq, H=H,
             capacity=8192, qk_scale=0.1, PAGE=64, OVH=5, B_P2=64, DN=512)
-kernel, _ = tool.compile_launch(types.SimpleNamespace(fn=fam._mla_paged_ws, args=args, options=dict(num_warps=4)))
+kernel, _ = tool.compile_launch(types.SimpleNamespace(fn=fn, args=args, options=dict(num_warps=4)))
 ptx = kernel.asm["ptx"]
 ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 with tempfile.TemporaryDirectory() as tmp:
@@ -504,16 +508,18 @@ print(json.dumps({"ptx": ptx, "notes": notes, "shared": kernel.metadata.shared})
 """
 
 
-def test_gluon_engine_compiles_for_hopper(tmp_path):
-    """ENGINE "gluon"'s kernel compiled for sm_90 as launched at B64 Sq1 (no GPU): three partitions with their register
-    budgets (warpgroup 1 232, the loader 40), scores [64 x 64] and P V [64 x 256] on wgmma, every tile by TMA, and
-    shared memory within one block's (one program per SM; q's 72 KB and two 72 KB tiles fill it)."""
+@pytest.mark.parametrize("fn, sq", [("_mla_paged_ws", 1), ("_mla_paged_seesaw", 4)])
+def test_gluon_engine_compiles_for_hopper(tmp_path, fn, sq):
+    """ENGINE "gluon"'s kernel (B64 Sq1) and "seesaw"'s (B64 Sq4) compiled for sm_90 as launched (no GPU): three
+    partitions with their register budgets (the warpgroups 232, the loader 40), scores [64 x 64] and P V [64 x 256] on
+    wgmma, every tile by TMA, and shared memory within one block's (one program per SM; q's 72 KB and two 72 KB tiles
+    fill it)."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     import json
     import re
 
     tool = Path(__file__).resolve().parents[1] / "tools" / "compare_kda_ptx.py"
-    out = json.loads(compile_in_child(_GLUON_SM90_SCRIPT, _family_file(tmp_path), str(tool), cache_dir=tmp_path).strip().splitlines()[-1])
+    out = json.loads(compile_in_child(_GLUON_SM90_SCRIPT, _family_file(tmp_path), str(tool), fn, str(sq), cache_dir=tmp_path).strip().splitlines()[-1])
     ptx, notes = out["ptx"], out["notes"]
     assert {"232", "40"} <= set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") > 0

@@ -47,6 +47,8 @@ scheduler and merge kernel. A loader warp brings a piece's q once and each 64-ke
 of two; warpgroup 0 computes the whole score tile, the online softmax, P and the rows' factor into shared memory and
 O[:, :256]; warpgroup 1 O[:, 256:]. No score reduction crosses warpgroups (QK_SPLIT's does, every tile), and
 warpgroup 1's product of a tile runs while warpgroup 0 scores the next (kernels/notes/mla-paged/README.md).
+ENGINE "seesaw" (where "gluon" applies): the same, with the scores shared: each warpgroup scores every other tile
+and folds every tile into its half of O (``_mla_paged_seesaw``, gluon_seesaw.py says how).
 
 Lengths. Shapes, dtypes and devices are checked on every call; the lengths on the host when they
 are there (the CPU), on a GPU on the first call of each shape (one synchronisation). A later call
@@ -61,5 +63,5 @@ binding and specialisation (most of a launch's host time); a call whose pointers
 aligned (the compiled kernel assumes what the first call's were) goes through the JIT again.
 """
 
-from . import knobs, tiles, gluon_ws, host  # noqa: F401
+from . import knobs, tiles, gluon_ws, gluon_seesaw, host  # noqa: F401
 from .host import kernel  # noqa: F401

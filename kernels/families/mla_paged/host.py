@@ -12,6 +12,7 @@ from .knobs import KNOBS, REGIMES, WIDE_FROM_PAIRS, WIDE_FROM_ROWS, WIDE_FROM_TO
     MERGE_SPLIT_CHUNK, PAGE_CHUNK, MERGE_WARPS, MAX_BATCH, SMEM_LIMIT
 from .tiles import _mla_paged_fwd, _mla_paged_merge
 from .gluon_ws import _mla_paged_ws
+from .gluon_seesaw import _mla_paged_seesaw
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index):
@@ -63,7 +64,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
                           ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)),
-                          ("ENGINE", ("triton", "gluon"))):
+                          ("ENGINE", ("triton", "gluon", "seesaw"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
     overhead = knobs["OVERHEAD"]
@@ -118,16 +119,17 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
         direct=knobs["LAUNCH"] == "direct" and dev_index is not None, compiled=None, scratch={},
         o_shape=(B, Sq, H, D_NOPE), lse_shape=(B, H, Sq), merge_sizes=(Sq, H),
     )
-    gluon_fits = (knobs["ENGINE"] == "gluon" and aligned and dev_index is not None and R % 64 == 0 and page % 64 == 0
+    gluon_fits = (knobs["ENGINE"] in ("gluon", "seesaw") and aligned and dev_index is not None and R % 64 == 0 and page % 64 == 0
                   and torch.cuda.get_device_capability(dev_index)[0] == 9 and q.dtype == kv_cache.dtype == torch.bfloat16
                   and q.is_contiguous() and kv_cache.is_contiguous())
-    if gluon_fits:  # ENGINE "gluon": one 64-row block per program, the merge kernel for split sequences
+    if gluon_fits:  # ENGINE "gluon" / "seesaw": one 64-row block per program, the merge kernel for split sequences
+        fn = _mla_paged_seesaw if knobs["ENGINE"] == "seesaw" else _mla_paged_ws
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
         g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE)
         m_constexprs = dict(merge_constexprs, PDL=0)
         plan.update(
-            engine="gluon", grid=(n_rb, parts, 1), fused=False, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
-            constexpr_values=[g_constexprs[n] for n in _mla_paged_ws.arg_names if n in g_constexprs],
+            engine="gluon", gluon_fn=fn, grid=(n_rb, parts, 1), fused=False, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
+            constexpr_values=[g_constexprs[n] for n in fn.arg_names if n in g_constexprs],
             merge_constexpr_values=[m_constexprs[n] for n in _mla_paged_merge.arg_names if n in m_constexprs],
             options=dict(num_warps=4), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2),
             scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=torch.float32,
@@ -150,7 +152,7 @@ def _gluon_descriptors(q, kv_cache):
 
 
 def _launch_gluon(plan, q, kv_cache, block_table, cache_seqlens, scale, o, lse, scratch, stream_id, aligned):
-    """ENGINE "gluon", then the merge kernel; LAUNCH "direct" as for the Triton kernel (``aligned``: table, lengths)."""
+    """ENGINE "gluon" or "seesaw", then the merge kernel; LAUNCH "direct" as for the Triton kernel (``aligned``: table, lengths)."""
     part_o, part_lse, _, meta = scratch
     if plan["descs"] is None:
         plan["descs"] = _gluon_descriptors(q, kv_cache)
@@ -167,7 +169,7 @@ def _launch_gluon(plan, q, kv_cache, block_table, cache_seqlens, scale, o, lse, 
             main[plan["grid"]](*args, *plan["constexpr_values"], stream=stream_id)
             merge[plan["merge_grid"]](*merge_args, *plan["merge_constexpr_values"], stream=stream_id)
         else:
-            main = _mla_paged_ws[plan["grid"]](*args, **plan["constexprs"], **plan["options"])
+            main = plan["gluon_fn"][plan["grid"]](*args, **plan["constexprs"], **plan["options"])
             merge = _mla_paged_merge[plan["merge_grid"]](*merge_args, **plan["merge_constexprs"], **plan["merge_options"])
             if plan["direct"] and aligned:
                 plan["compiled"] = (main, merge)

@@ -20,10 +20,11 @@ SPACE = {
     "PARTIAL_DTYPE": ["float32", "bfloat16"],  # split partial outputs
     "PDL": [0, 1, 2],  # MERGE kernel: 1 the merge launch overlaps the main kernel's tail; 2 the main kernel's launch too
     "LAUNCH": ["jit", "direct"],  # direct: later calls of a plan launch the cached compiled kernel (less host time)
-    "ENGINE": ["triton", "gluon"],  # gluon: the warp-specialised Hopper kernel where it applies (module doc)
+    "ENGINE": ["triton", "gluon", "seesaw"],  # the warp-specialised Hopper kernels where they apply (module doc)
 }
 TRY_EARLY = [
-    {"ENGINE": "gluon"},  # its prototype on the H200: 0.92x FlashMLA at B64, the Triton tiles 0.60x
+    {"ENGINE": "seesaw"},  # both warpgroups score: for MTP (Sq 4), where "gluon" is bound by warpgroup 0
+    {"ENGINE": "gluon"},  # on the H200 (session 25): 0.87-0.96x FlashMLA's device time, B1 Sq1 1.14x; the Triton tiles 0.60x
     {"OVERHEAD": 0},
     {"MERGE": "kernel"},
     {"MERGE": "fused"},
