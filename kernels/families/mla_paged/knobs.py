@@ -23,8 +23,8 @@ SPACE = {
     "ENGINE": ["triton", "gluon", "seesaw"],  # the warp-specialised Hopper kernels where they apply (module doc)
 }
 TRY_EARLY = [
-    {"ENGINE": "seesaw"},  # both warpgroups score: for MTP (Sq 4), where "gluon" is bound by warpgroup 0
     {"ENGINE": "gluon"},  # on the H200 (session 25): 0.87-0.96x FlashMLA's device time, B1 Sq1 1.14x; the Triton tiles 0.60x
+    {"ENGINE": "seesaw"},  # both warpgroups score (session 25, first form: 0.5-0.8x "gluon"; kept for the loop to see)
     {"OVERHEAD": 0},
     {"MERGE": "kernel"},
     {"MERGE": "fused"},
