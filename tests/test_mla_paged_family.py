@@ -397,6 +397,7 @@ def test_gluon_engine_plan_descriptors_and_direct_launches(tmp_dir, monkeypatch,
     (8, {"B": 2, "Sq": 1, "H": 64, "lengths": [100, 64]}),  # not Hopper
     (9, {"B": 2, "Sq": 1, "H": 16, "lengths": [100, 64]}),  # 16 rows a sequence: not a 64-row block
     (9, {"B": 2, "Sq": 1, "H": 64, "page_size": 16, "lengths": [100, 64]}),  # pages of 16 tokens
+    (9, {"B": 1, "Sq": 1, "H": 64, "lengths": [100]}),  # CONFIG "auto"'s narrow regime: the Triton narrow tiles
 ])
 def test_gluon_engine_leaves_what_it_cannot_take_to_triton(tmp_dir, monkeypatch, capability, case):
     module, log = _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, capability)

@@ -41,7 +41,8 @@ a sequence's partial last tile, whose rows past the length may hold anything, go
 masked pointer path. QK_SPLIT (8 warps): the score dots unchained so the two warpgroups split the
 score tile (see mla_decode's QK_SPLIT); P V then as O^T = V^T P^T.
 
-ENGINE "gluon" (Hopper, bf16, q and the cache contiguous and 16-byte aligned, Sq * H % 64 == 0, pages of 64k tokens;
+ENGINE "gluon" (Hopper, bf16, q and the cache contiguous and 16-byte aligned, Sq * H % 64 == 0, pages of 64k tokens,
+not CONFIG "auto"'s narrow regime;
 else the Triton kernel above): FlashMLA's split of the work, warp-specialised (``_mla_paged_ws``), on the same
 scheduler and merge kernel. A loader warp brings a piece's q once and each 64-key tile's three TMA boxes into a ring
 of two; warpgroup 0 computes the whole score tile, the online softmax, P and the rows' factor into shared memory and

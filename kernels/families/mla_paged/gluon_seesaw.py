@@ -3,10 +3,11 @@
 Under ENGINE "gluon" warpgroup 0 scores every tile (Q K^T, 64 x 64 x 576) and runs the softmax while warpgroup 1
 only multiplies: at Sq * H = 256 (MTP) the kernel is bound by warpgroup 0's tensor work. Here warpgroup W scores
 the tiles t = W, W + 2, ... (its own) and folds every tile into its half of O (columns 256 W ..): its own tile with
-P in registers, the other's with the P, the rows' factor and the running max that warpgroup published in shared
-memory. Tile t's softmax starts from tile t - 1's running max, so the two softmaxes take turns while the tensor
-cores run the other warpgroup's products. One P buffer serves both: tile t's P is written by t's owner, read only
-by the other warpgroup, which owns t + 1 and writes the next one after its product on t has completed. Ownership
+P in registers, the other's with the P and the rows' factor that warpgroup published in shared memory. Tile t's
+softmax starts from tile t - 1's running max, published by its owner right after its softmax (before its folds),
+so the two softmaxes take turns while the tensor cores run the products. One P buffer serves both: tile t's P is
+written by t's owner once it has folded tile t - 1, and read only by the other warpgroup, which owns t + 1 and
+writes the next P after its product on t has completed. Ownership
 goes by the program's tile count, not the piece's, so the turns alternate across pieces too. Each
 warpgroup sums the rows of its own tiles' P; the two sums are added through shared memory at the end of a piece.
 Same loader warp, scheduler, stores and merge kernel as ENGINE "gluon"; q's rope box stays in shared memory, so
@@ -20,28 +21,35 @@ from .gluon_ws import ROWS_G, KEYS_G, HALF_G, RING_G, _g_schedule, _g_piece, _g_
 
 
 @gluon.jit
-def _g_fold_other(k_s, p_s, a_s, m_s, ready, empty, pub, acc, l_i, g, t, n_b, W: gl.constexpr, LO: gl.constexpr):
-    """Fold the other warpgroup's tile (this program's tile number g, the piece's tile t) into acc: wait for its
-    publication, rescale by its factor, add P V with P from shared memory; returns acc, l_i and its running max."""
+def _g_running_max(a_s, m_s, m_pub, g, LO: gl.constexpr):
+    """Tile g's running max and rows' factor, once its owner has published them."""
+    mbarrier.wait(m_pub, g & 1)
+    return m_s.load(gl.SliceLayout(1, LO)), a_s.load(gl.SliceLayout(1, LO))
+
+
+@gluon.jit
+def _g_fold_other(k_s, p_s, ready, empty, p_pub, acc, l_i, alpha, g, t, n_b, W: gl.constexpr):
+    """Fold the other warpgroup's tile g (the piece's tile t) into acc once its P is published: rescale by its factor,
+    add P V with P from shared memory; the tile's stage is handed back."""
     st = g % RING_G
     mbarrier.wait(ready.index(st), (g // RING_G) & 1)
-    mbarrier.wait(pub, g & 1)
+    mbarrier.wait(p_pub, g & 1)
     v = k_s.index(2 * st + W)
     if (t + 1) * KEYS_G > n_b:  # the partial last tile: rows past the length hold anything
         _g_zero_rows_past(v, n_b - t * KEYS_G)
-    alpha = a_s.load(gl.SliceLayout(1, LO))
-    m_i = m_s.load(gl.SliceLayout(1, LO))
     acc = warpgroup_mma(p_s, v, acc * alpha[:, None], is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     mbarrier.arrive(empty.index(st), count=1)
-    return acc, l_i * alpha, m_i
+    return acc, l_i * alpha
 
 
 @gluon.jit
 def _g_half(q_s, k_s, r_s, p_s, a_s, m_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R,
             capacity, qk_scale, W: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr):
-    """Warpgroup W: scores its own tiles, publishes their P, factor and running max, folds every tile into its half."""
-    q_ready, q_free, pub, l_ready, l_free = bars.index(0), bars.index(1), bars.index(2), bars.index(4), bars.index(5)
+    """Warpgroup W: scores its own tiles, publishes their running max and factor, then their P; folds every tile into
+    its half of O."""
+    q_ready, q_free, m_pub, p_pub = bars.index(0), bars.index(1), bars.index(2), bars.index(3)
+    l_ready, l_free = bars.index(4), bars.index(5)
     LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     LP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LO, k_width=2)
@@ -73,8 +81,9 @@ def _g_half(q_s, k_s, r_s, p_s, a_s, m_s, l_s, bars, ready, empty, o, lse, part_
                                   gl.zeros([ROWS_G, KEYS_G], gl.float32, layout=LS), use_acc=False, is_async=True)
                 s = warpgroup_mma(q_s.index(1), k_s.index(2 * st + 1).permute((1, 0)), s, is_async=True)
                 s = warpgroup_mma(r_s.index(RING_G), r_s.index(st).permute((1, 0)), s, is_async=True)
-                if j > 0:
-                    acc, l_i, m_i = _g_fold_other(k_s, p_s, a_s, m_s, ready, empty, pub, acc, l_i, g - 1, t0 + j - 1, n_b, W, LO)
+                alpha_prev = gl.full([ROWS_G], 1.0, gl.float32, layout=gl.SliceLayout(1, LO))
+                if j > 0:  # the tile before is the other's: start from its running max
+                    m_i, alpha_prev = _g_running_max(a_s, m_s, m_pub, g - 1, LO)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
                 t = t0 + j
                 s = gl.where(t * KEYS_G + keys[None, :] <= limit[:, None], s * qk_scale, float("-inf"))
@@ -82,12 +91,16 @@ def _g_half(q_s, k_s, r_s, p_s, a_s, m_s, l_s, bars, ready, empty, o, lse, part_
                 m_new = gl.maximum(m_prev, gl.max(s, 1))
                 alpha = gl.exp2(m_prev - m_new)
                 p = gl.exp2(s - m_new[:, None])
-                p16 = p.to(gl.bfloat16)
-                p_s.store(p16)  # the other warpgroup folds this tile after its product on the last one: the buffer is free
-                a_s.store(alpha)
+                a_s.store(alpha)  # the other warpgroup read the last ones before publishing its tile
                 m_s.store(m_new)
                 fence_async_shared()
-                mbarrier.arrive(pub, count=1)
+                mbarrier.arrive(m_pub, count=1)  # the next tile's softmax can start
+                if j > 0:
+                    acc, l_i = _g_fold_other(k_s, p_s, ready, empty, p_pub, acc, l_i, alpha_prev, g - 1, t - 1, n_b, W)
+                p16 = p.to(gl.bfloat16)
+                p_s.store(p16)  # the buffer held the tile before's P, folded just now (and by nobody else)
+                fence_async_shared()
+                mbarrier.arrive(p_pub, count=1)
                 v = k_s.index(2 * st + W)
                 if (t + 1) * KEYS_G > n_b:
                     _g_zero_rows_past(v, n_b - t * KEYS_G)
@@ -98,7 +111,8 @@ def _g_half(q_s, k_s, r_s, p_s, a_s, m_s, l_s, bars, ready, empty, o, lse, part_
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 mbarrier.arrive(empty.index(st), count=1)
             if (it + n_t - 1) % 2 != W:  # the piece's last tile is the other's
-                acc, l_i, m_i = _g_fold_other(k_s, p_s, a_s, m_s, ready, empty, pub, acc, l_i, it + n_t - 1, t1 - 1, n_b, W, LO)
+                m_i, alpha_last = _g_running_max(a_s, m_s, m_pub, it + n_t - 1, LO)
+                acc, l_i = _g_fold_other(k_s, p_s, ready, empty, p_pub, acc, l_i, alpha_last, it + n_t - 1, t1 - 1, n_b, W)
             mbarrier.arrive(q_free, count=1)
             mbarrier.wait(l_free, (pc & 1) ^ 1)  # both read the last piece's sums
             l_s.slice(W * ROWS_G, ROWS_G).store(l_i)
@@ -133,8 +147,8 @@ def _mla_paged_seesaw(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_ls
         mbarrier.init(empty.index(i), count=2)  # both warpgroups hand a stage back
     mbarrier.init(bars.index(0), count=1)  # q ready (the loader's TMA)
     mbarrier.init(bars.index(1), count=2)  # q free: both warpgroups score with it
-    mbarrier.init(bars.index(2), count=1)  # a tile's P, factor and running max published by its owner
-    mbarrier.init(bars.index(3), count=1)  # (unused)
+    mbarrier.init(bars.index(2), count=1)  # a tile's running max and rows' factor published by its owner
+    mbarrier.init(bars.index(3), count=1)  # a tile's P published by its owner
     mbarrier.init(bars.index(4), count=2)  # both row sums written
     mbarrier.init(bars.index(5), count=2)  # both row sums read
     fence_async_shared()
