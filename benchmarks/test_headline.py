@@ -26,7 +26,7 @@ from pytest_kopt.judge.timing import (
 from pytest_kopt.problems import get_problem
 from pytest_kopt.problems.base import H200_BF16_FLOPS_PER_S, H200_COPY_BYTES_PER_S
 
-PROBLEMS = ("kda", "mla", "mla-prefill")
+PROBLEMS = ("kda", "mla", "mla-prefill", "mla-paged")
 DEVICE = "cuda"
 SECONDS_PER_BENCHMARK = float(os.environ.get("KOPT_BENCH_SECONDS", 4.0))
 # more candidate files to time beside the best: "kda=path.py,mla=other.py" (a dev comparison in one run)

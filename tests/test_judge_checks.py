@@ -125,3 +125,39 @@ def test_event_clock_measures_device_time() -> None:
     meta = timing.benchmark(lambda: a @ a, device="cuda", name="mm", group="unit", rounds=5, warmup_rounds=2)
     host = timing.benchmark(lambda: None, device="cuda", name="noop", group="unit", rounds=5)
     assert meta.stats.median > 10 * host.stats.median  # device time of a real matmul, not launch time
+
+
+def test_launches_are_counted_at_each_launcher_s_c_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the monitor counts where every launch ends: the C entry each launcher holds (``self.launch``), wrapped
+    as the launcher is made; a launch through the launcher's ``__call__`` and one that calls ``.run.launch``
+    straight (past ``__call__``) are each counted once, and one on another stream is named."""
+    pytest.importorskip("triton.backends.nvidia.driver")
+    from triton.backends.nvidia import driver
+    from triton.runtime import jit
+
+    calls = []
+
+    class FakeLauncher:  # CudaLauncher's shape: __init__ sets the C entry, __call__ ends in it
+        def __init__(self, src, metadata):
+            self.launch = lambda gx, gy, gz, stream, function, *rest: calls.append(stream)
+
+        def __call__(self, gx, gy, gz, stream, function, *args):
+            self.launch(gx, gy, gz, stream, function, False, False, None, None, *args)
+
+    stream = type("Stream", (), {"cuda_stream": 7})()
+    monkeypatch.setattr(driver, "CudaLauncher", FakeLauncher)
+    monkeypatch.setattr(jit.JITFunction, "run", jit.JITFunction.run)  # restored after: install() wraps it
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    monitor = checks.LaunchMonitor()
+    monitor.install()
+    launcher = FakeLauncher("src", "metadata")
+    monitor.expected_stream = stream
+    launcher(1, 1, 1, 7, "function", 1.0)
+    launcher.launch(1, 1, 1, 7, "function", False, False, None, None, 1.0)  # past __call__
+    assert monitor.launches == 2 and calls == [7, 7] and monitor.side_stream == []
+    launcher.launch(1, 1, 1, 9, "function", False, False, None, None, 1.0)  # another stream, past __call__
+    assert monitor.launches == 3 and monitor.side_stream == ["a compiled kernel"]
+    monitor.enabled = False  # timed calls: nothing counted
+    launcher(1, 1, 1, 9, "function")
+    assert monitor.launches == 3 and calls == [7, 7, 9, 9]

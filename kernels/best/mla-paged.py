@@ -680,10 +680,11 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
 # Under ENGINE "gluon" warpgroup 0 scores every tile (Q K^T, 64 x 64 x 576) and runs the softmax while warpgroup 1
 # only multiplies: at Sq * H = 256 (MTP) the kernel is bound by warpgroup 0's tensor work. Here warpgroup W scores
 # the tiles t = W, W + 2, ... (its own) and folds every tile into its half of O (columns 256 W ..): its own tile with
-# P in registers, the other's with the P, the rows' factor and the running max that warpgroup published in shared
-# memory. Tile t's softmax starts from tile t - 1's running max, so the two softmaxes take turns while the tensor
-# cores run the other warpgroup's products. One P buffer serves both: tile t's P is written by t's owner, read only
-# by the other warpgroup, which owns t + 1 and writes the next one after its product on t has completed. Ownership
+# P in registers, the other's with the P and the rows' factor that warpgroup published in shared memory. Tile t's
+# softmax starts from tile t - 1's running max, published by its owner right after its softmax (before its folds),
+# so the two softmaxes take turns while the tensor cores run the products. One P buffer serves both: tile t's P is
+# written by t's owner once it has folded tile t - 1, and read only by the other warpgroup, which owns t + 1 and
+# writes the next P after its product on t has completed. Ownership
 # goes by the program's tile count, not the piece's, so the turns alternate across pieces too. Each
 # warpgroup sums the rows of its own tiles' P; the two sums are added through shared memory at the end of a piece.
 # Same loader warp, scheduler, stores and merge kernel as ENGINE "gluon"; q's rope box stays in shared memory, so

@@ -143,18 +143,32 @@ class LaunchMonitor:
         for cls in targets:
             cls.run = wrap(cls.run)
         if launcher is not None:
-            original_call = launcher.__call__
+            # count at the bottom: each launcher's C entry (``self.launch``) wrapped as the launcher is made, so a
+            # launch through ``__call__`` and one that calls ``.run.launch`` straight are both seen, stream and all
+            original_init = launcher.__init__
 
-            def call(self, gridX, gridY, gridZ, stream, function, *args):
-                if monitor.enabled:
-                    monitor.launches += 1
-                    expected = monitor.expected_stream
-                    if expected is not None and stream != expected.cuda_stream:
-                        monitor.side_stream.append("a compiled kernel")
-                return original_call(self, gridX, gridY, gridZ, stream, function, *args)
+            def init(self, *args, **kwargs):
+                original_init(self, *args, **kwargs)
+                self.launch = monitor.counted_launch(self.launch)
 
-            call.__wrapped__ = original_call  # type: ignore[attr-defined]
-            launcher.__call__ = call
+            init.__wrapped__ = original_init  # type: ignore[attr-defined]
+            launcher.__init__ = init
+
+    def counted_launch(self, raw: Any) -> Any:
+        """``raw`` (a launcher's C entry: grid, stream, function, then the rest) with each call counted and its
+        stream checked while the monitor is enabled."""
+        monitor = self
+
+        def launch(gridX, gridY, gridZ, stream, *rest):
+            if monitor.enabled:
+                monitor.launches += 1
+                expected = monitor.expected_stream
+                if expected is not None and stream != expected.cuda_stream:
+                    monitor.side_stream.append("a compiled kernel")
+            return raw(gridX, gridY, gridZ, stream, *rest)
+
+        launch.__wrapped__ = raw  # type: ignore[attr-defined]
+        return launch
 
     def reset(self) -> None:
         self.launches = 0
