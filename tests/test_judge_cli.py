@@ -199,6 +199,7 @@ def test_a_family_folder_is_judged_as_its_rendered_defaults(tmp_path: Path) -> N
     """``kopt eval`` on a family folder judges the one-file candidate its defaults render to; a folder that is not a
     family is refused with a message, never judged."""
     from pytest_kopt.families import load_family
+    from pytest_kopt.judge import candidate_id
     from pytest_kopt.judge.cli import candidate_file
 
     family = load_family("mla_paged")
@@ -208,3 +209,7 @@ def test_a_family_folder_is_judged_as_its_rendered_defaults(tmp_path: Path) -> N
     (tmp_path / "plain").mkdir()
     with pytest.raises(SystemExit, match="not a family"):
         candidate_file(str(tmp_path / "plain"), tmp_path)
+    out = tmp_path / "result.json"
+    assert main(["eval", "--problem", "mla-paged", str(family.path), "--quick", "--upto", "compile", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["candidate"].startswith(str(family.path)) and result["candidate_id"] == candidate_id(family.render({}))

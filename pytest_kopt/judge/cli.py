@@ -56,7 +56,12 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="kopt-eval-") as tmp:
         candidate = candidate_file(args.candidate, Path(tmp))
         result = evaluate(args.problem, candidate, upto=upto, quick=args.quick, timeout_s=args.timeout,
-                          json_out=args.json_out, seed=args.seed, metric=args.metric, incumbent=args.incumbent)
+                          seed=args.seed, metric=args.metric, incumbent=args.incumbent)
+    if candidate != args.candidate:  # name the folder, not the rendered file (gone with its temporary folder)
+        result["candidate"] = f"{args.candidate} (the family at its defaults)"
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(result, indent=1, default=str))
     print(summary(result))
     if args.benchmark_json and result.get("benchmarks"):
         from .timing import benchmark_json
