@@ -298,6 +298,8 @@ def test_unservable_shapes_raise_value_error(family):
         family.kernel(**{**y, "q": torch.zeros(1, 4, 1, 32, dtype=torch.bfloat16)[..., ::2]})
     with pytest.raises(ValueError, match="initial_state"):
         family.kernel(**{**y, "initial_state": y["initial_state"].transpose(2, 3)})
+    with pytest.raises(ValueError, match="beta is on meta"):
+        family.kernel(**{**y, "beta": y["beta"].to("meta")})
     empty = {**y, **{n: y[n][:, :0] for n in ("q", "k", "v", "g", "beta")}, "initial_state": None}
     o, final = family.kernel(**empty)
     assert o.shape == (1, 0, 1, 16) and final is None
@@ -307,18 +309,21 @@ def test_unservable_shapes_raise_value_error(family):
 
 def test_launch_knob_picks_the_compiled_kernel_or_the_jit_entry(tmp_path):
     """A launch on a GPU compiles and loads its kernel when the plan is made; launch "compiled" then calls that
-    kernel with the arguments in the kernel's order, "jit" goes through the JIT entry every call."""
+    kernel's launcher straight, on the stream the call names, with the arguments in the kernel's order (the plan's
+    own tensors as addresses, the caller's as they are) and no launch metadata or hooks; "jit" goes through the JIT
+    entry every call."""
     calls = []
+    plan_buffer = torch.zeros(4)
 
-    class Kernel:  # what Triton's CompiledKernel offers: the launcher, loaded, and kernel[grid](*args)
-        run = object()
+    class Kernel:  # what Triton's CompiledKernel offers: the launcher (loaded), the function handle, the metadata
+        function, packed_metadata = "F", "M"
 
-        def __getitem__(self, grid):
-            assert len(grid) == 3, "CompiledKernel's launcher reads grid[0], grid[1] and grid[2]"
-            return lambda *args: calls.append(("compiled", grid, args))
+        @staticmethod
+        def run(*args):
+            calls.append(("compiled", *args))
 
     class Fn:
-        arg_names = ["a_ptr", "n", "BLOCK"]
+        arg_names = ["a_ptr", "b_ptr", "n", "BLOCK"]
         __name__ = "fake"
 
         def warmup(self, *args, grid, **options):
@@ -328,21 +333,26 @@ def test_launch_knob_picks_the_compiled_kernel_or_the_jit_entry(tmp_path):
         def __getitem__(self, grid):
             return lambda *args, **options: calls.append(("jit", grid, args, options))
 
+    caller = [torch.ones(2), torch.ones(3)]
     for launch in ("compiled", "jit"):
         module = render({"launch": launch}, tmp_path)
         calls.clear()
-        run = module._Launch(Fn(), (3, 1), {"a_ptr": "A", "n": 7, "BLOCK": 16}, {"num_warps": 2}, {"a_ptr": "x"}, True)
-        run({"x": "X1"})
-        run({"x": "X2"})
-        assert calls[0] == ("warmup", (3, 1, 1), ("A", 7, 16), {"num_warps": 2})
+        args = {"a_ptr": caller[0], "b_ptr": plan_buffer, "n": 7, "BLOCK": 16}
+        run = module._Launch(Fn(), (3, 1), args, {"num_warps": 2}, {"a_ptr": "x"}, True)
+        run({"x": caller[0]}, 99)
+        run({"x": caller[1]}, 98)
+        assert calls[0] == ("warmup", (3, 1, 1), (caller[0], plan_buffer, 7, 16), {"num_warps": 2})
         if launch == "compiled":
-            assert calls[1:] == [("compiled", (3, 1, 1), ("X1", 7, 16)), ("compiled", (3, 1, 1), ("X2", 7, 16))]
+            address = plan_buffer.data_ptr()
+            assert calls[1:] == [("compiled", 3, 1, 1, 99, "F", "M", None, None, None, caller[0], address, 7, 16),
+                                 ("compiled", 3, 1, 1, 98, "F", "M", None, None, None, caller[1], address, 7, 16)]
         else:
-            assert calls[1:] == [("jit", (3, 1, 1), ("X1", 7, 16), {"num_warps": 2}),
-                                 ("jit", (3, 1, 1), ("X2", 7, 16), {"num_warps": 2})]
+            assert calls[1:] == [("jit", (3, 1, 1), (caller[0], plan_buffer, 7, 16), {"num_warps": 2}),
+                                 ("jit", (3, 1, 1), (caller[1], plan_buffer, 7, 16), {"num_warps": 2})]
+        assert run.args[0] is None  # no tensor of the caller's held between calls
         calls.clear()
-        module._Launch(Fn(), (1,), {"a_ptr": "A", "n": 1, "BLOCK": 16}, {}, {}, False)({})
-        assert calls == [("jit", (1, 1, 1), ("A", 1, 16), {})]  # the CPU interpreter: no warmup, the JIT entry
+        module._Launch(Fn(), (1,), {"a_ptr": "A", "b_ptr": "B", "n": 1, "BLOCK": 16}, {}, {}, False)({}, None)
+        assert calls == [("jit", (1, 1, 1), ("A", "B", 1, 16), {})]  # the CPU interpreter: no warmup, the JIT entry
 
 
 # ---- addresses: the interpreter does not bounds-check; the GPU faults --------------------------------------------

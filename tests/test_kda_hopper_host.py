@@ -31,8 +31,9 @@ class Recorder:
         self.calls = []
         Recorder.made.append(self)
 
-    def __call__(self, values):
+    def __call__(self, values, stream):
         call = {name: values[role] for name, role in self.roles.items()}
+        call["stream"] = stream
         call.update({name: ("base", arg.base) for name, arg in self.args.items() if hasattr(arg, "block_shape")})
         self.calls.append(call)
 
@@ -142,7 +143,8 @@ def test_other_gpus_and_misaligned_inputs_take_the_triton_path(hopper):
 
 def test_a_call_after_the_first_builds_nothing(hopper, monkeypatch):
     """The second call of a kind: no plan, no descriptor, no launch set up again; its own tensors in every
-    argument slot and descriptor, fresh outputs, the flags zeroed; another stream gets a plan of its own."""
+    argument slot and descriptor, fresh outputs, the caller's stream; the flags (and the generation behind them,
+    which the GPU moves on) untouched by the host; another stream gets a plan of its own."""
     built = []
     real = hopper.GluonDescriptor
 
@@ -156,11 +158,13 @@ def test_a_call_after_the_first_builds_nothing(hopper, monkeypatch):
     plan = next(iter(hopper._PLANS.values()))
     made, descriptors = list(plan.launches), len(built)
     assert [r.name for r in made] == ["_kda_scan_wgmma_ws", "_kda_prep_gluon"] and descriptors == 8
-    plan.flags.fill_(1)
+    assert plan.flags.shape == (2 * 1 + 2,) and not plan.flags.any()  # two chunks, the generation, the ticket
+    plan.flags.fill_(5)
     second = fake_inputs(1, 64, 1, 64, 64, h0=True, seed=2)
     o, final = hopper.kernel(**second)
     assert Recorder.made == [made[1], made[0]] and len(built) == descriptors and len(hopper._PLANS) == 1
-    assert not plan.flags.any()
+    assert (plan.flags == 5).all()
+    assert all(r.calls[-1]["stream"] == 7 for r in made)
     scan, prep = made
     assert prep.calls[-1]["g_ptr"] is second["g"] and prep.calls[-1]["beta_ptr"] is second["beta"]
     assert prep.calls[-1]["scale"] == 64 ** -0.5

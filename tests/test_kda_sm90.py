@@ -63,7 +63,8 @@ for sms, shape, only in json.loads(sys.argv[3]):
             "wgmma_bf16_n": {n: count(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16") for n in (32, 64, 128)},
             "waits": count("wgmma.wait_group"), "mma_bf16": count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"),
             "mma": count("mma.sync") + count("wgmma.mma_async"),
-            "flag_release": count("atom.global.gpu.release.exch"), "launch_dependents": count("griddepcontrol.launch_dependents"),
+            "flag_release": count("atom.global.gpu.release.exch"), "ticket": count("atom.global.gpu.acq_rel.add"),
+            "one_thread_ticket": len(re.findall(r"@%p\d+ atom\.global\.gpu\.acq_rel\.add", ptx)), "launch_dependents": count("griddepcontrol.launch_dependents"),
             "acquire": count("fence.acq_rel.gpu"), "proxy_fence": count("fence.proxy.async.global"),
             "volatile": count("ld.volatile.global"), "st_v4": count("st.global.v4.b32"), "st_b32": count("st.global.b32"),
             "arrives": len(re.findall(r"bar\.sync\s+0, \d+;\s+(?://[^\n]*\s+)?@%p\d+ mbarrier\.arrive\.shared::cta", ptx)),
@@ -96,6 +97,8 @@ def test_fused_preparation(compiled):
         # q, k, g and v by four TMA boxes; nothing of the rows leaves; one release flags each chunk for a scan beside
         assert c["tma_loads"] == 4 and c["tma_stores"] == 0, where
         assert c["flag_release"] == int(flag), where
+        # with it, the flag's value: the call's generation, read with a strong load
+        assert (c["volatile"] >= 1) == flag, where
         # the rows' products tf32 wgmma; the solve seven stacked steps of three bf16 wgmma (four doubling, two
         # merging, Aqk A: two k16 instructions each), the outputs four ([qd; w]) and two ([Aqk u; u]) more; no mma_v2
         assert c["wgmma_tf32"] > 0 and c["mma_bf16"] == 0, where
@@ -133,6 +136,8 @@ def test_gluon_scan(compiled):
         # load, an acquire fence and the proxy fence before the TMA loads; nothing of it otherwise
         assert c["launch_dependents"] == int(wait), where
         assert (c["acquire"] >= 1 and c["proxy_fence"] >= 1 and c["volatile"] >= 1) == wait, where
+        # and takes one ticket per program (one thread's atomic), the last of the call moving the generation on
+        assert c["ticket"] == c["one_thread_ticket"] == int(wait), where
     assert {(c["args"]["BV"], c["args"]["WAIT"]) for c in kernels(compiled, "_kda_scan_wgmma_ws")} >= {(64, True), (128, False)}
 
 

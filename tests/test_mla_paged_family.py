@@ -330,14 +330,18 @@ class _FakeJIT:
 
 
 class _FakeCompiled:
+    """A compiled kernel: its launcher (grid, stream, function handle, metadata, launch metadata and the two hooks,
+    then the arguments), function handle and metadata."""
+
+    function, packed_metadata = "function", "metadata"
+
     def __init__(self, log, name):
         self.log, self.name = log, name
 
-    def __getitem__(self, grid):
-        def launch(*args, stream=None):
-            bases = [a.base for a in args if hasattr(a, "block_shape")]
-            self.log.append((self.name, "compiled", grid, args, {"stream": stream}, bases))
-        return launch
+    def run(self, gx, gy, gz, stream, function, metadata, launch_metadata, enter_hook, exit_hook, *args):
+        assert (function, metadata, launch_metadata, enter_hook, exit_hook) == ("function", "metadata", None, None, None)
+        bases = [a.base for a in args if hasattr(a, "block_shape")]
+        self.log.append((self.name, "compiled", (gx, gy, gz), args, {"stream": stream}, bases))
 
 
 def _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, capability=9, engine="gluon"):
@@ -348,9 +352,7 @@ def _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, capability=9, engine="gluon")
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 5})())
     monkeypatch.setattr(module, "_sm_count", lambda index: 132)
     log = []
-    for fn, name in (("_mla_paged_ws", "ws"), ("_mla_paged_seesaw", "seesaw")):  # a render keeps the engine it uses
-        if hasattr(module, fn):
-            monkeypatch.setattr(module, fn, _FakeJIT(getattr(module, fn), log, name))
+    monkeypatch.setattr(module, "_mla_paged_ws", _FakeJIT(module._mla_paged_ws, log, "ws"))
     monkeypatch.setattr(module, "_mla_paged_merge", _FakeJIT(module._mla_paged_merge, log, "merge"))
     monkeypatch.setattr(module, "_mla_paged_fwd", _FakeJIT(module._mla_paged_fwd, log, "triton"))
     return module, log
@@ -361,12 +363,12 @@ def _fake_cuda_inputs(case, seed):
     return {k: torch.Tensor._make_subclass(_FakeCuda, v) if isinstance(v, torch.Tensor) else v for k, v in x.items()}
 
 
-@pytest.mark.parametrize("engine, name", [("gluon", "ws"), ("seesaw", "seesaw")])
-def test_gluon_engine_plan_descriptors_and_direct_launches(tmp_dir, monkeypatch, engine, name):
+def test_gluon_engine_plan_descriptors_and_direct_launches(tmp_dir, monkeypatch):
     """Where it applies, one plan: grid (64-row blocks, SMs / blocks), the merge kernel after it; the four descriptors
     built once and pointed at each call's q and cache only while it launches; the second call launches the first
     call's compiled kernels with every constexpr in signature order; misaligned lengths go through the JIT again."""
-    module, log = _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, engine=engine)
+    module, log = _gluon_on_a_pretend_h200(tmp_dir, monkeypatch)
+    name = "ws"
     case = {"B": 3, "Sq": 2, "H": 64, "lengths": [300, 64, 129]}
     first, second = _fake_cuda_inputs(case, 0), _fake_cuda_inputs(case, 1)
     module.kernel(**first)
@@ -509,9 +511,9 @@ print(json.dumps({"ptx": ptx, "notes": notes, "shared": kernel.metadata.shared})
 """
 
 
-@pytest.mark.parametrize("fn, sq", [("_mla_paged_ws", 1), ("_mla_paged_seesaw", 4)])
+@pytest.mark.parametrize("fn, sq", [("_mla_paged_ws", 1), ("_mla_paged_ws", 4)])
 def test_gluon_engine_compiles_for_hopper(tmp_path, fn, sq):
-    """ENGINE "gluon"'s kernel (B64 Sq1) and "seesaw"'s (B64 Sq4) compiled for sm_90 as launched (no GPU): three
+    """ENGINE "gluon"'s kernel compiled for sm_90 as launched at B64 Sq1 and Sq4 (no GPU): three
     partitions with their register budgets (the warpgroups 232, the loader 40), scores [64 x 64] and P V [64 x 256] on
     wgmma, every tile by TMA, and shared memory within one block's (one program per SM; q's 72 KB and two 72 KB tiles
     fill it)."""

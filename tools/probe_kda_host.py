@@ -13,21 +13,28 @@ the launch queue and time the GPU instead):
 
 - ``whole``: ``kernel(**inputs)`` as a caller makes it;
 - ``wrapped``: the same calls with the plan's launch objects wrapped: each ``_Launch.__call__`` timed, and the rest;
-- ``steps``: a replica of ``kernel`` and ``_Plan.__call__`` (host.py), each step timed: the cache key, the plan
-  look-up, the two allocations, the descriptors' ``base``, ``flags.zero_()``, every launch taken apart as Triton
-  3.6's ``CompiledKernel[grid](*args)`` does it (compiler.py ``__getitem__``/``runner``, then the nvidia driver's
-  ``CudaLauncher.__call__`` and ``wrap_handle_tensordesc``): ``__getitem__``, the device and stream, the launch
-  metadata, the scratch, the argument conversion (each TMA descriptor's ``make_tensordesc_arg``, which encodes a
-  CUtensorMap by ``fill_tma_descriptor``, timed on its own) and the C launcher. Its outputs are compared with
-  ``kernel``'s (``replica_matches``);
-- ``micro``: pieces timed alone in tight loops, nothing launched (mean per call): each descriptor's encoding, the
-  conversion of each launch's arguments, the stream look-ups, the key, the allocations, ``data_ptr``;
-- ``direct``: what a host path that skips Triton's per-launch Python could reach, the key and plan look-up kept as
-  ``kernel`` makes them: each C launcher called straight with its flat arguments, the descriptors whose base is a
-  plan buffer encoded once, pointers passed as integers (no ``data_ptr`` call nor ``cuPointerGetAttribute`` in the
-  launcher), no launch hooks (refused where hooks are set), the stream cached. ``direct_encode`` re-encodes the
-  caller's descriptors (q, k, g, v, o) every call; ``direct_cached`` keeps their CUtensorMaps by address (a map
-  holds only the address and the plan's geometry); ``direct_cached_tensors`` passes tensors, not integers;
+- ``steps``: a replica of ``kernel`` and ``_Plan.__call__`` (host.py), each step timed: the stream
+  (``torch.cuda.current_stream(device).cuda_stream``, looked up once and passed to every launch), the cache key,
+  the plan look-up (``_PLANS.get``), the two allocations, the values, the descriptors' ``base`` (set, cleared), and
+  every launch as ``_Launch.__call__`` makes it with launch "compiled": the slot writes (and their clearing), then
+  the launcher ``run(*grid, stream, function, packed_metadata, None, None, None, *args)`` as a whole (Triton 3.6's
+  ``CudaLauncher.__call__``; no ``CompiledKernel[grid]`` runner, launch metadata nor hooks). Its outputs are
+  compared with ``kernel``'s (``replica_matches``);
+- ``launcher_apart``: a second pass of the replica in which each launcher is taken apart as ``CudaLauncher.__call__``
+  and the nvidia driver's ``wrap_handle_tensordesc`` (``run.launch``) run it: the slots, the scratch, the argument
+  conversion (each TMA descriptor's ``make_tensordesc_arg``, which encodes a CUtensorMap by
+  ``fill_tma_descriptor``, timed on its own) and the C launcher. Outputs compared (``launcher_apart_matches``);
+- ``micro``: pieces timed alone in tight loops, nothing launched but the old path's ``flags.zero_()`` (mean per
+  call): each descriptor's encoding, the conversion of each launch's arguments, the stream look-ups, the key, the
+  plan look-up, the allocations, ``data_ptr``; rows marked "old path only" are what the former host paid per call
+  (Triton's driver device and stream look-ups, the launch hook, zeroing the flags) and the present one does not;
+- ``direct``: what a host path that skips the remaining per-launch Python could reach, the stream, key and plan
+  look-up kept as ``kernel`` makes them: each C launcher called straight with its flat arguments, the descriptors
+  whose base is a plan buffer encoded once, pointers passed as integers (the plan's own buffers by the addresses
+  the plan holds; no ``data_ptr`` call nor ``cuPointerGetAttribute`` in the launcher), no launch hooks (as the
+  host), the stream cached. ``direct_encode`` re-encodes the caller's descriptors (q, k, g, v, o) every call;
+  ``direct_cached`` keeps their CUtensorMaps by address (a map holds only the address and the plan's geometry);
+  ``direct_cached_tensors`` passes the caller's tensors as tensors (as the host does), not integers;
   ``direct_cached_rawstream`` builds the key with ``torch._C._cuda_getCurrentRawStream`` (the same integer as
   ``torch.cuda.current_stream(device).cuda_stream``). ``direct_encode_steps`` takes its body apart. Outputs compared
   with ``kernel``'s (``direct_matches``);
@@ -111,18 +118,24 @@ def bursts(calls: int, burst: int):
 
 
 # ---- the family's call, mirrored ----------------------------------------------------------------------------------
-def replica_key(q, k, v, g, beta, h0, output_final_state):
-    """The plan key exactly as host.py's ``kernel`` builds it (checked against the plan cache in ``main``)."""
+def current_stream(q):
+    """The stream as host.py's ``kernel`` looks it up (once per call; in the key and passed to every launch)."""
+    return torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else None
+
+
+def replica_key(q, k, v, g, beta, h0, output_final_state, stream):
+    """The plan key exactly as host.py's ``kernel`` builds it (checked against the plan cache in ``probe``)."""
     tensors = (q, k, v, g, beta) if h0 is None else (q, k, v, g, beta, h0)
-    aligned = tuple(x.data_ptr() % 16 == 0 for x in tensors)
-    return (q.device, q.shape, k.shape, v.shape, g.shape, beta.shape, q.dtype, k.dtype, v.dtype, g.dtype, beta.dtype,
-            q.stride(), k.stride(), v.stride(), g.stride(), beta.stride(), aligned, bool(output_final_state),
-            None if h0 is None else (h0.shape, h0.stride(), h0.dtype),
-            torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else None)
+    return (q.shape, k.shape, v.shape, g.shape, beta.shape, q.dtype, k.dtype, v.dtype, g.dtype, beta.dtype,
+            q.stride(), k.stride(), v.stride(), g.stride(), beta.stride(), bool(output_final_state),
+            tuple((t.get_device(), t.data_ptr() % 16 == 0) for t in tensors),
+            None if h0 is None else (h0.shape, h0.stride(), h0.dtype), stream)
 
 
-def key_of(x: dict):
-    return replica_key(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x["output_final_state"])
+def key_of(x: dict, stream=None):
+    """The key of a call on ``x``, the stream looked up as ``kernel`` does unless given."""
+    stream = current_stream(x["q"]) if stream is None else stream
+    return replica_key(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x["output_final_state"], stream)
 
 
 def make_values(plan, x, o, final) -> dict:
@@ -191,18 +204,21 @@ def tma_fill_params(desc, meta):
 
 
 class Parts:
-    """One compiled launch, ready to be run piece by piece the way ``CompiledKernel[grid](*args)`` runs it."""
+    """One compiled launch (``launch.kernel`` is ``(run, function, packed_metadata)``, ``run`` Triton 3.6's
+    ``CudaLauncher``), run the way ``_Launch.__call__`` runs it: the launcher called whole, or taken apart as
+    ``CudaLauncher.__call__`` and ``wrap_handle_tensordesc`` (its ``launch``) run it."""
 
     def __init__(self, launch):
-        from triton import knobs
         from triton.backends.nvidia.driver import make_tensordesc_arg
         from triton.runtime import _allocation
-        from triton.runtime.driver import driver
 
-        self.launch, self.ck = launch, launch.kernel
-        self.cl = self.ck.run  # the CudaLauncher
+        kernel = launch.kernel
+        if not (isinstance(kernel, tuple) and len(kernel) == 3):
+            raise RuntimeError(f"launch.kernel is a {type(kernel).__name__}, not (run, function, packed_metadata)")
+        self.launch = launch
+        self.cl, self.function, self.packed = kernel  # the CudaLauncher, the CUfunction, the packed metadata
         self.c_launch, self.indices, self.meta = launcher_parts(self.cl.launch)
-        self.make_arg, self.knobs, self.driver, self.allocation = make_tensordesc_arg, knobs, driver, _allocation
+        self.make_arg, self.allocation = make_tensordesc_arg, _allocation
         self.names = list(launch.fn.arg_names)
 
     def scratch(self, size, align, allocator, stream):
@@ -211,78 +227,72 @@ class Parts:
             return allocator.get()(g[0] * g[1] * g[2] * self.cl.num_ctas * size, align, stream)
         return None
 
-    def run(self, values, acc: Samples, prefix: str) -> None:
-        descs = []
-        launch, ck, cl = self.launch, self.ck, self.cl
+    def run(self, values, stream, acc: Samples, prefix: str, apart: bool) -> None:
+        launch, cl = self.launch, self.cl
         args, grid = launch.args, launch.grid
         t0 = ns()
         for i, role in launch.slots:
             args[i] = values[role]
         t1 = ns()
-        ck[grid]  # noqa: B018 - compiler.py CompiledKernel.__getitem__: _init_handles, the runner closure
-        t2 = ns()
-        drv = self.driver.active
-        device = drv.get_current_device()
-        stream = drv.get_current_stream(device)
-        t3 = ns()
-        metadata = ck.launch_metadata(grid, stream, *args)
-        t4 = ns()
-        run = ck.run
-        gs = self.scratch(cl.global_scratch_size, cl.global_scratch_align, self.allocation._allocator, stream)
-        ps = self.scratch(cl.profile_scratch_size, cl.profile_scratch_align, self.allocation._profile_allocator, stream)
-        t5 = ns()
-        head = [grid[0], grid[1], grid[2], stream, ck.function, run.launch_cooperative_grid, run.launch_pdl, gs, ps,
-                ck.packed_metadata, metadata, self.knobs.runtime.launch_enter_hook, self.knobs.runtime.launch_exit_hook]
-        flat = head + convert_args(args, self.indices, self.meta, self.make_arg, descs, self.names)
-        t6 = ns()
-        self.c_launch(*flat)
-        t7 = ns()
+        if apart:
+            descs = []
+            gs = self.scratch(cl.global_scratch_size, cl.global_scratch_align, self.allocation._allocator, stream)
+            ps = self.scratch(cl.profile_scratch_size, cl.profile_scratch_align, self.allocation._profile_allocator,
+                              stream)
+            t2 = ns()
+            flat = [grid[0], grid[1], grid[2], stream, self.function, cl.launch_cooperative_grid, cl.launch_pdl, gs, ps,
+                    self.packed, None, None, None]
+            flat += convert_args(args, self.indices, self.meta, self.make_arg, descs, self.names)
+            t3 = ns()
+            self.c_launch(*flat)
+            t4 = ns()
+            rows = [("scratch", t2 - t1), ("convert_args", t3 - t2)]
+            rows += [(f"convert_args/{desc}", dt) for desc, dt in descs]
+            rows.append(("c_launch", t4 - t3))
+        else:  # _Launch.__call__'s launch, as it makes it
+            cl(*grid, stream, self.function, self.packed, None, None, None, *args)
+            t4 = ns()
+            rows = [("run", t4 - t1)]
         for i, _ in launch.slots:
             args[i] = None
-        t8 = ns()
-        for name, dt in (("total", t8 - t0), ("slots", t1 - t0 + t8 - t7), ("getitem", t2 - t1),
-                         ("device+stream", t3 - t2), ("launch_metadata", t4 - t3), ("scratch", t5 - t4),
-                         ("convert_args", t6 - t5), ("c_launch", t7 - t6)):
+        t5 = ns()
+        acc.add(f"{prefix}/total", t5 - t0)
+        acc.add(f"{prefix}/slots", t1 - t0 + t5 - t4)
+        for name, dt in rows:
             acc.add(f"{prefix}/{name}", dt)
-            if name == "convert_args":
-                for desc, dt_desc in descs:
-                    acc.add(f"{prefix}/convert_args/{desc}", dt_desc)
 
 
-def stepped_call(mod, plan, x, acc: Samples, parts: dict, key_ok: bool):
-    """kernel(**x) as host.py makes it, each step timed into ``acc``; returns (o, final)."""
+def stepped_call(mod, plan, x, acc: Samples, parts: dict, key_ok: bool, apart: bool = False):
+    """kernel(**x) as host.py makes it, each step timed into ``acc``; returns (o, final). ``apart``: the compiled
+    launches' launchers taken apart (else called whole)."""
     t0 = ns()
-    key = key_of(x)
+    stream = current_stream(x["q"])
     t1 = ns()
-    if key_ok:
-        found = mod._PLANS.pop(key, None)
-        mod._PLANS[key] = found
-        if found is not plan:
-            raise RuntimeError("the plan cache gave another plan than the probe's")
+    key = key_of(x, stream)
     t2 = ns()
+    if key_ok and mod._PLANS.get(key) is not plan:
+        raise RuntimeError("the plan cache gave another plan than the probe's")
+    t3 = ns()
     B, T, H, K, V = plan.shape
     o = torch.empty((B, T, H, V), dtype=x["v"].dtype, device=x["q"].device)
-    t3 = ns()
-    final = torch.empty((B, H, K, V), dtype=torch.float32, device=x["q"].device) if plan.want_final else None
     t4 = ns()
-    values = make_values(plan, x, o, final)
+    final = torch.empty((B, H, K, V), dtype=torch.float32, device=x["q"].device) if plan.want_final else None
     t5 = ns()
+    values = make_values(plan, x, o, final)
+    t6 = ns()
     for role, desc in plan.descs:
         desc.base = values[role]
-    t6 = ns()
-    if plan.flags is not None:
-        plan.flags.zero_()
     t7 = ns()
-    for name, dt in (("key", t1 - t0), ("plan_lookup", t2 - t1), ("empty_o", t3 - t2), ("empty_final", t4 - t3),
-                     ("values_dict", t5 - t4), ("desc_base_set", t6 - t5), ("flags_zero", t7 - t6)):
+    for name, dt in (("stream", t1 - t0), ("key", t2 - t1), ("plan_lookup", t3 - t2), ("empty_o", t4 - t3),
+                     ("empty_final", t5 - t4), ("values_dict", t6 - t5), ("desc_base_set", t7 - t6)):
         acc.add(name, dt)
     for i, launch in enumerate(plan.launches):
         name = launch_name(i, launch)
         if name in parts:
-            parts[name].run(values, acc, name)
+            parts[name].run(values, stream, acc, name, apart)
         else:
             ta = ns()
-            launch(values)
+            launch(values, stream)
             acc.add(f"{name}/total", ns() - ta)
     t8 = ns()
     for _, desc in plan.descs:
@@ -299,27 +309,24 @@ class TimedLaunch:
     def __init__(self, inner, name: str, acc: Samples):
         self.inner, self.name, self.acc = inner, name, acc
 
-    def __call__(self, values):
+    def __call__(self, values, stream):
         t0 = ns()
-        self.inner(values)
+        self.inner(values, stream)
         self.acc.add(self.name, ns() - t0)
 
 
 # ---- the direct path (what a host could reach) --------------------------------------------------------------------
 class Direct:
-    """The plan's launches through the C launchers straight: fixed arguments converted once (plan buffers to
-    integers, their descriptors encoded once), per call only the caller's tensors (as integers) and descriptors.
-    ``ints`` False: tensors passed as tensors (the C launcher then calls data_ptr and cuPointerGetAttribute)."""
+    """The plan's launches through the C launchers straight: fixed arguments converted once (the plan's buffers by
+    the addresses the plan holds, their descriptors encoded once), per call only the caller's tensors (as integers)
+    and descriptors. ``ints`` False: the caller's tensors passed as tensors, as the host passes them (the C launcher
+    then calls data_ptr and cuPointerGetAttribute). No launch hooks, as the host."""
 
     def __init__(self, plan, parts: dict, ints: bool = True):
-        from triton import knobs
         from triton.runtime.driver import driver
 
-        if knobs.runtime.launch_enter_hook.calls or knobs.runtime.launch_exit_hook.calls:
-            raise RuntimeError("launch hooks are set (a profiler?): the direct path would skip them")
         self.plan, self.fill, self.ints = plan, driver.active.utils.fill_tma_descriptor, ints
-        device = driver.active.get_current_device()
-        stream = driver.active.get_current_stream(device)
+        stream = torch.cuda.current_stream().cuda_stream  # the plan's (its key holds the stream)
         per_call = {id(desc): role for role, desc in plan.descs}
         self.launches = []
         for i, launch in enumerate(plan.launches):
@@ -327,12 +334,12 @@ class Direct:
             p = parts.get(name)
             if p is None:
                 raise RuntimeError(f"{name} has no compiled kernel to call")
-            cl, ck = p.cl, p.ck
+            cl = p.cl
             if cl.global_scratch_size or cl.profile_scratch_size:
                 raise RuntimeError(f"{name} needs scratch memory")
             roles = dict(launch.slots)
-            flat = [launch.grid[0], launch.grid[1], launch.grid[2], stream, ck.function, cl.launch_cooperative_grid,
-                    cl.launch_pdl, None, None, ck.packed_metadata, None, None, None]
+            flat = [launch.grid[0], launch.grid[1], launch.grid[2], stream, p.function, cl.launch_cooperative_grid,
+                    cl.launch_pdl, None, None, p.packed, None, None, None]
             ptr_slots, desc_slots, j = [], [], 0
             for pos, arg in enumerate(launch.args):
                 if pos in p.indices:
@@ -350,7 +357,7 @@ class Direct:
                 elif pos in roles:
                     ptr_slots.append((len(flat), roles[pos]))
                     flat.append(None)
-                elif isinstance(arg, torch.Tensor) and ints:
+                elif isinstance(arg, torch.Tensor):  # not so with launch "compiled": the plan holds addresses
                     flat.append(arg.data_ptr())
                 else:
                     flat.append(arg)
@@ -364,12 +371,8 @@ class Direct:
         final = torch.empty((B, H, K, V), dtype=torch.float32, device=x["q"].device) if plan.want_final else None
         values = make_values(plan, x, o, final)
         t1 = ns()
-        if plan.flags is not None:
-            plan.flags.zero_()
-        t2 = ns()
         if acc is not None:
             acc.add("empty_o+final+values", t1 - t0)
-            acc.add("flags_zero", t2 - t1)
         fill = self.fill
         for name, c_launch, flat, ptr_slots, desc_slots in self.launches:
             t3 = ns()
@@ -404,25 +407,17 @@ class Direct:
 
 
 def direct_call(mod, direct: Direct, cached: bool, key_ok: bool, raw_stream: bool = False):
-    """A whole call on the direct path: the plan key (as kernel builds it, or with the raw stream handle in place of
-    ``torch.cuda.current_stream(...)``: the same integer), the plan cache, then ``direct``."""
-    def key_raw(x):
-        q, h0 = x["q"], x["initial_state"]
-        k, v, g, beta = x["k"], x["v"], x["g"], x["beta"]
-        tensors = (q, k, v, g, beta) if h0 is None else (q, k, v, g, beta, h0)
-        aligned = tuple(t.data_ptr() % 16 == 0 for t in tensors)
-        return (q.device, q.shape, k.shape, v.shape, g.shape, beta.shape, q.dtype, k.dtype, v.dtype, g.dtype,
-                beta.dtype, q.stride(), k.stride(), v.stride(), g.stride(), beta.stride(), aligned,
-                bool(x["output_final_state"]), None if h0 is None else (h0.shape, h0.stride(), h0.dtype),
-                torch._C._cuda_getCurrentRawStream(q.device.index))
+    """A whole call on the direct path: the stream and plan key (as kernel builds them, or with the raw stream handle
+    in place of ``torch.cuda.current_stream(...).cuda_stream``: the same integer), the plan cache, then ``direct``."""
+    def stream_raw(q):
+        return torch._C._cuda_getCurrentRawStream(q.device.index)  # a CUDA tensor's device has its index
 
-    make_key = key_raw if raw_stream else key_of
+    find_stream = stream_raw if raw_stream else current_stream
 
     def call(x):
-        key = make_key(x)
-        if key_ok:
-            plan = mod._PLANS.pop(key)
-            mod._PLANS[key] = plan
+        key = key_of(x, find_stream(x["q"]))
+        if key_ok and mod._PLANS.get(key) is None:
+            raise KeyError("the key is not the plan's")
         return direct(x, cached)
 
     return call
@@ -465,6 +460,7 @@ def plan_summary(plan, parts: dict) -> dict:
         entry = {"name": name, "grid": list(getattr(launch, "grid", ())), "options": getattr(launch, "options", {}),
                  "args": len(args), "descriptors": sum(map(is_descriptor, args)),
                  "tensors": sum(isinstance(a, torch.Tensor) for a in args),
+                 "buffers_by_address": len(getattr(launch, "owned", [])),
                  "per_call_slots": [role for _, role in getattr(launch, "slots", [])],
                  "compiled": getattr(launch, "kernel", None) is not None}
         if name in parts:
@@ -477,45 +473,48 @@ def plan_summary(plan, parts: dict) -> dict:
 
 
 def run_micro(plan, parts: dict, x: dict, device: str, reps: int, key_ok: bool, mod) -> dict:
-    """Pieces alone, nothing launched but flags.zero_ (mean us per call)."""
+    """Pieces alone, nothing launched but the old path's flags.zero_ (on a spare buffer; mean us per call)."""
     out = {}
     q = x["q"]
     B, T, H, K, V = plan.shape
+    tensors = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     out["time.perf_counter_ns() (the probe's own clock)"] = micro_us(ns, reps)
-    out["key (replica of kernel's)"] = micro_us(lambda: key_of(x), reps)
-    out["key: data_ptr alignment tuple"] = micro_us(
-        lambda: tuple(t.data_ptr() % 16 == 0 for t in (x["q"], x["k"], x["v"], x["g"], x["beta"])), reps)
+    out["stream + key (replica of kernel's)"] = micro_us(lambda: key_of(x), reps)
+    stream = current_stream(q)
+    out["key, the stream given"] = micro_us(lambda: key_of(x, stream), reps)
+    out["key: (get_device, data_ptr alignment) tuple"] = micro_us(
+        lambda: tuple((t.get_device(), t.data_ptr() % 16 == 0) for t in tensors), reps)
     out["key: 5 x stride()"] = micro_us(lambda: (q.stride(), x["k"].stride(), x["v"].stride(), x["g"].stride(),
                                                  x["beta"].stride()), reps)
     out["key: 5 x shape"] = micro_us(lambda: (q.shape, x["k"].shape, x["v"].shape, x["g"].shape, x["beta"].shape), reps)
     key = key_of(x)
     out["key: hash(key)"] = micro_us(lambda: hash(key), reps)
     if key_ok:
-        def lookup():
-            p = mod._PLANS.pop(key, None)
-            mod._PLANS[key] = p
-        out["plan cache pop + insert"] = micro_us(lookup, reps)
+        out["plan cache get"] = micro_us(lambda: mod._PLANS.get(key), reps)
     out["tensor.data_ptr()"] = micro_us(q.data_ptr, reps)
+    out["tensor.get_device()"] = micro_us(q.get_device, reps)
     out["torch.empty(o)"] = micro_us(lambda: torch.empty((B, T, H, V), dtype=x["v"].dtype, device=q.device), reps)
     out["torch.empty(final)"] = micro_us(lambda: torch.empty((B, H, K, V), dtype=torch.float32, device=q.device), reps)
     if device == "cuda":
-        idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        out["torch.cuda.current_stream(dev).cuda_stream (in key)"] = micro_us(
+        idx = q.device.index
+        out["torch.cuda.current_stream(dev).cuda_stream (kernel's)"] = micro_us(
             lambda: torch.cuda.current_stream(q.device).cuda_stream, reps)
         out["torch._C._cuda_getCurrentRawStream(idx) (alternative)"] = micro_us(
             lambda: torch._C._cuda_getCurrentRawStream(idx), reps)
-        if plan.flags is not None:
-            out["flags.zero_()"] = micro_us(plan.flags.zero_, reps)
+        if plan.flags is not None:  # not the plan's: its flags carry the generation the scan keeps
+            spare = torch.zeros_like(plan.flags)
+            out["flags.zero_() (old path only; a buffer of the flags' size)"] = micro_us(spare.zero_, reps)
             torch.cuda.synchronize()
     if not parts:
         return out
     from triton import knobs
     from triton.runtime.driver import driver
 
-    out["driver.active.get_current_device()"] = micro_us(driver.active.get_current_device, reps)
+    out["driver.active.get_current_device() (old path only)"] = micro_us(driver.active.get_current_device, reps)
     dev = driver.active.get_current_device()
-    out["driver.active.get_current_stream(dev)"] = micro_us(lambda: driver.active.get_current_stream(dev), reps)
-    out["knobs.runtime.launch_enter_hook(None) (HookChain, empty)"] = micro_us(
+    out["driver.active.get_current_stream(dev) (old path only)"] = micro_us(
+        lambda: driver.active.get_current_stream(dev), reps)
+    out["launch_enter_hook(None) (old path only; HookChain, empty)"] = micro_us(
         lambda: knobs.runtime.launch_enter_hook(None), reps)
     o = torch.empty((B, T, H, V), dtype=x["v"].dtype, device=q.device)
     final = torch.empty((B, H, K, V), dtype=torch.float32, device=q.device) if plan.want_final else None
@@ -523,13 +522,10 @@ def run_micro(plan, parts: dict, x: dict, device: str, reps: int, key_ok: bool, 
     for role, desc in plan.descs:
         desc.base = values[role]
     try:
-        stream = driver.active.get_current_stream(dev)
         for name, p in parts.items():
             launch, args = p.launch, p.launch.args
             for i, role in launch.slots:
                 args[i] = values[role]
-            out[f"{name}: CompiledKernel[grid]"] = micro_us(lambda: p.ck[launch.grid], reps)
-            out[f"{name}: launch_metadata"] = micro_us(lambda: p.ck.launch_metadata(launch.grid, stream, *args), reps)
             out[f"{name}: convert_args (all {len(p.meta)} descriptors)"] = micro_us(
                 lambda: convert_args(args, p.indices, p.meta, p.make_arg), reps)
             j = 0
@@ -544,8 +540,8 @@ def run_micro(plan, parts: dict, x: dict, device: str, reps: int, key_ok: bool, 
                     ptr = arg.base.data_ptr()
                     fill = driver.active.utils.fill_tma_descriptor
                     out[f"{name}: fill_tma_descriptor({p.names[pos]}) alone"] = micro_us(lambda: fill(ptr, *params), reps)
-            ptr_args = [a for pos, a in enumerate(args) if isinstance(a, torch.Tensor)]
-            out[f"{name}: data_ptr() of its {len(ptr_args)} tensor args"] = micro_us(
+            ptr_args = [a for a in args if isinstance(a, torch.Tensor)]
+            out[f"{name}: data_ptr() of its {len(ptr_args)} tensor args (the caller's)"] = micro_us(
                 lambda: [a.data_ptr() for a in ptr_args], reps)
             for i, _ in launch.slots:
                 args[i] = None
@@ -670,21 +666,26 @@ def probe(args) -> dict:
     launch_names = [launch_name(i, launch) for i, launch in enumerate(original)]
     rest = [acc["whole"][c] - sum(acc[name][c] for name in launch_names) for c in range(n)]
     report["wrapped"].update({name: stats(acc[name]) for name in launch_names})
-    report["wrapped"]["rest (key, allocations, descriptors, flags)"] = stats(rest)
+    report["wrapped"]["rest (stream, key, plan look-up, allocations, descriptors)"] = stats(rest)
 
-    # 3. the steps, the launches taken apart
-    steps = Samples()
+    # 3. the steps, each launcher called whole; then (3b) a second pass with the launchers taken apart
+    steps, apart = Samples(), Samples()
     reference = call(sets[0])
     replica = stepped_call(mod, plan, sets[0], Samples(), parts, key_ok)
     sync()
     report["replica_matches"] = same(reference, replica)
-    del reference, replica
-
-    def stepped(x):
-        return stepped_call(mod, plan, x, steps, parts, key_ok)
-
-    timed_loop(stepped, sets, args.calls, args.burst, sync)
+    del replica
+    timed_loop(lambda x: stepped_call(mod, plan, x, steps, parts, key_ok), sets, args.calls, args.burst, sync)
     report["steps"] = steps.report()
+    if parts:
+        replica = stepped_call(mod, plan, sets[0], Samples(), parts, key_ok, apart=True)
+        sync()
+        report["launcher_apart_matches"] = same(reference, replica)
+        del replica
+        timed_loop(lambda x: stepped_call(mod, plan, x, apart, parts, key_ok, apart=True), sets, args.calls,
+                   args.burst, sync)
+        report["launcher_apart"] = {name: s for name, s in apart.report().items() if name.split("/")[0] in parts}
+    del reference
 
     # 4. pieces alone
     report["micro_us"] = run_micro(plan, parts, sets[0], device, args.micro_reps, key_ok, mod)
@@ -740,13 +741,20 @@ def table(report: dict) -> str:
     lines.append("wrapped launches:")
     for name, s in report["wrapped"].items():
         row(name, s, 2)
+    def steps(rows):
+        for name, s in rows.items():
+            if name.endswith("/total"):  # a launch: its name, then its parts indented
+                row(name[: -len("/total")], s, 2)
+            else:
+                depth = name.count("/")
+                row(name.rsplit("/", 1)[-1] if depth else name, s, 2 + 2 * depth)
+
     lines.append(f"steps (replica; outputs match kernel's: {report['replica_matches']['equal']}):")
-    for name, s in report["steps"].items():
-        if name.endswith("/total"):  # a launch: its name, then its parts indented
-            row(name[: -len("/total")], s, 2)
-        else:
-            depth = name.count("/")
-            row(name.rsplit("/", 1)[-1] if depth else name, s, 2 + 2 * depth)
+    steps(report["steps"])
+    if "launcher_apart" in report:
+        lines.append("launchers taken apart as CudaLauncher.__call__ and wrap_handle_tensordesc run them (second pass; "
+                     f"outputs match: {report['launcher_apart_matches']['equal']}):")
+        steps(report["launcher_apart"])
     if "direct_matches" in report:
         lines.append("direct path (kernel's key and plan look-up, then the C launchers straight; outputs match "
                      f"kernel's: {all(m['equal'] for m in report['direct_matches'].values())}):")

@@ -772,10 +772,12 @@ def _kda_prep_gluon(q_desc, k_desc, g_desc, v_desc, g_ptr, beta_ptr, w_ptr, kd_p
                  K, V, BT, a_flat)
     mbarrier.invalidate(v_bar)
     if FLAG:
-        # every thread's stores are done (the barrier), then one release at GPU scope publishes them: the scan's
-        # loader reads the flag with an acquire before its TMA loads of this chunk
+        # the flag is the call's generation + 1 (the generation lies behind the flags; the scan moves it on once the
+        # call is done). Every thread's stores are done (the barrier), then one release at GPU scope publishes them:
+        # the scan's loader reads the flag with an acquire before its TMA loads of this chunk
+        gen = gl.load(flag_ptr + gl.num_programs(0) * NT, volatile=True)
         gl.thread_barrier()
-        gl.atomic_xchg(flag_ptr + i_bh * NT + i_t, 1, sem="release", scope="gpu")
+        gl.atomic_xchg(flag_ptr + i_bh * NT + i_t, gen + 1, sem="release", scope="gpu")
 
 
 # -- gluon_scan.py -----------------------------------------------------------------------------------------------------
@@ -785,7 +787,8 @@ def _kda_prep_gluon(q_desc, k_desc, g_desc, v_desc, g_ptr, beta_ptr, w_ptr, kd_p
 # of S^T <- gl (.) S^T + delta^T kd, accumulated into the state itself: the state never leaves registers. A loader
 # warp brings each chunk's w, kd, qd (one [3, BH, TP, K] buffer), u, au (one [2, BH, TP, V]) and gl by TMA into a
 # ring of four stages, a storer warp sends o out by TMA; the compute warpgroup only waits on mbarriers. WAIT: the
-# loader waits for each chunk's flag, set by the preparation running beside (host.py).
+# loader waits for each chunk's flag, set by the preparation running beside (host.py) to the call's generation + 1;
+# the generation lives on the GPU behind the flags, so a call (or a graph's replay) zeroes nothing.
 
 # chunks whose flags the loader checks with one load and one pair of fences
 _WAIT_GROUP = gl.constexpr(8)
@@ -855,26 +858,30 @@ def _ws_compute(wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free, h0_ptr, ht
 
 
 @gluon.jit
-def _ws_wait_chunks(flags_ptr, n0, NT, G: gl.constexpr):
-    """Spin until chunks n0 .. n0 + G - 1 are flagged (past NT: done), then order their stores before the TMA loads
-    that follow (a strong load and a fence: the acquire; the proxy fence: the TMA's async proxy). Checked per chunk,
-    the round trip and fences cost more than a scan step (H200: 330 against 163 us at the headline). A preparation
-    that never runs beside (e.g. serialised by a profiler) would leave it spinning: after ~2^24 polls it traps."""
+def _ws_wait_chunks(flags_ptr, n0, NT, target, G: gl.constexpr):
+    """Spin until chunks n0 .. n0 + G - 1 are flagged with this call's ``target`` (past NT: done), then order their
+    stores before the TMA loads that follow (a strong load and a fence: the acquire; the proxy fence: the TMA's async
+    proxy). Checked per chunk, the round trip and fences cost more than a scan step (H200: 330 against 163 us at the
+    headline). A preparation that never runs beside (e.g. serialised by a profiler) would leave it spinning: after
+    ~2^24 polls it traps."""
     offs = n0 + gl.arange(0, G, layout=gl.BlockedLayout([1], [32], [1], [0]))
-    done = gl.min(gl.load(flags_ptr + offs, mask=offs < NT, other=1, volatile=True), axis=0)
+    flagged = gl.load(flags_ptr + offs, mask=offs < NT, other=target, volatile=True) == target
+    done = gl.min(flagged.to(gl.int32), axis=0)
     polls = 0
     while done == 0:
         polls += 1
         if polls > 16777216:
             gl.inline_asm_elementwise("trap; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        done = gl.min(gl.load(flags_ptr + offs, mask=offs < NT, other=1, volatile=True), axis=0)
+        flagged = gl.load(flags_ptr + offs, mask=offs < NT, other=target, volatile=True) == target
+        done = gl.min(flagged.to(gl.int32), axis=0)
     gl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tfence.proxy.async.global; // $0", "=r", [], dtype=gl.int32,
                               is_pure=False, pack=1)
 
 
 @gluon.jit
 def _ws_loader(wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free,
-               row0, g_row0, v0, o_row, o_col, NT, flag_ptr, BT: gl.constexpr, NS: gl.constexpr, WAIT: gl.constexpr):
+               row0, g_row0, v0, o_row, o_col, NT, flag_ptr, target, BT: gl.constexpr, NS: gl.constexpr,
+               WAIT: gl.constexpr):
     """The loader warp: chunk n's tiles into stage n % NS once the compute warpgroup has handed that stage back
     (and, with WAIT, once the preparation running beside the scan has stored them)."""
     nbytes: gl.constexpr = wkq_desc.block_type.nbytes + ua_desc.block_type.nbytes + g_desc.block_type.nbytes
@@ -882,7 +889,7 @@ def _ws_loader(wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, 
         st = n % NS
         if WAIT:
             if n % _WAIT_GROUP == 0:
-                _ws_wait_chunks(flag_ptr + g_row0, n, NT, _WAIT_GROUP)
+                _ws_wait_chunks(flag_ptr + g_row0, n, NT, target, _WAIT_GROUP)
         mbarrier.wait(empty.index(st), ((n // NS) & 1) ^ 1)  # barriers start with phase 1 complete: no wait at first
         mbarrier.expect(ready.index(st), nbytes)
         tma.async_copy_global_to_shared(wkq_desc, [0, row0 + n * BT, 0], ready.index(st), wkq_s.index(st))
@@ -892,7 +899,8 @@ def _ws_loader(wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, 
 
 @gluon.jit
 def _ws_storer(wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free,
-               row0, g_row0, v0, o_row, o_col, NT, flag_ptr, BT: gl.constexpr, NS: gl.constexpr, WAIT: gl.constexpr):
+               row0, g_row0, v0, o_row, o_col, NT, flag_ptr, target, BT: gl.constexpr, NS: gl.constexpr,
+               WAIT: gl.constexpr):
     """The storer warp: o of chunk n from its buffer by TMA store; a buffer is handed back once its store has read
     it (one store left in flight)."""
     for n in range(NT):
@@ -910,10 +918,14 @@ def _kda_scan_wgmma_ws(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT
                        USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WAIT: gl.constexpr):
     """Grid (V // BV, batch * heads), BV // 16 warps of compute and two of TMA. The w, kd, qd box is 4 deep (a
     power of two): its fourth slot lies past the tensor, which TMA fills with zeros without reading memory."""
+    gen_ptr = flag_ptr + gl.num_programs(1) * NT  # behind the flags: the call's generation, then its ticket
     if WAIT:
         # the preparation (launched next, programmatically dependent) may start as soon as every scan program runs
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
+        target = gl.load(gen_ptr, volatile=True) + 1  # the flag value of this call's chunks
+    else:
+        target = 0
     i_v = gl.program_id(0)
     i_bh = gl.program_id(1)
     v0 = i_v * BV
@@ -933,13 +945,21 @@ def _kda_scan_wgmma_ws(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT
         mbarrier.init(o_free.index(i), count=1)
     fence_async_shared()
     worker_args = (wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free,
-                   i_bh * TP, i_bh * NT, v0, i_bh // H, (i_bh % H) * V + v0, NT, flag_ptr, BT, NS, WAIT)
+                   i_bh * TP, i_bh * NT, v0, i_bh // H, (i_bh % H) * V + v0, NT, flag_ptr, target, BT, NS, WAIT)
     gl.warp_specialize([
         (_ws_compute, (wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free, h0_ptr, ht_ptr, i_bh, v0, NT,
                        K, V, BT, BV, NS, USE_H0, STORE_HT)),
         (_ws_loader, worker_args),
         (_ws_storer, worker_args),
     ], [1, 1], [24, 24])
+    if WAIT:
+        # the call's last scan program to finish moves the generation on, so the flags need no zeroing before the
+        # next call (nor a memset in a captured graph): every flag has been waited for by then, and every
+        # preparation program read the generation before it flagged its chunk
+        ticket_ptr = gen_ptr + 1
+        if gl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu") == gl.num_programs(0) * gl.num_programs(1) - 1:
+            gl.store(ticket_ptr, 0)
+            gl.store(gen_ptr, target)
 
 
 # -- host.py -----------------------------------------------------------------------------------------------------------
@@ -955,9 +975,10 @@ def _kda_scan_wgmma_ws(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT
 # Plans. What depends only on a call's key (shapes, dtypes, strides and 16-byte alignment of the inputs, initial and
 # final state or not, device, stream) is built once: grids, argument lists, kernels compiled for the key,
 # intermediates, TMA descriptors, device properties. A call allocates o and the final state, writes its tensors
-# into the argument slots and the descriptors' ``base``, zeroes the flags where the scan runs beside, launches, and
-# lets go of its tensors. Every call writes the intermediates in full before reading them; the four most recent plans
-# are kept.
+# into the argument slots and the descriptors' ``base``, launches, and lets go of its tensors. Where the scan runs
+# beside, its chunk flags carry the call's generation (kept on the GPU, moved on by the scan), so nothing is zeroed
+# between calls. Every call writes the intermediates in full before reading them; the four most recent plans are
+# kept.
 
 BT = 32  # steps per chunk
 BC = 16  # rows per block row
@@ -980,6 +1001,9 @@ def _check(q, k, v, g, beta, h0, want_final):
         raise ValueError("q, k and g must share the shape [B, T, H, K]")
     if tuple(v.shape[:3]) != (B, T, H) or tuple(beta.shape) != (B, T, H):
         raise ValueError("v must be [B, T, H, V] and beta [B, T, H]")
+    for name, x in (("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", h0)):
+        if x is not None and x.device != q.device:
+            raise ValueError(f"{name} is on {x.device}, q on {q.device}: all inputs must be on one device")
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g)):
         if x.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous along its last dimension")
@@ -1002,7 +1026,10 @@ def _unswizzled(bits, rank):
 class _Launch:
     """One launch of a plan: kernel, grid, options, arguments in the kernel's order and the slots a call fills (by
     role). On a GPU the kernel is compiled and loaded with the plan (a kernel launched beside a running scan must not
-    load lazily: the load would wait for the scan, which waits for it); launch "compiled" then calls it directly."""
+    load lazily: the load would wait for the scan, which waits for it). Launch "compiled" then calls its launcher
+    straight, on the caller's stream: no launch metadata and no launch hooks (a profiler's hooks do not see these
+    launches), the plan's own buffers passed as addresses, which the launcher takes as they are (a tensor it asks
+    for its address and checks with the driver)."""
 
     def __init__(self, fn, grid, args, options, roles, gpu):
         # three dimensions: a compiled kernel's launcher reads grid[2]
@@ -1015,14 +1042,19 @@ class _Launch:
             kernel = fn.warmup(*self.args, grid=self.grid, **options)
             if kernel.run is None:  # the launcher property loads the kernel onto the GPU
                 raise RuntimeError(f"{fn.__name__} did not load")
-            self.kernel = kernel
+            self.kernel = (kernel.run, kernel.function, kernel.packed_metadata)
+            per_call = {i for i, _ in self.slots}
+            self.owned = [x for i, x in enumerate(self.args) if i not in per_call and isinstance(x, torch.Tensor)]
+            self.args = [x.data_ptr() if i not in per_call and isinstance(x, torch.Tensor) else x
+                         for i, x in enumerate(self.args)]
 
-    def __call__(self, values):
+    def __call__(self, values, stream):
         args = self.args
         for i, role in self.slots:
             args[i] = values[role]
         if self.kernel is not None:
-            self.kernel[self.grid](*args)
+            run, function, metadata = self.kernel
+            run(*self.grid, stream, function, metadata, None, None, None, *args)
         else:
             self.fn[self.grid](*args, **self.options)
         for i, _ in self.slots:  # hold no tensor of the caller's between calls
@@ -1069,7 +1101,8 @@ class _Plan:
             if not beside and V % 128 == 0 and BH * (V // 128) <= sm_count // 4:
                 beside, scan_bv = True, 128  # fewer, wider scan programs: more SMs left to the preparation
             if beside:
-                self.flags = torch.zeros((BH * NT,), dtype=torch.int32, device=dev)  # chunk done, zeroed every call
+                # a flag per chunk, then the call's generation and the scan's ticket (gluon_scan.py): zeroed once
+                self.flags = torch.zeros((BH * NT + 2,), dtype=torch.int32, device=dev)
             box = [1, BT, 1, K]
             d_q = _desc(q, q.shape, q.stride(), box, _unswizzled(16, 4))
             d_k = _desc(k, k.shape, k.stride(), box, _unswizzled(16, 4))
@@ -1146,7 +1179,7 @@ class _Plan:
             self.launches.append(_Launch(_kda_out_kernel, (NT, triton.cdiv(V, obv), BH), out,
                                          dict(num_warps=4, num_stages=2), {"o_ptr": "o"}, gpu))
 
-    def __call__(self, q, k, v, g, beta, scale, h0):
+    def __call__(self, q, k, v, g, beta, scale, h0, stream):
         B, T, H, K, V = self.shape
         o = torch.empty((B, T, H, V), dtype=v.dtype, device=q.device)
         final = torch.empty((B, H, K, V), dtype=torch.float32, device=q.device) if self.want_final else None
@@ -1154,10 +1187,8 @@ class _Plan:
                   "scale": float(K ** -0.5 if scale is None else scale)}
         for role, desc in self.descs:
             desc.base = values[role]
-        if self.flags is not None:
-            self.flags.zero_()
         for launch in self.launches:
-            launch(values)
+            launch(values, stream)
         for _, desc in self.descs:
             desc.base = None
         return o, final
@@ -1168,19 +1199,19 @@ def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=
     state [B,H,K,V] float32 or None)."""
     h0 = initial_state
     tensors = (q, k, v, g, beta) if h0 is None else (q, k, v, g, beta, h0)
-    aligned = tuple(x.data_ptr() % 16 == 0 for x in tensors)
-    key = (q.device, q.shape, k.shape, v.shape, g.shape, beta.shape, q.dtype, k.dtype, v.dtype, g.dtype, beta.dtype,
-           q.stride(), k.stride(), v.stride(), g.stride(), beta.stride(), aligned, bool(output_final_state),
-           None if h0 is None else (h0.shape, h0.stride(), h0.dtype),
-           torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else None)
+    stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else None
+    key = (q.shape, k.shape, v.shape, g.shape, beta.shape, q.dtype, k.dtype, v.dtype, g.dtype, beta.dtype,
+           q.stride(), k.stride(), v.stride(), g.stride(), beta.stride(), bool(output_final_state),
+           tuple((x.get_device(), x.data_ptr() % 16 == 0) for x in tensors),
+           None if h0 is None else (h0.shape, h0.stride(), h0.dtype), stream)
     try:
-        plan = _PLANS.pop(key, None)
+        plan = _PLANS.get(key)
         if plan is None:
             plan = _Plan(q, k, v, g, beta, h0, bool(output_final_state))
-            while len(_PLANS) >= PLANS_KEPT:
+            while len(_PLANS) >= PLANS_KEPT:  # the oldest plan goes
                 _PLANS.pop(next(iter(_PLANS)))
-        _PLANS[key] = plan
-        return plan(q, k, v, g, beta, scale, h0)
+            _PLANS[key] = plan
+        return plan(q, k, v, g, beta, scale, h0, stream)
     except Exception as err:
         # Triton's OutOfResources (shared memory or registers) named without importing its module
         if type(err).__name__ == "OutOfResources":

@@ -48,8 +48,6 @@ scheduler and merge kernel. A loader warp brings a piece's q once and each 64-ke
 of two; warpgroup 0 computes the whole score tile, the online softmax, P and the rows' factor into shared memory and
 O[:, :256]; warpgroup 1 O[:, 256:]. No score reduction crosses warpgroups (QK_SPLIT's does, every tile), and
 warpgroup 1's product of a tile runs while warpgroup 0 scores the next (kernels/notes/mla-paged/README.md).
-ENGINE "seesaw" (where "gluon" applies): the same, with the scores shared: each warpgroup scores every other tile
-and folds every tile into its half of O (``_mla_paged_seesaw``, gluon_seesaw.py says how).
 
 Lengths. Shapes, dtypes and devices are checked on every call; the lengths on the host when they
 are there (the CPU), on a GPU on the first call of each shape (one synchronisation). A later call
@@ -59,8 +57,8 @@ clamps it and writes NaN for that sequence.
 Host path. Everything that depends only on the shapes, strides and dtypes (tile config, grid,
 constexprs, scratch buffers) is planned once; a call makes o and lse and launches (one launch with
 the fused merge). LAUNCH "direct": after the first call of a plan has compiled through Triton's
-JIT entry, later calls launch the cached compiled kernel directly, skipping the JIT's argument
-binding and specialisation (most of a launch's host time); a call whose pointers are not 16-byte
+JIT entry, later calls call the cached compiled kernel's launcher directly, skipping the JIT's
+argument binding and specialisation (most of a launch's host time) and the launch hooks; a call whose pointers are not 16-byte
 aligned (the compiled kernel assumes what the first call's were) goes through the JIT again.
 """
 
@@ -104,11 +102,10 @@ SPACE = {
     "PARTIAL_DTYPE": ["float32", "bfloat16"],  # split partial outputs
     "PDL": [0, 1, 2],  # MERGE kernel: 1 the merge launch overlaps the main kernel's tail; 2 the main kernel's launch too
     "LAUNCH": ["jit", "direct"],  # direct: later calls of a plan launch the cached compiled kernel (less host time)
-    "ENGINE": ["triton", "gluon", "seesaw"],  # the warp-specialised Hopper kernels where they apply (module doc)
+    "ENGINE": ["triton", "gluon"],  # the warp-specialised Hopper kernels where they apply (module doc)
 }
 TRY_EARLY = [
     {"ENGINE": "gluon"},  # on the H200 (session 25): 0.87-0.96x FlashMLA's device time, B1 Sq1 1.14x; the Triton tiles 0.60x
-    {"ENGINE": "seesaw"},  # both warpgroups score (session 25, first form: 0.5-0.8x "gluon"; kept for the loop to see)
     {"OVERHEAD": 0},
     {"MERGE": "kernel"},
     {"MERGE": "fused"},
@@ -674,23 +671,6 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
     ], [4, 1], [232, 40])
 
 
-# -- gluon_seesaw.py ---------------------------------------------------------------------------------------------------
-# ENGINE "seesaw": the Gluon kernel with the score work shared by both warpgroups (``_mla_paged_seesaw``).
-#
-# Under ENGINE "gluon" warpgroup 0 scores every tile (Q K^T, 64 x 64 x 576) and runs the softmax while warpgroup 1
-# only multiplies: at Sq * H = 256 (MTP) the kernel is bound by warpgroup 0's tensor work. Here warpgroup W scores
-# the tiles t = W, W + 2, ... (its own) and folds every tile into its half of O (columns 256 W ..): its own tile with
-# P in registers, the other's with the P and the rows' factor that warpgroup published in shared memory. Tile t's
-# softmax starts from tile t - 1's running max, published by its owner right after its softmax (before its folds),
-# so the two softmaxes take turns while the tensor cores run the products. One P buffer serves both: tile t's P is
-# written by t's owner once it has folded tile t - 1, and read only by the other warpgroup, which owns t + 1 and
-# writes the next P after its product on t has completed. Ownership
-# goes by the program's tile count, not the piece's, so the turns alternate across pieces too. Each
-# warpgroup sums the rows of its own tiles' P; the two sums are added through shared memory at the end of a piece.
-# Same loader warp, scheduler, stores and merge kernel as ENGINE "gluon"; q's rope box stays in shared memory, so
-# the one P buffer (8 KB) is all that is added.
-
-
 # -- host.py -----------------------------------------------------------------------------------------------------------
 # The host: input checks, a plan per shape (tile config, grid, constexprs, scratch, descriptors), and the launches.
 
@@ -748,7 +728,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
                           ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)),
-                          ("ENGINE", ("triton", "gluon", "seesaw"))):
+                          ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
     overhead = knobs["OVERHEAD"]
@@ -805,10 +785,10 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     )
     # the narrow regime (one query, small batch, short cache) stays on the Triton tiles: as fast on the device there
     # and a shorter host path (H200, B1 Sq1: 26.3 against 26.8 us device, 43.3 against 52.8 us eager)
-    gluon_fits = (knobs["ENGINE"] in ("gluon", "seesaw") and not _narrow(knobs, B, R, block_table.shape[1] * page) and aligned and dev_index is not None and R % 64 == 0 and page % 64 == 0
+    gluon_fits = (knobs["ENGINE"] == "gluon" and not _narrow(knobs, B, R, block_table.shape[1] * page) and aligned and dev_index is not None and R % 64 == 0 and page % 64 == 0
                   and torch.cuda.get_device_capability(dev_index)[0] == 9 and q.dtype == kv_cache.dtype == torch.bfloat16
                   and q.is_contiguous() and kv_cache.is_contiguous())
-    if gluon_fits:  # ENGINE "gluon" / "seesaw": one 64-row block per program, the merge kernel for split sequences
+    if gluon_fits:  # ENGINE "gluon": one 64-row block per program, the merge kernel for split sequences
         fn = _mla_paged_ws
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
         g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE)
@@ -837,8 +817,21 @@ def _gluon_descriptors(q, kv_cache):
     return desc(q2, D_NOPE // 2), desc(q2, D_ROPE), desc(kv2, D_NOPE // 2), desc(kv2, D_ROPE)
 
 
+def _compiled(kernel):
+    """What a direct launch needs of a compiled kernel: its launcher (loaded), function handle and metadata."""
+    return None if kernel is None else (kernel.run, kernel.function, kernel.packed_metadata)
+
+
+def _direct(compiled, grid, stream_id, *args):
+    """A compiled kernel's launcher called straight, on the caller's stream, every argument in signature order
+    (constexprs included: the launcher skips them): no runner, launch metadata or launch hooks (a profiler's hooks do
+    not see these launches), so a few microseconds less host time a launch than ``compiled[grid](...)``."""
+    run, function, metadata = compiled
+    run(grid[0], grid[1], grid[2], stream_id, function, metadata, None, None, None, *args)
+
+
 def _launch_gluon(plan, q, kv_cache, block_table, cache_seqlens, scale, o, lse, scratch, stream_id, aligned):
-    """ENGINE "gluon" or "seesaw", then the merge kernel; LAUNCH "direct" as for the Triton kernel (``aligned``: table, lengths)."""
+    """ENGINE "gluon", then the merge kernel; LAUNCH "direct" as for the Triton kernel (``aligned``: table, lengths)."""
     part_o, part_lse, _, meta = scratch
     if plan["descs"] is None:
         plan["descs"] = _gluon_descriptors(q, kv_cache)
@@ -852,13 +845,13 @@ def _launch_gluon(plan, q, kv_cache, block_table, cache_seqlens, scale, o, lse, 
     try:
         if plan["compiled"] is not None and aligned:
             main, merge = plan["compiled"]
-            main[plan["grid"]](*args, *plan["constexpr_values"], stream=stream_id)
-            merge[plan["merge_grid"]](*merge_args, *plan["merge_constexpr_values"], stream=stream_id)
+            _direct(main, plan["grid"], stream_id, *args, *plan["constexpr_values"])
+            _direct(merge, plan["merge_grid"], stream_id, *merge_args, *plan["merge_constexpr_values"])
         else:
             main = plan["gluon_fn"][plan["grid"]](*args, **plan["constexprs"], **plan["options"])
             merge = _mla_paged_merge[plan["merge_grid"]](*merge_args, **plan["merge_constexprs"], **plan["merge_options"])
             if plan["direct"] and aligned:
-                plan["compiled"] = (main, merge)
+                plan["compiled"] = (_compiled(main), _compiled(merge))
     finally:
         for d in plan["descs"]:  # hold none of the caller's tensors between calls
             d.base = None
@@ -926,9 +919,9 @@ def kernel(q, kv_cache, block_table, cache_seqlens, scale):
     compiled = plan["compiled"]
     if compiled is not None and (q.data_ptr() | kv_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()) % 16 == 0:
         # the compiled kernels of this plan's first call: every argument in signature order, constexprs included
-        compiled[0][plan["grid"]](*args, *plan["constexpr_values"], stream=stream_id)
+        _direct(compiled[0], plan["grid"], stream_id, *args, *plan["constexpr_values"])
         if compiled[1] is not None:
-            compiled[1][plan["merge_grid"]](*merge_args, *plan["merge_constexpr_values"], stream=stream_id)
+            _direct(compiled[1], plan["merge_grid"], stream_id, *merge_args, *plan["merge_constexpr_values"])
         return o, lse
     try:
         main = _mla_paged_fwd[plan["grid"]](*args, **plan["constexprs"], **plan["options"])
@@ -942,5 +935,5 @@ def kernel(q, kv_cache, block_table, cache_seqlens, scale):
                              f"shared memory than the device has: {exc}") from exc
         raise
     if plan["direct"] and (q.data_ptr() | kv_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()) % 16 == 0:
-        plan["compiled"] = (main, merge)
+        plan["compiled"] = (_compiled(main), _compiled(merge))
     return o, lse

@@ -137,7 +137,9 @@ def _kda_prep_gluon(q_desc, k_desc, g_desc, v_desc, g_ptr, beta_ptr, w_ptr, kd_p
                  K, V, BT, a_flat)
     mbarrier.invalidate(v_bar)
     if FLAG:
-        # every thread's stores are done (the barrier), then one release at GPU scope publishes them: the scan's
-        # loader reads the flag with an acquire before its TMA loads of this chunk
+        # the flag is the call's generation + 1 (the generation lies behind the flags; the scan moves it on once the
+        # call is done). Every thread's stores are done (the barrier), then one release at GPU scope publishes them:
+        # the scan's loader reads the flag with an acquire before its TMA loads of this chunk
+        gen = gl.load(flag_ptr + gl.num_programs(0) * NT, volatile=True)
         gl.thread_barrier()
-        gl.atomic_xchg(flag_ptr + i_bh * NT + i_t, 1, sem="release", scope="gpu")
+        gl.atomic_xchg(flag_ptr + i_bh * NT + i_t, gen + 1, sem="release", scope="gpu")

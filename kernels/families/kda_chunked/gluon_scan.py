@@ -4,7 +4,8 @@ the register operand of S^T w^T and of the read-out S^T qd^T, and delta^T = u^T 
 of S^T <- gl (.) S^T + delta^T kd, accumulated into the state itself: the state never leaves registers. A loader
 warp brings each chunk's w, kd, qd (one [3, BH, TP, K] buffer), u, au (one [2, BH, TP, V]) and gl by TMA into a
 ring of four stages, a storer warp sends o out by TMA; the compute warpgroup only waits on mbarriers. WAIT: the
-loader waits for each chunk's flag, set by the preparation running beside (host.py)."""
+loader waits for each chunk's flag, set by the preparation running beside (host.py) to the call's generation + 1;
+the generation lives on the GPU behind the flags, so a call (or a graph's replay) zeroes nothing."""
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -84,26 +85,30 @@ def _ws_compute(wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free, h0_ptr, ht
 
 
 @gluon.jit
-def _ws_wait_chunks(flags_ptr, n0, NT, G: gl.constexpr):
-    """Spin until chunks n0 .. n0 + G - 1 are flagged (past NT: done), then order their stores before the TMA loads
-    that follow (a strong load and a fence: the acquire; the proxy fence: the TMA's async proxy). Checked per chunk,
-    the round trip and fences cost more than a scan step (H200: 330 against 163 us at the headline). A preparation
-    that never runs beside (e.g. serialised by a profiler) would leave it spinning: after ~2^24 polls it traps."""
+def _ws_wait_chunks(flags_ptr, n0, NT, target, G: gl.constexpr):
+    """Spin until chunks n0 .. n0 + G - 1 are flagged with this call's ``target`` (past NT: done), then order their
+    stores before the TMA loads that follow (a strong load and a fence: the acquire; the proxy fence: the TMA's async
+    proxy). Checked per chunk, the round trip and fences cost more than a scan step (H200: 330 against 163 us at the
+    headline). A preparation that never runs beside (e.g. serialised by a profiler) would leave it spinning: after
+    ~2^24 polls it traps."""
     offs = n0 + gl.arange(0, G, layout=gl.BlockedLayout([1], [32], [1], [0]))
-    done = gl.min(gl.load(flags_ptr + offs, mask=offs < NT, other=1, volatile=True), axis=0)
+    flagged = gl.load(flags_ptr + offs, mask=offs < NT, other=target, volatile=True) == target
+    done = gl.min(flagged.to(gl.int32), axis=0)
     polls = 0
     while done == 0:
         polls += 1
         if polls > 16777216:
             gl.inline_asm_elementwise("trap; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        done = gl.min(gl.load(flags_ptr + offs, mask=offs < NT, other=1, volatile=True), axis=0)
+        flagged = gl.load(flags_ptr + offs, mask=offs < NT, other=target, volatile=True) == target
+        done = gl.min(flagged.to(gl.int32), axis=0)
     gl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tfence.proxy.async.global; // $0", "=r", [], dtype=gl.int32,
                               is_pure=False, pack=1)
 
 
 @gluon.jit
 def _ws_loader(wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free,
-               row0, g_row0, v0, o_row, o_col, NT, flag_ptr, BT: gl.constexpr, NS: gl.constexpr, WAIT: gl.constexpr):
+               row0, g_row0, v0, o_row, o_col, NT, flag_ptr, target, BT: gl.constexpr, NS: gl.constexpr,
+               WAIT: gl.constexpr):
     """The loader warp: chunk n's tiles into stage n % NS once the compute warpgroup has handed that stage back
     (and, with WAIT, once the preparation running beside the scan has stored them)."""
     nbytes: gl.constexpr = wkq_desc.block_type.nbytes + ua_desc.block_type.nbytes + g_desc.block_type.nbytes
@@ -111,7 +116,7 @@ def _ws_loader(wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, 
         st = n % NS
         if WAIT:
             if n % _WAIT_GROUP == 0:
-                _ws_wait_chunks(flag_ptr + g_row0, n, NT, _WAIT_GROUP)
+                _ws_wait_chunks(flag_ptr + g_row0, n, NT, target, _WAIT_GROUP)
         mbarrier.wait(empty.index(st), ((n // NS) & 1) ^ 1)  # barriers start with phase 1 complete: no wait at first
         mbarrier.expect(ready.index(st), nbytes)
         tma.async_copy_global_to_shared(wkq_desc, [0, row0 + n * BT, 0], ready.index(st), wkq_s.index(st))
@@ -121,7 +126,8 @@ def _ws_loader(wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, 
 
 @gluon.jit
 def _ws_storer(wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free,
-               row0, g_row0, v0, o_row, o_col, NT, flag_ptr, BT: gl.constexpr, NS: gl.constexpr, WAIT: gl.constexpr):
+               row0, g_row0, v0, o_row, o_col, NT, flag_ptr, target, BT: gl.constexpr, NS: gl.constexpr,
+               WAIT: gl.constexpr):
     """The storer warp: o of chunk n from its buffer by TMA store; a buffer is handed back once its store has read
     it (one store left in flight)."""
     for n in range(NT):
@@ -139,10 +145,14 @@ def _kda_scan_wgmma_ws(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT
                        USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WAIT: gl.constexpr):
     """Grid (V // BV, batch * heads), BV // 16 warps of compute and two of TMA. The w, kd, qd box is 4 deep (a
     power of two): its fourth slot lies past the tensor, which TMA fills with zeros without reading memory."""
+    gen_ptr = flag_ptr + gl.num_programs(1) * NT  # behind the flags: the call's generation, then its ticket
     if WAIT:
         # the preparation (launched next, programmatically dependent) may start as soon as every scan program runs
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
+        target = gl.load(gen_ptr, volatile=True) + 1  # the flag value of this call's chunks
+    else:
+        target = 0
     i_v = gl.program_id(0)
     i_bh = gl.program_id(1)
     v0 = i_v * BV
@@ -162,10 +172,18 @@ def _kda_scan_wgmma_ws(wkq_desc, ua_desc, g_desc, o_desc, h0_ptr, ht_ptr, TP, NT
         mbarrier.init(o_free.index(i), count=1)
     fence_async_shared()
     worker_args = (wkq_desc, ua_desc, g_desc, o_desc, wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free,
-                   i_bh * TP, i_bh * NT, v0, i_bh // H, (i_bh % H) * V + v0, NT, flag_ptr, BT, NS, WAIT)
+                   i_bh * TP, i_bh * NT, v0, i_bh // H, (i_bh % H) * V + v0, NT, flag_ptr, target, BT, NS, WAIT)
     gl.warp_specialize([
         (_ws_compute, (wkq_s, ua_s, g_s, o_s, ready, empty, o_ready, o_free, h0_ptr, ht_ptr, i_bh, v0, NT,
                        K, V, BT, BV, NS, USE_H0, STORE_HT)),
         (_ws_loader, worker_args),
         (_ws_storer, worker_args),
     ], [1, 1], [24, 24])
+    if WAIT:
+        # the call's last scan program to finish moves the generation on, so the flags need no zeroing before the
+        # next call (nor a memset in a captured graph): every flag has been waited for by then, and every
+        # preparation program read the generation before it flagged its chunk
+        ticket_ptr = gen_ptr + 1
+        if gl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu") == gl.num_programs(0) * gl.num_programs(1) - 1:
+            gl.store(ticket_ptr, 0)
+            gl.store(gen_ptr, target)

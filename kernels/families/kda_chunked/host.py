@@ -10,9 +10,10 @@ the Gluon scan where it applies, else the Triton scan and read-out: always so on
 Plans. What depends only on a call's key (shapes, dtypes, strides and 16-byte alignment of the inputs, initial and
 final state or not, device, stream) is built once: grids, argument lists, kernels compiled for the key,
 intermediates, TMA descriptors, device properties. A call allocates o and the final state, writes its tensors
-into the argument slots and the descriptors' ``base``, zeroes the flags where the scan runs beside, launches, and
-lets go of its tensors. Every call writes the intermediates in full before reading them; the four most recent plans
-are kept."""
+into the argument slots and the descriptors' ``base``, launches, and lets go of its tensors. Where the scan runs
+beside, its chunk flags carry the call's generation (kept on the GPU, moved on by the scan), so nothing is zeroed
+between calls. Every call writes the intermediates in full before reading them; the four most recent plans are
+kept."""
 
 import torch
 import triton
@@ -47,6 +48,9 @@ def _check(q, k, v, g, beta, h0, want_final):
         raise ValueError("q, k and g must share the shape [B, T, H, K]")
     if tuple(v.shape[:3]) != (B, T, H) or tuple(beta.shape) != (B, T, H):
         raise ValueError("v must be [B, T, H, V] and beta [B, T, H]")
+    for name, x in (("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", h0)):
+        if x is not None and x.device != q.device:
+            raise ValueError(f"{name} is on {x.device}, q on {q.device}: all inputs must be on one device")
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g)):
         if x.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous along its last dimension")
@@ -69,7 +73,10 @@ def _unswizzled(bits, rank):
 class _Launch:
     """One launch of a plan: kernel, grid, options, arguments in the kernel's order and the slots a call fills (by
     role). On a GPU the kernel is compiled and loaded with the plan (a kernel launched beside a running scan must not
-    load lazily: the load would wait for the scan, which waits for it); launch "compiled" then calls it directly."""
+    load lazily: the load would wait for the scan, which waits for it). Launch "compiled" then calls its launcher
+    straight, on the caller's stream: no launch metadata and no launch hooks (a profiler's hooks do not see these
+    launches), the plan's own buffers passed as addresses, which the launcher takes as they are (a tensor it asks
+    for its address and checks with the driver)."""
 
     def __init__(self, fn, grid, args, options, roles, gpu):
         # three dimensions: a compiled kernel's launcher reads grid[2]
@@ -83,14 +90,19 @@ class _Launch:
             if kernel.run is None:  # the launcher property loads the kernel onto the GPU
                 raise RuntimeError(f"{fn.__name__} did not load")
             if KNOBS["launch"] == "compiled":
-                self.kernel = kernel
+                self.kernel = (kernel.run, kernel.function, kernel.packed_metadata)
+                per_call = {i for i, _ in self.slots}
+                self.owned = [x for i, x in enumerate(self.args) if i not in per_call and isinstance(x, torch.Tensor)]
+                self.args = [x.data_ptr() if i not in per_call and isinstance(x, torch.Tensor) else x
+                             for i, x in enumerate(self.args)]
 
-    def __call__(self, values):
+    def __call__(self, values, stream):
         args = self.args
         for i, role in self.slots:
             args[i] = values[role]
         if self.kernel is not None:
-            self.kernel[self.grid](*args)
+            run, function, metadata = self.kernel
+            run(*self.grid, stream, function, metadata, None, None, None, *args)
         else:
             self.fn[self.grid](*args, **self.options)
         for i, _ in self.slots:  # hold no tensor of the caller's between calls
@@ -137,7 +149,8 @@ class _Plan:
             if KNOBS["beside"] == "wide" and not beside and V % 128 == 0 and BH * (V // 128) <= sm_count // 4:
                 beside, scan_bv = True, 128  # fewer, wider scan programs: more SMs left to the preparation
             if beside:
-                self.flags = torch.zeros((BH * NT,), dtype=torch.int32, device=dev)  # chunk done, zeroed every call
+                # a flag per chunk, then the call's generation and the scan's ticket (gluon_scan.py): zeroed once
+                self.flags = torch.zeros((BH * NT + 2,), dtype=torch.int32, device=dev)
             box = [1, BT, 1, K]
             d_q = _desc(q, q.shape, q.stride(), box, _unswizzled(16, 4))
             d_k = _desc(k, k.shape, k.stride(), box, _unswizzled(16, 4))
@@ -214,7 +227,7 @@ class _Plan:
             self.launches.append(_Launch(_kda_out_kernel, (NT, triton.cdiv(V, obv), BH), out,
                                          dict(num_warps=4, num_stages=2), {"o_ptr": "o"}, gpu))
 
-    def __call__(self, q, k, v, g, beta, scale, h0):
+    def __call__(self, q, k, v, g, beta, scale, h0, stream):
         B, T, H, K, V = self.shape
         o = torch.empty((B, T, H, V), dtype=v.dtype, device=q.device)
         final = torch.empty((B, H, K, V), dtype=torch.float32, device=q.device) if self.want_final else None
@@ -222,10 +235,8 @@ class _Plan:
                   "scale": float(K ** -0.5 if scale is None else scale)}
         for role, desc in self.descs:
             desc.base = values[role]
-        if self.flags is not None:
-            self.flags.zero_()
         for launch in self.launches:
-            launch(values)
+            launch(values, stream)
         for _, desc in self.descs:
             desc.base = None
         return o, final
@@ -236,19 +247,19 @@ def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=
     state [B,H,K,V] float32 or None)."""
     h0 = initial_state
     tensors = (q, k, v, g, beta) if h0 is None else (q, k, v, g, beta, h0)
-    aligned = tuple(x.data_ptr() % 16 == 0 for x in tensors)
-    key = (q.device, q.shape, k.shape, v.shape, g.shape, beta.shape, q.dtype, k.dtype, v.dtype, g.dtype, beta.dtype,
-           q.stride(), k.stride(), v.stride(), g.stride(), beta.stride(), aligned, bool(output_final_state),
-           None if h0 is None else (h0.shape, h0.stride(), h0.dtype),
-           torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else None)
+    stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else None
+    key = (q.shape, k.shape, v.shape, g.shape, beta.shape, q.dtype, k.dtype, v.dtype, g.dtype, beta.dtype,
+           q.stride(), k.stride(), v.stride(), g.stride(), beta.stride(), bool(output_final_state),
+           tuple((x.get_device(), x.data_ptr() % 16 == 0) for x in tensors),
+           None if h0 is None else (h0.shape, h0.stride(), h0.dtype), stream)
     try:
-        plan = _PLANS.pop(key, None)
+        plan = _PLANS.get(key)
         if plan is None:
             plan = _Plan(q, k, v, g, beta, h0, bool(output_final_state))
-            while len(_PLANS) >= PLANS_KEPT:
+            while len(_PLANS) >= PLANS_KEPT:  # the oldest plan goes
                 _PLANS.pop(next(iter(_PLANS)))
-        _PLANS[key] = plan
-        return plan(q, k, v, g, beta, scale, h0)
+            _PLANS[key] = plan
+        return plan(q, k, v, g, beta, scale, h0, stream)
     except Exception as err:
         # Triton's OutOfResources (shared memory or registers) named without importing its module
         if type(err).__name__ == "OutOfResources":
