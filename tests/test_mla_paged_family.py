@@ -116,6 +116,53 @@ def test_long_sequences_are_cut_where_short_ones_are_not():
     assert max(loads) <= per + 5 and sum(loads) / len(loads) > 0.8 * per
 
 
+def gluon_schedule(lengths, Sq, overhead, parts):
+    """ENGINE "gluon"'s schedule in Python (gluon_ws.py ``_g_schedule`` / ``_g_piece``): the work line above, except
+    where every sequence has one length and 2 <= B <= parts: each sequence in k = min(parts // B, tiles) equal pieces,
+    piece j of sequence b in part b * k + j, its partial (if any) in slot 2 * part."""
+    B = len(lengths)
+    n = [x if x >= Sq else Sq for x in lengths]
+    tiles = -(-n[0] // 64)
+    k = min(parts // B, tiles)
+    if len(set(n)) != 1 or B < 2 or k < 1:
+        return schedule(lengths, Sq, 64, overhead, parts)[:2]
+    pieces = {(b * k + j, b): ((j * tiles) // k, ((j + 1) * tiles) // k, 2 * (b * k + j)) for b in range(B) for j in range(k)}
+    return pieces, {b: (b * k, k, 0) for b in range(B)}
+
+
+@settings(max_examples=100, deadline=None)
+@given(B=st.integers(1, 40), length=st.integers(1, 20000), parts=st.integers(1, 140), overhead=st.sampled_from([0, 5]))
+def test_gluon_packs_equal_lengths_one_piece_a_part(B, length, parts, overhead):
+    """Equal lengths: every tile in exactly one piece, no part with two pieces, slots distinct and where the merge
+    kernel looks for them (2 * (first part + k), first_odd 0), no sequence in more pieces than parts // B."""
+    pieces, record = gluon_schedule([length] * B, 1, overhead, parts)
+    packed = 2 <= B <= parts
+    for b in range(B):
+        spans = sorted((t0, t1) for (p, bb), (t0, t1, _) in pieces.items() if bb == b)
+        assert spans[0][0] == 0 and spans[-1][1] == -(-length // 64) and all(a[1] == c[0] for a, c in zip(spans, spans[1:]))
+        first, count, odd = record[b]
+        assert count == len(spans) and all(t1 > t0 for t0, t1 in spans)
+        slots = sorted(slot for (p, bb), (_, _, slot) in pieces.items() if bb == b)
+        assert slots == sorted(2 * (first + i) + (odd if i == 0 else 0) for i in range(count))
+        if packed:
+            assert count == min(parts // B, -(-length // 64))
+    if packed:
+        assert len({p for p, _ in pieces}) == len(pieces)  # one piece a part
+    split = [slot for (p, b), (_, _, slot) in pieces.items() if record[b][1] > 1]
+    assert len(split) == len(set(split)) and all(0 <= s < 2 * parts for s in split)
+
+
+def test_gluon_packing_at_the_headline():
+    """B32 Sq4 (33 parts a row block): every sequence whole, nothing to merge; B64 (132 parts): two pieces each,
+    where the work line cuts most sequences in three."""
+    pieces, record = gluon_schedule([8192] * 32, 4, 5, 33)
+    assert all(count == 1 for _, count, _ in record.values()) and len(pieces) == 32
+    pieces, record = gluon_schedule([8192] * 64, 1, 5, 132)
+    assert all(count == 2 for _, count, _ in record.values()) and len(pieces) == 128
+    _, line = schedule([8192] * 64, 1, 64, 5, 132)[:2]
+    assert sum(count for _, count, _ in line.values()) > 2.5 * 64
+
+
 # ---- the contract -------------------------------------------------------------------------------
 @pytest.mark.parametrize("family", [FAMILY, NAIVE], ids=lambda f: f.name)
 def test_family_file_follows_the_contract(family):
@@ -380,7 +427,8 @@ def test_gluon_engine_plan_descriptors_and_direct_launches(tmp_dir, monkeypatch)
     assert [b is first["q"] for b in bases[:2]] == [True, True] and [b is first["kv_cache"] for b in bases[2:]] == [True, True]
     assert [d.block_shape for d in plan["descs"]] == [[64, 256], [64, 64], [64, 256], [64, 64]]
     assert all(d.base is None for d in plan["descs"])  # no caller's tensor held between calls
-    assert log[1][4]["PDL"] == 0
+    # the merge kernel as the main kernel's programmatic dependent (it waits for the main grid before reading)
+    assert log[1][4]["PDL"] == 1 and log[1][4]["launch_pdl"] is True and plan["constexprs"]["PDL"] == 1
     descs = plan["descs"]
     module.kernel(**second)
     assert len(module._PLANS) == 1 and plan["descs"] is descs
@@ -499,7 +547,7 @@ q_n, q_r, kv_n, kv_r = fam._gluon_descriptors(q, kv)
 i32 = lambda n: torch.empty(n, dtype=torch.int32)
 args = dict(q_n=q_n, q_r=q_r, kv_n=kv_n, kv_r=kv_r, table=i32(B * 128), lens=i32(B), o=torch.empty(16, dtype=torch.bfloat16),
             lse=torch.empty(16), part_o=torch.empty(16), part_lse=torch.empty(16), meta=i32(16), stride_tb=128, B=B, Sq=Sq, H=H,
-            capacity=8192, qk_scale=0.1, PAGE=64, OVH=5, B_P2=64, DN=512)
+            capacity=8192, qk_scale=0.1, PAGE=64, OVH=5, B_P2=64, DN=512, PDL=1)
 kernel, _ = tool.compile_launch(types.SimpleNamespace(fn=fn, args=args, options=dict(num_warps=4)))
 ptx = kernel.asm["ptx"]
 ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
@@ -529,3 +577,4 @@ def test_gluon_engine_compiles_for_hopper(tmp_path, fn, sq):
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") > 0
     assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global") >= 6  # q's three boxes, each tile's three
     assert 200_000 < out["shared"] <= 232448 and "C7515" not in notes and "Used " in notes
+    assert ptx.count("griddepcontrol.launch_dependents") == 1  # the merge kernel may launch beside it

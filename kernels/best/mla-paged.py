@@ -44,7 +44,8 @@ score tile (see mla_decode's QK_SPLIT); P V then as O^T = V^T P^T.
 ENGINE "gluon" (Hopper, bf16, q and the cache contiguous and 16-byte aligned, Sq * H % 64 == 0, pages of 64k tokens,
 not CONFIG "auto"'s narrow regime;
 else the Triton kernel above): FlashMLA's split of the work, warp-specialised (``_mla_paged_ws``), on the same
-scheduler and merge kernel. A loader warp brings a piece's q once and each 64-key tile's three TMA boxes into a ring
+scheduler, except that equal lengths at 2 <= B <= parts are packed as FlashMLA packs them (each sequence in equal
+pieces, one a part: B32 Sq4 needs no merge), and the merge kernel as its programmatic dependent. A loader warp brings a piece's q once and each 64-key tile's three TMA boxes into a ring
 of two; warpgroup 0 computes the whole score tile, the online softmax, P and the rows' factor into shared memory and
 O[:, :256]; warpgroup 1 O[:, 256:]. No score reduction crosses warpgroups (QK_SPLIT's does, every tile), and
 warpgroup 1's product of a tile runs while warpgroup 0 scores the next (kernels/notes/mla-paged/README.md).
@@ -100,7 +101,7 @@ SPACE = {
     "WAVES": [1, 2],  # programs per SM (one wave, or two)
     "MERGE": ["auto", "fused", "kernel"],  # fused: the last piece merges (one launch); kernel: a second launch
     "PARTIAL_DTYPE": ["float32", "bfloat16"],  # split partial outputs
-    "PDL": [0, 1, 2],  # MERGE kernel: 1 the merge launch overlaps the main kernel's tail; 2 the main kernel's launch too
+    "PDL": [0, 1, 2],  # MERGE kernel (ENGINE "gluon" always): 1 the merge launch overlaps the main kernel's tail; 2 the main kernel's launch too
     "LAUNCH": ["jit", "direct"],  # direct: later calls of a plan launch the cached compiled kernel (less host time)
     "ENGINE": ["triton", "gluon"],  # the warp-specialised Hopper kernels where they apply (module doc)
 }
@@ -446,7 +447,11 @@ def _g_add(a, b):
 
 @gluon.jit
 def _g_schedule(lens, B, Sq, capacity, OVH: gl.constexpr, B_P2: gl.constexpr, W: gl.constexpr):
-    """``_mla_paged_fwd``'s work line, in each partition: the part's units and its first and last sequences."""
+    """``_mla_paged_fwd``'s work line, in each partition: the part's units and its first and last sequences. Where
+    every sequence has one length and there are at least two and no more than parts (B32 Sq4, B64 at the headline),
+    FlashMLA's packing instead: each sequence in ``k`` = parts // B (at most its tiles) equal pieces, one piece a part,
+    so no sequence is cut into three pieces and none at all where k is 1 (no partials, nothing to merge); ``k`` is 0
+    where the work line holds."""
     L: gl.constexpr = gl.BlockedLayout([1], [32], [W.value], [0])
     idx = gl.arange(0, B_P2, layout=L)
     in_b = idx < B
@@ -460,11 +465,19 @@ def _g_schedule(lens, B, Sq, capacity, OVH: gl.constexpr, B_P2: gl.constexpr, W:
     u1 = gl.minimum(u0 + per, total)
     b_first = gl.sum((in_b & (ends <= u0)).to(gl.int32), 0)
     b_stop = gl.sum((in_b & (ends - cost < u1)).to(gl.int32), 0)
-    return idx, cost, per, u0, u1, b_first, b_stop
+    n_max = gl.max(gl.where(in_b, n_all, 0), 0)
+    same = gl.min(gl.where(in_b, n_all, n_max), 0) == n_max
+    k = gl.minimum(gl.num_programs(1) // B, (n_max + KEYS_G - 1) // KEYS_G)
+    k = gl.where(same & (B >= 2) & (k >= 1), k, 0)
+    part = gl.program_id(1)
+    mine = gl.where(part < B * k, part // gl.maximum(k, 1), B)
+    b_first = gl.where(k > 0, mine, b_first)
+    b_stop = gl.where(k > 0, gl.minimum(mine + 1, B), b_stop)
+    return idx, cost, per, u0, u1, b_first, b_stop, k
 
 
 @gluon.jit
-def _g_piece(lens, idx, cost, per, u0, u1, b, Sq, capacity, OVH: gl.constexpr):
+def _g_piece(lens, idx, cost, per, u0, u1, k, b, Sq, capacity, OVH: gl.constexpr):
     """Sequence b's piece in this part: its length (clamped; ``bad``: out of range), tiles [t0, t1), its slots."""
     n_b = gl.load(lens + b)
     bad = (n_b < Sq) | (n_b > capacity)
@@ -476,6 +489,14 @@ def _g_piece(lens, idx, cost, per, u0, u1, b, Sq, capacity, OVH: gl.constexpr):
     first_part = (start_b + OVH) // per
     n_pieces = (start_b + OVH + tiles_b - 1) // per - first_part + 1
     first_odd = (start_b > first_part * per).to(gl.int32)
+    # equal pieces (k > 0): piece j of b in part b * k + j, its partial in slot 2 * part
+    kk = gl.maximum(k, 1)
+    j = gl.program_id(1) - b * kk
+    t0 = gl.where(k > 0, (j * tiles_b) // kk, t0)
+    t1 = gl.where(k > 0, ((j + 1) * tiles_b) // kk, t1)
+    first_part = gl.where(k > 0, b * kk, first_part)
+    n_pieces = gl.where(k > 0, kk, n_pieces)
+    first_odd = gl.where(k > 0, 0, first_odd)
     return n_b, bad, t0, t1, first_part, n_pieces, first_odd
 
 
@@ -483,13 +504,13 @@ def _g_piece(lens, idx, cost, per, u0, u1, b, Sq, capacity, OVH: gl.constexpr):
 def _g_loader(q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, q_ready, q_free, ready, empty, table, lens, stride_tb, B, Sq, R,
               capacity, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr):
     """One warp: a piece's q by TMA once the last piece's is free, then each tile's three boxes into the ring."""
-    idx, cost, per, u0, u1, b_first, b_stop = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 1)
+    idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 1)
     q_bytes: gl.constexpr = 2 * q_n.block_type.nbytes + q_r.block_type.nbytes
     kv_bytes: gl.constexpr = 2 * kv_n.block_type.nbytes + kv_r.block_type.nbytes
     it = 0
     pc = 0
     for b in range(b_first, b_stop):
-        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, b, Sq, capacity, OVH)
+        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, k, b, Sq, capacity, OVH)
         if t1 > t0:
             mbarrier.wait(q_free, (pc & 1) ^ 1)
             mbarrier.expect(q_ready, q_bytes)
@@ -551,13 +572,13 @@ def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
     l_ready, l_free = bars.index(4), bars.index(5)
     LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
-    idx, cost, per, u0, u1, b_first, b_stop = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
+    idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
     rows = gl.program_id(0) * ROWS_G + gl.arange(0, ROWS_G, layout=gl.SliceLayout(1, LS))
     keys = gl.arange(0, KEYS_G, layout=gl.SliceLayout(0, LS))
     it = 0
     pc = 0
     for b in range(b_first, b_stop):
-        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, b, Sq, capacity, OVH)
+        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, k, b, Sq, capacity, OVH)
         if t1 > t0:
             if (gl.program_id(1) == first_part) & (gl.program_id(0) == 0):  # the merge kernel's record of b
                 gl.store(meta + 4 * b, first_part)
@@ -611,11 +632,11 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
     """Warpgroup 1: the other half of P V, with warpgroup 0's P and factor."""
     p_ready, p_free, l_ready, l_free = bars.index(2), bars.index(3), bars.index(4), bars.index(5)
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
-    idx, cost, per, u0, u1, b_first, b_stop = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
+    idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
     it = 0
     pc = 0
     for b in range(b_first, b_stop):
-        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, b, Sq, capacity, OVH)
+        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, k, b, Sq, capacity, OVH)
         if t1 > t0:
             acc = gl.zeros([ROWS_G, HALF_G], gl.float32, layout=LO)
             for t in range(t0, t1):
@@ -641,8 +662,12 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
 
 @gluon.jit
 def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, meta, stride_tb, B, Sq, H, capacity,
-                  qk_scale, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr):
-    """ENGINE "gluon": grid (row blocks, parts); warpgroup 0 (here), warpgroup 1 and the loader warp."""
+                  qk_scale, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, PDL: gl.constexpr):
+    """ENGINE "gluon": grid (row blocks, parts); warpgroup 0 (here), warpgroup 1 and the loader warp. PDL: the merge
+    kernel, launched as this one's programmatic dependent, may be scheduled at once (it waits for this grid's end
+    before it reads anything): its launch and start-up hide under this kernel's tail."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     R = Sq * H
     q_s = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS_G, HALF_G], q_n.layout)
     k_s = gl.allocate_shared_memory(gl.bfloat16, [2 * RING_G, KEYS_G, HALF_G], kv_n.layout)
@@ -791,13 +816,15 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     if gluon_fits:  # ENGINE "gluon": one 64-row block per program, the merge kernel for split sequences
         fn = _mla_paged_ws
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
-        g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE)
-        m_constexprs = dict(merge_constexprs, PDL=0)
+        g_pdl = int(knobs["PDL"] >= 1)  # the merge kernel as the main kernel's programmatic dependent
+        g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, PDL=g_pdl)
+        m_constexprs = dict(merge_constexprs, PDL=g_pdl)
         plan.update(
             engine="gluon", gluon_fn=fn, grid=(n_rb, parts, 1), fused=False, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
             constexpr_values=[g_constexprs[n] for n in fn.arg_names if n in g_constexprs],
             merge_constexpr_values=[m_constexprs[n] for n in _mla_paged_merge.arg_names if n in m_constexprs],
-            options=dict(num_warps=4), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2),
+            options=dict(num_warps=4),
+            merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if g_pdl else {})),
             scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=torch.float32,
             capacity=block_table.shape[1] * page,
         )
