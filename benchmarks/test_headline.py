@@ -4,7 +4,8 @@ each with the three timers of pytest_kopt.judge.timing (the test id ends in the 
 - ``device``: CUDA events around one call after an L2 flush and a GPU-side wait long enough for
   the host to enqueue the call: the kernels' device time;
 - ``eager``: wall clock of ``EAGER_SETS`` calls back to back on different input sets, waited for
-  once: what a caller without CUDA graphs pays per call, host time included;
+  once: what a caller without CUDA graphs pays per call, host time included (``host_us`` beside it: the
+  time until the last call returned, per call: what the calls cost the caller's thread);
 - ``graph``: the same calls captured in one CUDA graph and replayed (the timer divides by the
   number of calls, so the figure is per call); not capturable is skipped, not failed.
 """
@@ -12,6 +13,7 @@ each with the three timers of pytest_kopt.judge.timing (the test id ends in the 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -68,15 +70,24 @@ CLOCK = EventClock(DEVICE)
 
 
 class PerCall:
-    """A pytest-benchmark timer for rounds of ``calls`` calls: synchronised wall clock / calls."""
+    """A pytest-benchmark timer for rounds of ``calls`` calls: synchronised wall clock / calls. A round that calls
+    ``returned()`` after its last call also records the host's share: the time from the round's start until that
+    call returned (before the wait for the GPU), per call (``host_us``: what the calls cost the caller's thread)."""
 
     __name__ = "PerCall"
 
     def __init__(self, calls: int) -> None:
         self.calls = calls
+        self.host_seconds: list[float] = []
+        self._read_at = 0.0
 
     def __call__(self) -> float:
-        return sync_perf_counter() / self.calls
+        now = sync_perf_counter()
+        self._read_at = now
+        return now / self.calls
+
+    def returned(self) -> None:
+        self.host_seconds.append((time.perf_counter() - self._read_at) / self.calls)
 
 
 @pytest.mark.parametrize("problem_name,case,impl,metric", list(params()))
@@ -120,9 +131,12 @@ def test_headline(benchmark, problem_name, case, impl, metric):
     if metric != "device":
         sets = [inputs] + [problem.make_inputs(case, device=DEVICE, seed=1235 + i) for i in range(EAGER_SETS - 1)]
         calls = [lambda s=s: fn(**s) for s in sets]
-        benchmark._timer = PerCall(len(calls))
+        timer = benchmark._timer = PerCall(len(calls))
         if metric == "eager":
-            benchmark.pedantic(lambda: [c() for c in calls], rounds=max(5, rounds // len(calls)), warmup_rounds=1)
+            eager_rounds = max(5, rounds // len(calls))
+            benchmark.pedantic(lambda: ([c() for c in calls], timer.returned()), rounds=eager_rounds, warmup_rounds=1)
+            host = sorted(timer.host_seconds[-eager_rounds:])  # the warm-up round first
+            benchmark.extra_info["host_us"] = host[len(host) // 2] * 1e6  # back to back: the caller's thread per call
         else:
             graphs, why = capture_graphs([lambda: [c() for c in calls]], DEVICE)
             if graphs is None:
