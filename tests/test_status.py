@@ -119,3 +119,29 @@ def test_status_finds_the_run_of_a_re_rendered_best_through_its_provenance(tree:
     assert f"| `kda-x` |" in page and "no committed run" not in page
     assert f"This file was rendered again from the run's candidate `{run_cid}`" in page
     assert "tool call 7 of 9." in page
+
+
+def test_status_shows_the_eager_host_share_and_not_the_device_timers(tmp_path: Path) -> None:
+    """The eager timer's host_us (the best's calls back to back) gets a column; the device timer's
+    host_us (one call after a flush, noisy) does not appear in it."""
+    results, kernels = tmp_path / "results", tmp_path / "kernels"
+    (kernels / "best").mkdir(parents=True)
+    (kernels / "best" / "kda.py").write_text(BEST_SOURCE)
+
+    def item(impl: str, metric: str, us: float, host_us: float) -> dict:
+        return {"params": {"problem_name": "kda", "impl": impl}, "options": {"timer": "PerCall"},
+                "extra_info": {"case": "B1 T64 H2", "metric": metric, "order": 0 if impl.startswith("baseline") else 20,
+                               "rel_rms": 3e-3, "host_us": host_us}, "stats": {"median": us * 1e-6}}
+    folder = results / "h200-day"
+    folder.mkdir(parents=True)
+    (folder / "bench.json").write_text(json.dumps({
+        "machine_info": {"gpu": "NVIDIA H200"}, "datetime": "2026-11-30T09:00:00+00:00",
+        "commit_info": {"sha256:kernels/best/kda.py": sha(BEST_SOURCE)[:16]},
+        "benchmarks": [item("baseline:fla-chunk_kda", "eager", 600.0, 550.0), item("candidate:best", "eager", 250.0, 57.25),
+                       item("baseline:fla-chunk_kda", "device", 590.0, 700.0), item("candidate:best", "device", 245.0, 191.0)],
+    }))
+    page = render(results, kernels)
+    assert "host µs a call (best, eager) |" in page
+    assert "| B1 T64 H2 [eager] | 600.0 | 250.0 | **2.40×** | 3.00e-03 | 57.2 |" in page
+    assert "| B1 T64 H2 [device] | 590.0 | 245.0 | **2.41×** | 3.00e-03 |  |" in page
+    assert "191.0" not in page and "550.0" not in page
