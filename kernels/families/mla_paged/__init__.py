@@ -44,12 +44,11 @@ score tile (see mla_decode's QK_SPLIT); P V then as O^T = V^T P^T.
 ENGINE "gluon" (Hopper, bf16, q and the cache contiguous and 16-byte aligned, Sq * H % 64 == 0, pages of 64k tokens,
 not CONFIG "auto"'s narrow regime;
 else the Triton kernel above): FlashMLA's split of the work, warp-specialised (``_mla_paged_ws``), on the same
-scheduler and merge kernel. A loader warp brings a piece's q once and each 64-key tile's three TMA boxes into a ring
+scheduler, except that equal lengths at 2 <= B <= parts are packed as FlashMLA packs them (each sequence in equal
+pieces, one a part: B32 Sq4 needs no merge), and the merge kernel. A loader warp brings a piece's q once and each 64-key tile's three TMA boxes into a ring
 of two; warpgroup 0 computes the whole score tile, the online softmax, P and the rows' factor into shared memory and
 O[:, :256]; warpgroup 1 O[:, 256:]. No score reduction crosses warpgroups (QK_SPLIT's does, every tile), and
 warpgroup 1's product of a tile runs while warpgroup 0 scores the next (kernels/notes/mla-paged/README.md).
-ENGINE "seesaw" (where "gluon" applies): the same, with the scores shared: each warpgroup scores every other tile
-and folds every tile into its half of O (``_mla_paged_seesaw``, gluon_seesaw.py says how).
 
 Lengths. Shapes, dtypes and devices are checked on every call; the lengths on the host when they
 are there (the CPU), on a GPU on the first call of each shape (one synchronisation). A later call
@@ -59,10 +58,10 @@ clamps it and writes NaN for that sequence.
 Host path. Everything that depends only on the shapes, strides and dtypes (tile config, grid,
 constexprs, scratch buffers) is planned once; a call makes o and lse and launches (one launch with
 the fused merge). LAUNCH "direct": after the first call of a plan has compiled through Triton's
-JIT entry, later calls launch the cached compiled kernel directly, skipping the JIT's argument
-binding and specialisation (most of a launch's host time); a call whose pointers are not 16-byte
+JIT entry, later calls call the cached compiled kernel's launcher directly, skipping the JIT's
+argument binding and specialisation (most of a launch's host time) and the launch hooks; a call whose pointers are not 16-byte
 aligned (the compiled kernel assumes what the first call's were) goes through the JIT again.
 """
 
-from . import knobs, tiles, gluon_ws, gluon_seesaw, host  # noqa: F401
+from . import knobs, tiles, gluon_ws, host  # noqa: F401
 from .host import kernel  # noqa: F401

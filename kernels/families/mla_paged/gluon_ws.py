@@ -18,7 +18,11 @@ def _g_add(a, b):
 
 @gluon.jit
 def _g_schedule(lens, B, Sq, capacity, OVH: gl.constexpr, B_P2: gl.constexpr, W: gl.constexpr):
-    """``_mla_paged_fwd``'s work line, in each partition: the part's units and its first and last sequences."""
+    """``_mla_paged_fwd``'s work line, in each partition: the part's units and its first and last sequences. Where
+    every sequence has one length and there are at least two and no more than parts (B32 Sq4, B64 at the headline),
+    FlashMLA's packing instead: each sequence in ``k`` = parts // B (at most its tiles) equal pieces, one piece a part,
+    so no sequence is cut into three pieces and none at all where k is 1 (no partials, nothing to merge); ``k`` is 0
+    where the work line holds."""
     L: gl.constexpr = gl.BlockedLayout([1], [32], [W.value], [0])
     idx = gl.arange(0, B_P2, layout=L)
     in_b = idx < B
@@ -32,11 +36,19 @@ def _g_schedule(lens, B, Sq, capacity, OVH: gl.constexpr, B_P2: gl.constexpr, W:
     u1 = gl.minimum(u0 + per, total)
     b_first = gl.sum((in_b & (ends <= u0)).to(gl.int32), 0)
     b_stop = gl.sum((in_b & (ends - cost < u1)).to(gl.int32), 0)
-    return idx, cost, per, u0, u1, b_first, b_stop
+    n_max = gl.max(gl.where(in_b, n_all, 0), 0)
+    same = gl.min(gl.where(in_b, n_all, n_max), 0) == n_max
+    k = gl.minimum(gl.num_programs(1) // B, (n_max + KEYS_G - 1) // KEYS_G)
+    k = gl.where(same & (B >= 2) & (k >= 1), k, 0)
+    part = gl.program_id(1)
+    mine = gl.where(part < B * k, part // gl.maximum(k, 1), B)
+    b_first = gl.where(k > 0, mine, b_first)
+    b_stop = gl.where(k > 0, gl.minimum(mine + 1, B), b_stop)
+    return idx, cost, per, u0, u1, b_first, b_stop, k
 
 
 @gluon.jit
-def _g_piece(lens, idx, cost, per, u0, u1, b, Sq, capacity, OVH: gl.constexpr):
+def _g_piece(lens, idx, cost, per, u0, u1, k, b, Sq, capacity, OVH: gl.constexpr):
     """Sequence b's piece in this part: its length (clamped; ``bad``: out of range), tiles [t0, t1), its slots."""
     n_b = gl.load(lens + b)
     bad = (n_b < Sq) | (n_b > capacity)
@@ -48,6 +60,14 @@ def _g_piece(lens, idx, cost, per, u0, u1, b, Sq, capacity, OVH: gl.constexpr):
     first_part = (start_b + OVH) // per
     n_pieces = (start_b + OVH + tiles_b - 1) // per - first_part + 1
     first_odd = (start_b > first_part * per).to(gl.int32)
+    # equal pieces (k > 0): piece j of b in part b * k + j, its partial in slot 2 * part
+    kk = gl.maximum(k, 1)
+    j = gl.program_id(1) - b * kk
+    t0 = gl.where(k > 0, (j * tiles_b) // kk, t0)
+    t1 = gl.where(k > 0, ((j + 1) * tiles_b) // kk, t1)
+    first_part = gl.where(k > 0, b * kk, first_part)
+    n_pieces = gl.where(k > 0, kk, n_pieces)
+    first_odd = gl.where(k > 0, 0, first_odd)
     return n_b, bad, t0, t1, first_part, n_pieces, first_odd
 
 
@@ -55,13 +75,13 @@ def _g_piece(lens, idx, cost, per, u0, u1, b, Sq, capacity, OVH: gl.constexpr):
 def _g_loader(q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, q_ready, q_free, ready, empty, table, lens, stride_tb, B, Sq, R,
               capacity, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr):
     """One warp: a piece's q by TMA once the last piece's is free, then each tile's three boxes into the ring."""
-    idx, cost, per, u0, u1, b_first, b_stop = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 1)
+    idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 1)
     q_bytes: gl.constexpr = 2 * q_n.block_type.nbytes + q_r.block_type.nbytes
     kv_bytes: gl.constexpr = 2 * kv_n.block_type.nbytes + kv_r.block_type.nbytes
     it = 0
     pc = 0
     for b in range(b_first, b_stop):
-        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, b, Sq, capacity, OVH)
+        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, k, b, Sq, capacity, OVH)
         if t1 > t0:
             mbarrier.wait(q_free, (pc & 1) ^ 1)
             mbarrier.expect(q_ready, q_bytes)
@@ -84,11 +104,14 @@ def _g_loader(q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, q_ready, q_free, ready, empty
 
 @gluon.jit
 def _g_zero_rows_past(buf, valid):
-    """Rows valid.. of a [64, 256] tile in shared memory set to zero (a partial last tile's values may be NaN)."""
-    L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    x = buf.load(L)
-    rows = gl.arange(0, KEYS_G, layout=gl.SliceLayout(1, L))
-    buf.store(gl.where(rows[:, None] < valid, x, gl.zeros_like(x)))
+    """Rows valid.. of a [64, 256] tile in shared memory set to zero (a partial last tile's values may be NaN), eight
+    rows at a time: 16 values a thread live, not 128."""
+    L: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [4, 1], [1, 0])  # [8, 256] over the warpgroup, no copies
+    for c in gl.static_range(KEYS_G // 8):
+        chunk = buf.slice(c * 8, 8, dim=0)
+        x = chunk.load(L)
+        rows = c * 8 + gl.arange(0, 8, layout=gl.SliceLayout(1, L))
+        chunk.store(gl.where(rows[:, None] < valid, x, gl.zeros_like(x)))
     fence_async_shared()
 
 
@@ -123,13 +146,13 @@ def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
     l_ready, l_free = bars.index(4), bars.index(5)
     LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
-    idx, cost, per, u0, u1, b_first, b_stop = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
+    idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
     rows = gl.program_id(0) * ROWS_G + gl.arange(0, ROWS_G, layout=gl.SliceLayout(1, LS))
     keys = gl.arange(0, KEYS_G, layout=gl.SliceLayout(0, LS))
     it = 0
     pc = 0
     for b in range(b_first, b_stop):
-        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, b, Sq, capacity, OVH)
+        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, k, b, Sq, capacity, OVH)
         if t1 > t0:
             if (gl.program_id(1) == first_part) & (gl.program_id(0) == 0):  # the merge kernel's record of b
                 gl.store(meta + 4 * b, first_part)
@@ -183,11 +206,11 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
     """Warpgroup 1: the other half of P V, with warpgroup 0's P and factor."""
     p_ready, p_free, l_ready, l_free = bars.index(2), bars.index(3), bars.index(4), bars.index(5)
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
-    idx, cost, per, u0, u1, b_first, b_stop = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
+    idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
     it = 0
     pc = 0
     for b in range(b_first, b_stop):
-        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, b, Sq, capacity, OVH)
+        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, k, b, Sq, capacity, OVH)
         if t1 > t0:
             acc = gl.zeros([ROWS_G, HALF_G], gl.float32, layout=LO)
             for t in range(t0, t1):
@@ -214,7 +237,9 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
 @gluon.jit
 def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, meta, stride_tb, B, Sq, H, capacity,
                   qk_scale, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr):
-    """ENGINE "gluon": grid (row blocks, parts); warpgroup 0 (here), warpgroup 1 and the loader warp."""
+    """ENGINE "gluon": grid (row blocks, parts); warpgroup 0 (here), warpgroup 1 and the loader warp. The merge
+    kernel follows it as a plain launch: as its programmatic dependent, triggered at this kernel's start, B1 Skv
+    131072 took 105.9 against 88.1 us on the H200 (kernels/notes/mla-paged/README.md, session 26)."""
     R = Sq * H
     q_s = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS_G, HALF_G], q_n.layout)
     k_s = gl.allocate_shared_memory(gl.bfloat16, [2 * RING_G, KEYS_G, HALF_G], kv_n.layout)

@@ -12,7 +12,6 @@ from .knobs import KNOBS, REGIMES, WIDE_FROM_PAIRS, WIDE_FROM_ROWS, WIDE_FROM_TO
     MERGE_SPLIT_CHUNK, PAGE_CHUNK, MERGE_WARPS, MAX_BATCH, SMEM_LIMIT
 from .tiles import _mla_paged_fwd, _mla_paged_merge
 from .gluon_ws import _mla_paged_ws
-from .gluon_seesaw import _mla_paged_seesaw
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index):
@@ -69,7 +68,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
                           ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)),
-                          ("ENGINE", ("triton", "gluon", "seesaw"))):
+                          ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
     overhead = knobs["OVERHEAD"]
@@ -126,14 +125,14 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     )
     # the narrow regime (one query, small batch, short cache) stays on the Triton tiles: as fast on the device there
     # and a shorter host path (H200, B1 Sq1: 26.3 against 26.8 us device, 43.3 against 52.8 us eager)
-    gluon_fits = (knobs["ENGINE"] in ("gluon", "seesaw") and not _narrow(knobs, B, R, block_table.shape[1] * page) and aligned and dev_index is not None and R % 64 == 0 and page % 64 == 0
+    gluon_fits = (knobs["ENGINE"] == "gluon" and not _narrow(knobs, B, R, block_table.shape[1] * page) and aligned and dev_index is not None and R % 64 == 0 and page % 64 == 0
                   and torch.cuda.get_device_capability(dev_index)[0] == 9 and q.dtype == kv_cache.dtype == torch.bfloat16
                   and q.is_contiguous() and kv_cache.is_contiguous())
-    if gluon_fits:  # ENGINE "gluon" / "seesaw": one 64-row block per program, the merge kernel for split sequences
-        fn = _mla_paged_seesaw if knobs["ENGINE"] == "seesaw" else _mla_paged_ws
+    if gluon_fits:  # ENGINE "gluon": one 64-row block per program, the merge kernel for split sequences
+        fn = _mla_paged_ws
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
         g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE)
-        m_constexprs = dict(merge_constexprs, PDL=0)
+        m_constexprs = dict(merge_constexprs, PDL=0)  # a plain launch (gluon_ws.py says why)
         plan.update(
             engine="gluon", gluon_fn=fn, grid=(n_rb, parts, 1), fused=False, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
             constexpr_values=[g_constexprs[n] for n in fn.arg_names if n in g_constexprs],
@@ -158,8 +157,21 @@ def _gluon_descriptors(q, kv_cache):
     return desc(q2, D_NOPE // 2), desc(q2, D_ROPE), desc(kv2, D_NOPE // 2), desc(kv2, D_ROPE)
 
 
+def _compiled(kernel):
+    """What a direct launch needs of a compiled kernel: its launcher (loaded), function handle and metadata."""
+    return None if kernel is None else (kernel.run, kernel.function, kernel.packed_metadata)
+
+
+def _direct(compiled, grid, stream_id, *args):
+    """A compiled kernel's launcher called straight, on the caller's stream, every argument in signature order
+    (constexprs included: the launcher skips them): no runner, launch metadata or launch hooks (a profiler's hooks do
+    not see these launches), so a few microseconds less host time a launch than ``compiled[grid](...)``."""
+    run, function, metadata = compiled
+    run(grid[0], grid[1], grid[2], stream_id, function, metadata, None, None, None, *args)
+
+
 def _launch_gluon(plan, q, kv_cache, block_table, cache_seqlens, scale, o, lse, scratch, stream_id, aligned):
-    """ENGINE "gluon" or "seesaw", then the merge kernel; LAUNCH "direct" as for the Triton kernel (``aligned``: table, lengths)."""
+    """ENGINE "gluon", then the merge kernel; LAUNCH "direct" as for the Triton kernel (``aligned``: table, lengths)."""
     part_o, part_lse, _, meta = scratch
     if plan["descs"] is None:
         plan["descs"] = _gluon_descriptors(q, kv_cache)
@@ -173,13 +185,13 @@ def _launch_gluon(plan, q, kv_cache, block_table, cache_seqlens, scale, o, lse, 
     try:
         if plan["compiled"] is not None and aligned:
             main, merge = plan["compiled"]
-            main[plan["grid"]](*args, *plan["constexpr_values"], stream=stream_id)
-            merge[plan["merge_grid"]](*merge_args, *plan["merge_constexpr_values"], stream=stream_id)
+            _direct(main, plan["grid"], stream_id, *args, *plan["constexpr_values"])
+            _direct(merge, plan["merge_grid"], stream_id, *merge_args, *plan["merge_constexpr_values"])
         else:
             main = plan["gluon_fn"][plan["grid"]](*args, **plan["constexprs"], **plan["options"])
             merge = _mla_paged_merge[plan["merge_grid"]](*merge_args, **plan["merge_constexprs"], **plan["merge_options"])
             if plan["direct"] and aligned:
-                plan["compiled"] = (main, merge)
+                plan["compiled"] = (_compiled(main), _compiled(merge))
     finally:
         for d in plan["descs"]:  # hold none of the caller's tensors between calls
             d.base = None
@@ -247,9 +259,9 @@ def kernel(q, kv_cache, block_table, cache_seqlens, scale):
     compiled = plan["compiled"]
     if compiled is not None and (q.data_ptr() | kv_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()) % 16 == 0:
         # the compiled kernels of this plan's first call: every argument in signature order, constexprs included
-        compiled[0][plan["grid"]](*args, *plan["constexpr_values"], stream=stream_id)
+        _direct(compiled[0], plan["grid"], stream_id, *args, *plan["constexpr_values"])
         if compiled[1] is not None:
-            compiled[1][plan["merge_grid"]](*merge_args, *plan["merge_constexpr_values"], stream=stream_id)
+            _direct(compiled[1], plan["merge_grid"], stream_id, *merge_args, *plan["merge_constexpr_values"])
         return o, lse
     try:
         main = _mla_paged_fwd[plan["grid"]](*args, **plan["constexprs"], **plan["options"])
@@ -263,5 +275,5 @@ def kernel(q, kv_cache, block_table, cache_seqlens, scale):
                              f"shared memory than the device has: {exc}") from exc
         raise
     if plan["direct"] and (q.data_ptr() | kv_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()) % 16 == 0:
-        plan["compiled"] = (main, merge)
+        plan["compiled"] = (_compiled(main), _compiled(merge))
     return o, lse

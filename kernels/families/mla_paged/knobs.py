@@ -18,13 +18,12 @@ SPACE = {
     "WAVES": [1, 2],  # programs per SM (one wave, or two)
     "MERGE": ["auto", "fused", "kernel"],  # fused: the last piece merges (one launch); kernel: a second launch
     "PARTIAL_DTYPE": ["float32", "bfloat16"],  # split partial outputs
-    "PDL": [0, 1, 2],  # MERGE kernel: 1 the merge launch overlaps the main kernel's tail; 2 the main kernel's launch too
+    "PDL": [0, 1, 2],  # MERGE kernel (not ENGINE "gluon"'s): 1 the merge launch overlaps the main kernel's tail; 2 the main kernel's launch too
     "LAUNCH": ["jit", "direct"],  # direct: later calls of a plan launch the cached compiled kernel (less host time)
-    "ENGINE": ["triton", "gluon", "seesaw"],  # the warp-specialised Hopper kernels where they apply (module doc)
+    "ENGINE": ["triton", "gluon"],  # the warp-specialised Hopper kernels where they apply (module doc)
 }
 TRY_EARLY = [
     {"ENGINE": "gluon"},  # on the H200 (session 25): 0.87-0.96x FlashMLA's device time, B1 Sq1 1.14x; the Triton tiles 0.60x
-    {"ENGINE": "seesaw"},  # both warpgroups score (session 25, first form: 0.5-0.8x "gluon"; kept for the loop to see)
     {"OVERHEAD": 0},
     {"MERGE": "kernel"},
     {"MERGE": "fused"},
