@@ -232,15 +232,31 @@ def _docstring_node(tree: ast.Module) -> ast.Expr | None:
     return None
 
 
-def _stage_order(folder: Path, tree: ast.Module) -> list[str]:
-    """The stages ``__init__.py`` imports with ``from . import a, b, ...``, in that order."""
-    order = [a.name for node in tree.body if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module is None
-             for a in node.names]
+def _stage_order(folder: Path, tree: ast.Module) -> dict[str, Path]:
+    """The stages ``__init__.py`` imports, in that order, and their files: ``from . import a, b, ...`` names the
+    folder's own, ``from ..family import c, ...`` stages of a sibling family folder, taken as they are (a family
+    that calls another's kernels with another signature: stage names stay unique, since they share a namespace)."""
+    order: dict[str, Path] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ImportFrom) or not node.level or (node.level == 1 and node.module):
+            continue
+        if node.level == 1:
+            home = folder
+        elif node.level == 2 and node.module and "." not in node.module:
+            home = folder.parent / node.module
+        else:
+            raise FamilyError(f"{folder}/__init__.py: line {node.lineno}: stages come from 'from . import' or "
+                              "'from ..<family> import' only")
+        for alias in node.names:
+            path = home / f"{alias.name}.py"
+            if alias.name in order:
+                raise FamilyError(f"{folder}/__init__.py names stage {alias.name!r} twice")
+            if alias.asname or not path.is_file():
+                raise FamilyError(f"{folder}/__init__.py names stage {alias.name!r}, but {alias.name}.py is not in the folder {home}"
+                                  + (" (a stage is imported under its own name)" if alias.asname else ""))
+            order[alias.name] = path
     if not order:
         raise FamilyError(f"{folder}/__init__.py: no 'from . import <stage>, ...' naming the stages in order")
-    for stage in order:
-        if not (folder / f"{stage}.py").is_file():
-            raise FamilyError(f"{folder}/__init__.py names stage {stage!r}, but {stage}.py is not in the folder")
     return order
 
 
@@ -283,14 +299,14 @@ def join_folder(folder: Path) -> str:
     exported: dict[str, set[str]] = {}
     wanted: list[tuple[str, str, str]] = []  # (stage, from stage, name) of every relative import
     sections = []
-    for stage in order:
-        path = folder / f"{stage}.py"
+    for stage, path in order.items():
         text = path.read_text()
         tree = _parse(text, path)
         lines = text.splitlines(keepends=True)
         drop: set[int] = set()
         stage_doc = _docstring_node(tree)
-        header = [f"# -- {stage}.py " + "-" * (HEADER_WIDTH - len(stage) - 9) + "\n"]
+        title = f"{stage}.py" if path.parent == folder else f"{path.parent.name}/{stage}.py"
+        header = [f"# -- {title} " + "-" * (HEADER_WIDTH - len(title) - 6) + "\n"]
         if stage_doc is not None:
             drop.update(range(stage_doc.lineno, stage_doc.end_lineno + 1))
             header += [("# " + line).rstrip() + "\n" for line in inspect.cleandoc(stage_doc.value.value).splitlines()]
@@ -319,6 +335,6 @@ def join_folder(folder: Path) -> str:
         sections.append("".join(header) + ("\n" + body + "\n" if body else ""))
     for stage, source_stage, name in wanted:
         if name not in exported[source_stage]:
-            raise FamilyError(f"{folder / (stage + '.py')}: imports {name} from stage {source_stage}, which does not define it")
+            raise FamilyError(f"{order[stage]}: imports {name} from stage {source_stage}, which does not define it")
     docstring = ast.get_source_segment(init_text, doc)
     return docstring + "\n\n" + _imports_text(plain, froms) + "\n\n" + "\n\n".join(sections)

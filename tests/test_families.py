@@ -218,6 +218,29 @@ def test_a_folder_joins_into_one_candidate(tmp_path):
     assert namespace["kernel"](2.5) == 2
 
 
+def test_a_folder_takes_a_sibling_familys_stages(tmp_path):
+    """``from ..toy import knobs, math_stage`` takes those stages as they are (one knobs block: the sibling's), the
+    family's own entry beside them; a name defined twice, a stage named twice or an alias are refused."""
+    toy_folder(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "__init__.py").write_text('"""Another entry on toy\'s stages."""\n\nfrom ..toy import knobs, math_stage\nfrom . import entry\n')
+    (other / "entry.py").write_text('"""Its entry."""\n\nfrom .knobs import KNOBS\nfrom .math_stage import _slow\n\n\n'
+                                    'def kernel(x, y):\n    return _slow(x + y) * KNOBS["scale"]\n')
+    fam = load_family(other)
+    assert fam.knobs == {"scale": 2, "fast": True} and "# -- toy/knobs.py " in fam.source and "# -- entry.py " in fam.source
+    namespace: dict = {}
+    exec(compile(fam.render({"scale": 1}), "other", "exec"), namespace)  # noqa: S102 - the test's own source
+    assert namespace["kernel"](1.5, 1.0) == 2
+    for init, message in [("from ..toy import knobs, math_stage, host\nfrom . import entry\n", "kernel is defined in stage host"),
+                          ("from ..toy import knobs\nfrom . import knobs\n", "names stage 'knobs' twice"),
+                          ("from ..toy import knobs as k\n", "under its own name"),
+                          ("from ..toy.sub import knobs\n", "'from ..<family> import' only")]:
+        (other / "__init__.py").write_text('"""doc"""\n\n' + init)
+        with pytest.raises(FamilyError, match=message):
+            load_family(other)
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"__init__.py": '"""doc"""\n'}, "no 'from . import"),
     ({"__init__.py": "from . import knobs, host\n"}, "docstring"),

@@ -217,9 +217,11 @@ def test_headline_costs_match_measured_anchors():
 
 def test_problem_metadata():
     assert [MLA.describe(c) for c in MLA.headline_cases] == [
-        "B1 Sq1 H64 Skv8192", "B1 Sq2 H64 Skv8192", "B1 Sq4 H64 Skv8192", "B64 Sq1 H64 Skv8192"]
+        "B1 Sq1 H64 Skv8192", "B1 Sq2 H64 Skv8192", "B1 Sq4 H64 Skv8192", "B64 Sq1 H64 Skv8192", "B32 Sq1 H64 Skv8192",
+        "B1 Sq1 H64 Skv131072"]
+    assert MLA.timed_headline == (0, 3)
     assert [MLA_PREFILL.describe(c) for c in MLA_PREFILL.headline_cases] == ["B1 Sq8192 H64 Skv8192"]
-    assert MLA.families == ("mla_naive", "mla_decode") and MLA_PREFILL.families == ("mla_naive", "mla_prefill")
+    assert MLA.families == ("mla_naive", "mla_decode", "mla_decode_paged") and MLA_PREFILL.families == ("mla_naive", "mla_prefill")
     for problem in PROBLEMS:
         assert [b.name for b in problem.baselines("cpu")] == ["torch-eager-bf16", "torch-fp32-reference"]
         assert problem.baseline_candidate_path == KERNELS_DIR / "families" / "mla_naive.py"

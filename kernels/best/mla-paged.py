@@ -912,7 +912,8 @@ def _scratch(plan, device, stream_id):
     return scratch
 
 
-def kernel(q, kv_cache, block_table, cache_seqlens, scale):
+def paged_attention(q, kv_cache, block_table, cache_seqlens, scale):
+    """The family's work for ``kernel`` (entry.py): checks once per shape, the plan, o and lse, the launches."""
     scale = float(scale)
     key = (q.shape, q.stride(), q.dtype, q.device, kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
            block_table.shape, block_table.stride(), block_table.dtype, block_table.device,
@@ -963,3 +964,12 @@ def kernel(q, kv_cache, block_table, cache_seqlens, scale):
     if plan["direct"] and (q.data_ptr() | kv_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()) % 16 == 0:
         plan["compiled"] = (_compiled(main), _compiled(merge))
     return o, lse
+
+
+# -- entry.py ----------------------------------------------------------------------------------------------------------
+# The entry point with mla-paged's signature (a family that takes the other stages, as mla_decode_paged does for
+# the dense cache, brings its own).
+
+def kernel(q, kv_cache, block_table, cache_seqlens, scale):
+    """o [B, Sq, H, 512] in q's dtype and lse [B, H, Sq] float32 (the family's docstring says how)."""
+    return paged_attention(q, kv_cache, block_table, cache_seqlens, scale)

@@ -226,7 +226,8 @@ def _scratch(plan, device, stream_id):
     return scratch
 
 
-def kernel(q, kv_cache, block_table, cache_seqlens, scale):
+def paged_attention(q, kv_cache, block_table, cache_seqlens, scale):
+    """The family's work for ``kernel`` (entry.py): checks once per shape, the plan, o and lse, the launches."""
     scale = float(scale)
     key = (q.shape, q.stride(), q.dtype, q.device, kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
            block_table.shape, block_table.stride(), block_table.dtype, block_table.device,
