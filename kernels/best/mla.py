@@ -1,856 +1,950 @@
-"""MLA decode / MTP (Sq 1..16), absorbed form, split-KV with a log-sum-exp merge.
+"""MLA decode / MTP on a dense cache through the paged family's kernels (``mla_paged``: its stages, as they are).
 
-Shapes: q [B, Sq, H, 576] (512 latent + 64 rope), kv [B, Skv, 576] (one latent cache shared by
-all heads: the whole row is the key, its first 512 columns the value), float ``scale``.
-Query s sees keys j <= s + Skv - Sq (bottom-right causal; no mask when Sq == 1).
-Returns o [B, Sq, H, 512] in q's dtype and lse [B, H, Sq] float32 (natural log).
+    kernel(q, kv, scale) -> (o, lse)
 
-Rows. The "rows" of a batch are its Sq*H (query, head) pairs, flattened as s*H + h; BLOCK_H of them
-form the M dimension of every tl.dot (or the N, with KEYS_AS_M), so one KV tile loaded into shared
-memory serves BLOCK_H heads and, when H < BLOCK_H, every query of a head group. Each program walks
-its share of the KV sequence with an online softmax over the 576-wide keys and reuses the first 512
-columns of the same tile as values. Row blocks are the fastest grid axis, so the programs that read
-one KV tile run together and only the first of them goes to DRAM; the rest hit L2.
+q [B, Sq, H, 576] (512 latent + 64 rope), kv [B, Skv, 576] (one latent cache shared by all heads: the whole row
+is the key, its first 512 columns the value), float ``scale``. Query s sees keys j <= s + Skv - Sq (bottom-right
+causal). o [B, Sq, H, 512] in q's dtype, lse [B, H, Sq] float32 (natural log).
 
-SCHEDULE "grid": one program per (row block, split, batch), the same split count for every batch
-(``_num_splits``: as many as fit one wave, partial traffic under PARTIAL_BUDGET of the KV bytes).
-"balanced": one wave of (row block, part) programs over the batch's work line, balanced by tokens
-(every sequence costs its tiles + OVERHEAD units, in batch order; part p takes units [p * per,
-(p + 1) * per)): B32 gets as many busy SMs as B64, and a sequence is cut only where a part ends.
-A part's first and last piece may share their sequence with other parts: those write partials
-(slots 2p, 2p + 1); a sequence in one piece writes o directly. Under "balanced", CONFIG "auto"
-takes the wide 64-row tiles from 128 rows per sequence (B1 MTP at H 64: each KV tile is read by Sq
-row blocks of 64 rows, not 4 Sq of 16), 8 (sequence, 64-row block) pairs (B32 at H 64) or 65536
-cached tokens (B1 Skv 131072).
-
-Merge. MERGE "kernel": a second launch merges the partials (PDL below). MERGE "fused": each program
-stores its partial (o_s normalised by its own l_s, and lse_s in log2), then, after a CTA barrier,
-takes a ticket from the (batch, row block)'s arrival counter with an acq_rel atomic (release: its
-partial is visible before the ticket; acquire: a merger sees every partial stored before the tickets
-it waited for). The last ``mergers`` arrivals merge: each waits until every split has arrived, then
-combines all splits' partials for its value column slices by log-sum-exp weights. The last merger to
-finish resets the counters (calls on one stream are ordered). Deadlock-freedom: at most (mergers - 1)
-programs per (batch, row block) wait and the plan keeps that count over all row blocks below the SM
-count; under "balanced", and on the CPU interpreter (programs run one at a time), one merger, the
-last arrival, merges every slice without waiting.
-
-RESCALE_TAU > 0: the accumulator is rescaled only when some row's max grows by more than TAU
-(log2 units) over the max it is scaled to (weights up to 2**TAU, exact in fp32, no worse in bf16).
-QK_SPLIT (TMA kernel, 8 warps): the score dots unchained so both warpgroups split the score tile
-(see ``_mla_decode_tma`` and mla_prefill's QK_SPLIT). PDL (MERGE "kernel", GPU only): 1: the split
-kernel lets its dependent launch at once (griddepcontrol.launch_dependents) and the merge kernel,
-launched with launch_pdl, waits for the split grid's completion before its first load; 2: the split
-kernel is launched with launch_pdl too and waits on the previous grid before touching memory.
-
-Host path. Launch parameters are planned once per (knobs, shape) and the launch arguments once
-per (shapes, strides, dtypes, devices): a call checks nothing it checked before, makes o and lse
-(the only per-call allocations; partials and counters are scratch per shape and stream) and
-launches. LAUNCH "direct": after a plan's first call has compiled through Triton's JIT entry, later
-calls launch the cached compiled kernels directly, skipping the JIT's argument binding and
-specialisation (most of a launch's host time; calls with unaligned pointers go through the JIT).
-CONFIG "auto" picks the tile config of the shape's regime (REGIMES). Measurements and predictions:
-kernels/notes/mla.md.
+A dense cache is a paged one whose pages lie in order: a contiguous kv with Skv a multiple of 64 is B * Skv / 64
+pages of 64 tokens (the layout FlashMLA is called with, and the one mla_paged's ENGINE "gluon" was built for);
+any other kv is B pages of Skv tokens (the Triton tiles then, through its strides). The block table and the
+lengths are made once per shape and device and reused: they depend on the shape alone. Everything else, the knobs
+included, is mla_paged's (its package docstring says what each does): the scheduler balanced by tokens, FlashMLA's
+packing of equal lengths, the warp-specialised Gluon kernel, the merge.
 """
 
 import functools
 import math
-
 import torch
 import triton
+import triton.experimental.gluon as gluon
 import triton.language as tl
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+
+# -- mla_paged/knobs.py ------------------------------------------------------------------------------------------------
+# The knobs and their choices (the package docstring says what each does), CONFIG "auto"'s regimes, and the
+# constants the kernels and the host share.
 
 # kopt:knobs-begin
-KNOBS = {'CONFIG': 'auto', 'NUM_SPLITS': 0, 'BLOCK_N': 64, 'BLOCK_H': 16, 'KEYS_AS_M': True, 'VALUES_AS_M': False, 'num_warps': 4, 'num_stages': 4, 'PARTIAL_DTYPE': 'float32', 'MERGE': 'kernel', 'MERGERS': 4, 'RESCALE_TAU': 0, 'KV_LOAD': 'pointer', 'QK_SPLIT': False, 'PDL': 2, 'SCHEDULE': 'grid', 'OVERHEAD': 5, 'LAUNCH': 'direct'}
+KNOBS = {'CONFIG': 'auto', 'BLOCK_H': 64, 'BLOCK_N': 64, 'KEYS_AS_M': False, 'VALUES_AS_M': False, 'QK_SPLIT': True, 'num_warps': 8, 'num_stages': 2, 'KV_LOAD': 'tma', 'OVERHEAD': 5, 'WAVES': 1, 'MERGE': 'auto', 'PARTIAL_DTYPE': 'float32', 'PDL': 1, 'LAUNCH': 'direct', 'ENGINE': 'gluon'}
 # kopt:knobs-end
 SPACE = {
-    "CONFIG": ["auto", "knobs"],  # auto: the measured tile config of the shape's regime (see REGIMES); knobs: the knobs below
-    "NUM_SPLITS": [0, 8, 16, 32, 64, 128],  # 0 = auto from the SM count and the length
-    "BLOCK_N": [16, 32, 64],  # keys per KV tile
+    "CONFIG": ["auto", "knobs"],  # auto: the tile config of the shape's regime (REGIMES); knobs: the knobs below
     "BLOCK_H": [16, 32, 64],  # (query, head) rows per program: the M (or N, with KEYS_AS_M) of the dots
-    "KEYS_AS_M": [False, True],  # scores as S^T = K q^T (keys are the M of the dot) instead of q K^T
-    "VALUES_AS_M": [False, True],  # P V as O^T = V^T P^T: the 512 value columns are the M (wgmma at 16 heads)
+    "BLOCK_N": [16, 32, 64],  # keys per KV tile
+    "KEYS_AS_M": [False, True],  # scores as S^T = K q^T (keys are the M of the dot)
+    "VALUES_AS_M": [False, True],  # P V as O^T = V^T P^T (the 512 value columns are the M)
+    "QK_SPLIT": [False, True],  # 8 warps: unchained score dots, so both warpgroups split the score tile
     "num_warps": [4, 8],
     "num_stages": [1, 2, 3, 4],
-    "PARTIAL_DTYPE": ["float32", "bfloat16"],  # dtype of the split partial outputs
-    "MERGE": ["fused", "kernel"],  # fused: the last programs of a row block merge (one launch); kernel: a second launch
-    "MERGERS": [1, 4, 8, 16],  # fused: how many of the last-arriving programs share the merge (value column slices)
-    "RESCALE_TAU": [0, 8],  # 0: rescale the accumulator every tile; 8: only when a row max grows by > 8 (log2)
-    "KV_LOAD": ["pointer", "tma"],  # KV tiles by per-thread pointers (cp.async) or tensor descriptors (TMA)
-    "QK_SPLIT": [False, True],  # TMA kernel: score dots unchained, so 8 warps split the score tile (no duplicate); P V as V^T P^T
-    "PDL": [0, 1, 2],  # programmatic dependent launch (GPU, MERGE kernel): 1 merge overlaps the split kernel's tail; 2 also the split kernel's launch
-    "SCHEDULE": ["grid", "balanced"],  # grid: splits per sequence; balanced: one wave of parts over the batch's work line
-    "OVERHEAD": [0, 2, 5, 10],  # balanced: a piece's fixed cost, in tiles
-    "LAUNCH": ["jit", "direct"],  # direct: later calls of a plan launch the cached compiled kernels (less host time)
+    "KV_LOAD": ["pointer", "tma"],  # KV tiles by per-row pointers through the block table, or by tensor descriptors
+    "OVERHEAD": [0, 2, 5, 10, 20],  # scheduler: a piece's fixed cost, in tiles
+    "WAVES": [1, 2],  # programs per SM (one wave, or two)
+    "MERGE": ["auto", "fused", "kernel"],  # fused: the last piece merges (one launch); kernel: a second launch
+    "PARTIAL_DTYPE": ["float32", "bfloat16"],  # split partial outputs
+    "PDL": [0, 1, 2],  # MERGE kernel (not ENGINE "gluon"'s): 1 the merge launch overlaps the main kernel's tail; 2 the main kernel's launch too
+    "LAUNCH": ["jit", "direct"],  # direct: later calls of a plan launch the cached compiled kernel (less host time)
+    "ENGINE": ["triton", "gluon"],  # the warp-specialised Hopper kernels where they apply (module doc)
 }
-# Not yet measured on the GPU (kernels/notes/mla-paged/README.md, "The dense family"). The promoted knobs (kernels/best/mla.py:
-# PDL 2, 4 stages, 4 mergers) with the balanced schedule first; LAUNCH "direct" is left out: the
-# judge's launch monitor counts launches through the JIT entry only, so until it also counts
-# direct launches a direct candidate reads as "no Triton kernel was launched".
 TRY_EARLY = [
-    {"SCHEDULE": "balanced", "PDL": 2, "num_stages": 4, "MERGERS": 4},
-    {"SCHEDULE": "balanced", "PDL": 2, "num_stages": 4, "MERGERS": 4, "MERGE": "fused"},
-    {"SCHEDULE": "balanced", "PDL": 2, "num_stages": 4, "MERGERS": 4, "OVERHEAD": 0},
-    {"SCHEDULE": "balanced", "PDL": 2, "num_stages": 4, "MERGERS": 4, "OVERHEAD": 10},
+    {"ENGINE": "gluon"},  # on the H200 (session 25): 0.87-0.96x FlashMLA's device time, B1 Sq1 1.14x; the Triton tiles 0.60x
+    {"OVERHEAD": 0},
+    {"MERGE": "kernel"},
+    {"MERGE": "fused"},
+    {"PARTIAL_DTYPE": "bfloat16"},
+    {"CONFIG": "knobs"},  # BLOCK_H 64 / TMA / QK_SPLIT at every shape, B1 Sq1 included
+    {"PDL": 2},
 ]
 
-# CONFIG "auto": the tile config measured best on an H200 (kernels/notes/mla.md, run 2) for each
-# regime. "narrow": fewer than SMs/4 (batch, 64-row block) pairs (B1 decode and MTP): 16 rows
-# per program with keys as the M of the score dot (wgmma at 16 heads), many programs over the
-# splits. "wide": at least SMs/4 pairs (B64: 64): 64 rows per program, so the KV is read once per
-# batch, with 64-key tiles and a few splits. Measured at B1 (narrow 16.6 us vs wide 27.8 us of
-# GPU time) and B64 (wide 289 us vs narrow 480 us); the crossover in between is not measured.
-# Wide uses TMA loads and QK_SPLIT since run 5 (B64: 254 us kernel, 2288 GB/s, vs 274 without).
+# CONFIG "auto": a tile config per regime, from the dense family's measurements (mla_decode.py's
+# REGIMES, kernels/notes/mla.md). "narrow" (one query at small batch and a short cache: fewer than
+# 8 (sequence, 64-row block) pairs, fewer than 128 rows, fewer than 65536 tokens of table): 16 rows
+# per program, keys as the M. "wide" (everything else, MTP at B1 included: every query of a
+# sequence shares each tile): 64 rows, TMA, QK_SPLIT on 8 warps.
 REGIMES = {
-    "narrow": {"BLOCK_H": 16, "BLOCK_N": 64, "KEYS_AS_M": True, "num_warps": 4, "num_stages": 3},
-    "wide": {"BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "num_warps": 8, "num_stages": 2, "KV_LOAD": "tma", "QK_SPLIT": True},
+    "narrow": {"BLOCK_H": 16, "BLOCK_N": 64, "KEYS_AS_M": True, "VALUES_AS_M": False, "QK_SPLIT": False,
+               "num_warps": 4, "num_stages": 3, "KV_LOAD": "pointer"},
+    "wide": {"BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "VALUES_AS_M": False, "QK_SPLIT": True,
+             "num_warps": 8, "num_stages": 2, "KV_LOAD": "tma"},
 }
+WIDE_FROM_PAIRS = 8  # (sequence, 64-row block) pairs from which "wide" applies
+WIDE_FROM_ROWS = 128  # rows per sequence (Sq * H) from which "wide" applies at any batch
+WIDE_FROM_TOKENS = 65536  # cache capacity of the batch (B * max_pages * page_size) from which "wide" applies
 
-D_NOPE = 512  # latent width: the value width
-D_ROPE = 64  # rope width; key width = D_NOPE + D_ROPE = 576
+D_NOPE = 512
+D_ROPE = 64
 LOG2E = 1.4426950408889634
-PARTIAL_BUDGET = 0.5  # auto splits: partial bytes written <= this fraction of the KV bytes read
-MERGE_BLOCK_V = 64  # merge kernel: value columns per program (512 when there are many rows: fewer, fuller programs)
-MERGE_SPLIT_CHUNK = 32  # merge kernel: partials loaded at once per loop step (one round trip up to 32 splits)
+FUSED_MERGE_ELEMS = 8192  # fused merge: partial elements per [rows, columns] step
+MERGE_SPLIT_CHUNK = 16  # merge kernel: pieces loaded at once
+PAGE_CHUNK = 32  # tiles whose page numbers are loaded at once (a tile loop restarts its pipeline every PAGE_CHUNK tiles)
 MERGE_WARPS = 4
-FUSED_MERGE_ELEMS = 8192  # fused merge: partial elements loaded per step ([splits, rows, columns] tile)
+MAX_BATCH = 8192  # the scheduler holds the lengths in one block of registers
 SMEM_LIMIT = 232448  # bytes of shared memory a block may opt into on sm_90
+_NO_SPEC = ["B", "Sq", "max_pages"]  # B is also the always-taken branch's condition (QK_SPLIT)
 
 
-@triton.jit
-def _merge_slice(
-    part_o, part_lse, o, lse, slot_a, slot_adj, rows, row_ok, s_idx, h_idx, o_base, l_base, Sq, H, R, n_splits, c0,
-    S_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, W: tl.constexpr, DN: tl.constexpr, SLOT_STEP: tl.constexpr,
-):
-    """o[rows, c0:c0+W] (and lse when c0 == 0) from every split's partial of these rows; split s's
-    partial is slot slot_a + s * SLOT_STEP (+ slot_adj for s = 0) of the partial buffers."""
-    offs_s = tl.arange(0, S_P2)
-    slots = (slot_a + offs_s * SLOT_STEP + tl.where(offs_s == 0, slot_adj, 0)).to(tl.int64)
-    l_all = tl.load(part_lse + slots[:, None] * R + rows[None, :],
-                    mask=(offs_s < n_splits)[:, None] & row_ok[None, :], other=float("-inf"), cache_modifier=".cg")
-    mx = tl.max(l_all, 0)  # [BLOCK_H]; finite for real rows: every row sees key 0 in split 0
-    mx = tl.where(row_ok, mx, 0.0)
-    tot = tl.sum(tl.exp2(l_all - mx[None, :]), 0)
-    cols = c0 + tl.arange(0, W)
-    acc = tl.zeros([BLOCK_H, W], dtype=tl.float32)
-    for s0 in range(0, n_splits, CHUNK):
-        sc = s0 + tl.arange(0, CHUNK)
-        sc_ok = sc < n_splits
-        prow = (slot_a + sc * SLOT_STEP + tl.where(sc == 0, slot_adj, 0)).to(tl.int64)[:, None] * R + rows[None, :]  # [CHUNK, BLOCK_H]
-        ok = sc_ok[:, None] & row_ok[None, :]
-        w = tl.exp2(tl.load(part_lse + prow, mask=ok, other=float("-inf"), cache_modifier=".cg") - mx[None, :])
-        po = tl.load(part_o + prow[:, :, None] * DN + cols[None, None, :], mask=ok[:, :, None], other=0.0,
-                     cache_modifier=".cg").to(tl.float32)
-        acc += tl.sum(w[:, :, None] * po, 0)
-    tot_ok = tl.where(row_ok, tot, 1.0)
-    out = acc / tot_ok[:, None]
-    tl.store(o + o_base[:, None] + cols[None, :], out.to(o.dtype.element_ty), mask=row_ok[:, None])
-    if c0 == 0:
-        tl.store(lse + l_base, (mx + tl.log2(tot_ok)) * 0.6931471805599453, mask=row_ok)
-
+# -- mla_paged/tiles.py ------------------------------------------------------------------------------------------------
+# The Triton kernels: ``_mla_paged_fwd`` (the scheduler's prologue, the KV tile loop, the partial or direct
+# store and the fused merge) and ``_mla_paged_merge`` (MERGE "kernel").
 
 @triton.jit
-def _arrive_and_merge(
-    part_o, part_lse, o, lse, counters, b, pid_r, rows, row_ok, s_idx, h_idx, o_base, l_base,
-    Sq, H, R, n_splits, n_mergers, slot_a, slot_adj,
-    MERGERS: tl.constexpr, S_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, DN: tl.constexpr, SLOT_STEP: tl.constexpr,
-):
-    """After this program's partial is stored: take a ticket; the last n_mergers arrivals wait
-    for the rest and merge the row block's value column slices (see the module doc)."""
-    tl.debug_barrier()  # every thread's partial stores precede the release below
-    cnt = counters + (b * tl.num_programs(0) + pid_r) * 2  # [arrivals, mergers done]
-    ticket = tl.atomic_add(cnt, 1, sem="acq_rel")
-    first_merger = n_splits - n_mergers
-    if ticket >= first_merger:
-        arrived = ticket + 1
-        while arrived < n_splits:  # only when n_mergers > 1 (never on the interpreter, nor SCHEDULE "balanced")
-            arrived = tl.atomic_add(cnt, 0, sem="acquire")
-        for sl in range(ticket - first_merger, MERGERS, n_mergers):
-            _merge_slice(part_o, part_lse, o, lse, slot_a, slot_adj, rows, row_ok, s_idx, h_idx, o_base, l_base,
-                         Sq, H, R, n_splits, sl * (DN // MERGERS), S_P2, CHUNK, BLOCK_H, DN // MERGERS, DN, SLOT_STEP)
-        done = tl.atomic_add(cnt + 1, 1, sem="acq_rel")
-        if done == n_mergers - 1:  # every merger is past its wait: reset for the next call
-            tl.atomic_xchg(cnt, 0)
-            tl.atomic_xchg(cnt + 1, 0)
-
-
-@triton.jit
-def _line(Skv, B, OVERHEAD: tl.constexpr, BLOCK_N: tl.constexpr):
-    """SCHEDULE "balanced": the work line (every sequence costs its tiles + OVERHEAD units, in
-    batch order) cut into equal parts, one per program along grid axis 1: (units per sequence, units
-    per part, this part's [u0, u1), the first and one past the last sequence it touches)."""
-    cost = (Skv + BLOCK_N - 1) // BLOCK_N + OVERHEAD
-    total = B * cost
-    per = (total + tl.num_programs(1) - 1) // tl.num_programs(1)
-    u0 = tl.program_id(1) * per
-    u1 = tl.minimum(u0 + per, total)
-    return cost, per, u0, u1, u0 // cost, tl.minimum((u1 + cost - 1) // cost, B)
-
-
-@triton.jit
-def _piece_of(b, cost, per, u0, u1, OVERHEAD: tl.constexpr):
-    """Sequence b's share of this part: its tiles [t0, t1); its first part, how many parts share it,
-    and whether its first piece is its first part's second piece (partial slot 2 * part + 1)."""
-    start = b * cost
-    t0 = tl.maximum(u0 - start - OVERHEAD, 0)
-    t1 = tl.minimum(u1 - start - OVERHEAD, cost - OVERHEAD)
-    first = (start + OVERHEAD) // per
-    n_pieces = (start + cost - 1) // per - first + 1
-    return t0, t1, first, n_pieces, (start > first * per).to(tl.int32)
-
-
-@triton.jit
-def _store_out(dst, dst_row, acc0, acc1, inv_l, row_ok, offs, HALVES: tl.constexpr, TRANSPOSED: tl.constexpr):
-    """The accumulator's rows (its columns when TRANSPOSED) times inv_l at dst + dst_row[row] +
-    offs; with HALVES, acc0 and acc1 are the two 256-column halves (acc1 at + 256)."""
-    if TRANSPOSED:
-        tl.store(dst + dst_row[None, :] + offs[:, None], (acc0 * inv_l[None, :]).to(dst.dtype.element_ty), mask=row_ok[None, :])
-        if HALVES:
-            tl.store(dst + dst_row[None, :] + 256 + offs[:, None], (acc1 * inv_l[None, :]).to(dst.dtype.element_ty), mask=row_ok[None, :])
+def _tile_rows(kv, table_b, page, k0, n_b, stride_kp, stride_ks, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+               HALF: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr):
+    """A KV tile by pointers: keys k0 .. k0 + BLOCK_N, read as 0 past the length. When a page
+    holds whole tiles the tile's rows are page's slots k0 % PAGE ..; otherwise (pages smaller than
+    a tile) each key's page is looked up in the table (that load is not pipelined: a slow path)."""
+    offs_n = k0 + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n_b
+    if PAGE % BLOCK_N == 0:
+        row = kv + page.to(tl.int64) * stride_kp + (k0 % PAGE + tl.arange(0, BLOCK_N)).to(tl.int64) * stride_ks
     else:
-        tl.store(dst + dst_row[:, None] + offs[None, :], (acc0 * inv_l[:, None]).to(dst.dtype.element_ty), mask=row_ok[:, None])
-        if HALVES:
-            tl.store(dst + dst_row[:, None] + 256 + offs[None, :], (acc1 * inv_l[:, None]).to(dst.dtype.element_ty), mask=row_ok[:, None])
+        pages = tl.load(table_b + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
+        row = kv + pages * stride_kp + (offs_n % PAGE).to(tl.int64) * stride_ks
+    offs_h = tl.arange(0, HALF)
+    kn0 = tl.load(row[:, None] + offs_h[None, :], mask=n_ok[:, None], other=0.0)
+    kn1 = tl.load(row[:, None] + (HALF + offs_h)[None, :], mask=n_ok[:, None], other=0.0)
+    kr = tl.load(row[:, None] + (DN + tl.arange(0, DR))[None, :], mask=n_ok[:, None], other=0.0)
+    return kn0, kn1, kr
 
 
 @triton.jit
-def _finish(
-    o, lse, part_o, part_lse, counters, acc0, acc1, m_i, l_i, b, pid_r, rows, row_ok, s_idx, h_idx, Sq, H, R,
-    n_pieces, n_mergers, slot, slot_a, slot_adj, offs,
-    MODE: tl.constexpr, BALANCED: tl.constexpr, HALVES: tl.constexpr, TRANSPOSED: tl.constexpr, MERGERS: tl.constexpr,
-    S_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, DN: tl.constexpr, SLOT_STEP: tl.constexpr,
-):
-    """A piece's end: o and lse when it is its sequence's only piece (MODE 0, or one piece under
-    SCHEDULE "balanced"); else its partial (o normalised by its own sum, lse in log2) in slot
-    ``slot``, and under MODE 2 the ticket and, for the last arrivals, the merge."""
-    has = l_i > 0.0
-    inv_l = 1.0 / tl.where(has, l_i, 1.0)
-    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    # o [B, Sq, H, 512] and lse [B, H, Sq] are contiguous (made by kernel())
-    o_base = b * R * DN + rows.to(tl.int64) * DN
-    l_base = b * R + h_idx.to(tl.int64) * Sq + s_idx
-    p_row = slot * R + rows.to(tl.int64)
-    if MODE == 0:
-        _store_out(o, o_base, acc0, acc1, inv_l, row_ok, offs, HALVES, TRANSPOSED)
-        tl.store(lse + l_base, lse2 * 0.6931471805599453, mask=row_ok)
-    elif BALANCED:
-        if n_pieces == 1:
-            _store_out(o, o_base, acc0, acc1, inv_l, row_ok, offs, HALVES, TRANSPOSED)
-            tl.store(lse + l_base, lse2 * 0.6931471805599453, mask=row_ok)
+def _page_of(pages, t_idx, i):
+    """pages[i] (a chunk's page numbers held in registers): the tile loops read no table entry, so
+    the pipeliner can issue a tile's loads stages ahead (a page number loaded inside the loop would
+    hold them to one tile ahead)."""
+    return tl.sum(tl.where(t_idx == i, pages, 0), 0)
+
+
+@triton.jit
+def _attend(qn0, qn1, qr, kn0, kn1, kr, offs_n, limit, m_i, l_i, acc0, acc1, qk_scale, live,
+            BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_AS_M: tl.constexpr, QK_SPLIT: tl.constexpr, VT: tl.constexpr):
+    """One KV tile into the online softmax (log2 domain) of BLOCK_H rows: scores over the 576-wide
+    keys, the same tile's first 512 columns as values (two 256-column halves)."""
+    if QK_SPLIT:  # unchained score dots: the warpgroups split the score tile (mla_decode's QK_SPLIT)
+        if KEYS_AS_M:
+            qk = tl.trans(tl.dot(kr, qr) * qk_scale + tl.dot(kn0, qn0) * qk_scale + tl.dot(kn1, qn1) * qk_scale)
         else:
-            _store_out(part_o, p_row * DN, acc0, acc1, inv_l, row_ok, offs, HALVES, TRANSPOSED)
-            tl.store(part_lse + p_row, lse2, mask=row_ok)
-            if MODE == 2:
-                _arrive_and_merge(part_o, part_lse, o, lse, counters, b, pid_r, rows, row_ok, s_idx, h_idx, o_base, l_base,
-                                  Sq, H, R, n_pieces, n_mergers, slot_a, slot_adj, MERGERS, S_P2, CHUNK, BLOCK_H, DN, SLOT_STEP)
+            qk = tl.dot(qr, tl.trans(kr)) * qk_scale + tl.dot(qn0, tl.trans(kn0)) * qk_scale + tl.dot(qn1, tl.trans(kn1)) * qk_scale
     else:
-        _store_out(part_o, p_row * DN, acc0, acc1, inv_l, row_ok, offs, HALVES, TRANSPOSED)
-        tl.store(part_lse + p_row, lse2, mask=row_ok)
-        if MODE == 2:
-            _arrive_and_merge(part_o, part_lse, o, lse, counters, b, pid_r, rows, row_ok, s_idx, h_idx, o_base, l_base,
-                              Sq, H, R, n_pieces, n_mergers, slot_a, slot_adj, MERGERS, S_P2, CHUNK, BLOCK_H, DN, SLOT_STEP)
-
-
-# Shape integers are not specialised (==1, %16): one compiled kernel serves every Sq, Skv and
-# split count of a tile config, so new shapes cost no compile (the judge draws many).
-_NO_SPEC = ["Sq", "Skv", "n_splits", "blocks_per_split", "n_mergers", "B"]
+        if KEYS_AS_M:
+            qk = tl.trans(tl.dot(kn1, qn1, tl.dot(kn0, qn0, tl.dot(kr, qr))))
+        else:
+            qk = tl.dot(qn1, tl.trans(kn1), tl.dot(qn0, tl.trans(kn0), tl.dot(qr, tl.trans(kr))))
+        qk = qk * qk_scale
+    qk = tl.where(offs_n[None, :] <= limit[:, None], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if VT:  # accumulators [256, BLOCK_H]: o^T += V^T P^T
+        pt = tl.zeros([BLOCK_N, BLOCK_H], dtype=kn0.dtype)
+        if live > 0:  # always taken: P and alpha reach the P V dots through the branch (QK_SPLIT's layout)
+            pt = tl.trans(p.to(kn0.dtype))
+            acc0 = acc0 * alpha[None, :]
+            acc1 = acc1 * alpha[None, :]
+        acc0 = tl.dot(tl.trans(kn0), pt, acc0)
+        acc1 = tl.dot(tl.trans(kn1), pt, acc1)
+    else:
+        pb = p.to(kn0.dtype)
+        acc0 = tl.dot(pb, kn0, acc0 * alpha[:, None])
+        acc1 = tl.dot(pb, kn1, acc1 * alpha[:, None])
+    return m_new, l_i, acc0, acc1
 
 
 @triton.jit
-def _ptr_piece(
-    q, kv, o, lse, part_o, part_lse, counters,
-    stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_kn, stride_kd,
-    Sq, H, Skv, n_mergers, qk_scale, b, pid_r, n_start, n_lim, n_pieces, slot, slot_a, slot_adj,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_AS_M: tl.constexpr, VALUES_AS_M: tl.constexpr, MODE: tl.constexpr,
-    MERGERS: tl.constexpr, S_P2: tl.constexpr, CHUNK: tl.constexpr, TAU: tl.constexpr,
-    DN: tl.constexpr, DR: tl.constexpr, BALANCED: tl.constexpr, SLOT_STEP: tl.constexpr,
-):
-    """Keys [n_start, n_lim) of sequence b for one row block, by per-thread pointer loads."""
-    R = Sq * H
-    rows = pid_r * BLOCK_H + tl.arange(0, BLOCK_H)
-    row_ok = rows < R
-    s_idx = rows // H
-    h_idx = rows % H
-    offs_dn = tl.arange(0, DN)
-    offs_dr = tl.arange(0, DR)
-
-    q_row = q + b * stride_qb + s_idx.to(tl.int64) * stride_qs + h_idx.to(tl.int64) * stride_qh
-    if KEYS_AS_M:  # q^T [576, BLOCK_H]: the B operand of S^T = K q^T
-        qn = tl.load(q_row[None, :] + offs_dn[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
-        qr = tl.load(q_row[None, :] + (DN + offs_dr)[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
+def _store_rows(dst, row_base, acc0, acc1, scale_rows, poison, row_ok, HALF: tl.constexpr, VT: tl.constexpr):
+    """Both accumulator halves, each row times ``scale_rows``, at dst + row_base[row] + column."""
+    offs_h = tl.arange(0, HALF)
+    if VT:
+        ptr = dst + row_base[None, :] + offs_h[:, None]
+        tl.store(ptr, (acc0 * scale_rows[None, :] + poison).to(dst.dtype.element_ty), mask=row_ok[None, :])
+        tl.store(ptr + HALF, (acc1 * scale_rows[None, :] + poison).to(dst.dtype.element_ty), mask=row_ok[None, :])
     else:
-        qn = tl.load(q_row[:, None] + offs_dn[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
-        qr = tl.load(q_row[:, None] + (DN + offs_dr)[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+        ptr = dst + row_base[:, None] + offs_h[None, :]
+        tl.store(ptr, (acc0 * scale_rows[:, None] + poison).to(dst.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(ptr + HALF, (acc1 * scale_rows[:, None] + poison).to(dst.dtype.element_ty), mask=row_ok[:, None])
 
-    # key j is visible to row (s, h) iff j <= s + Skv - Sq (also j < Skv, since s < Sq)
-    limit = tl.minimum(s_idx + (Skv - Sq), Skv - 1)
-    s_last = tl.minimum((pid_r + 1) * BLOCK_H - 1, R - 1) // H
-    n_end = tl.minimum(n_lim, s_last + (Skv - Sq) + 1)
 
-    m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)  # finite: a fully masked tile gives p = 0, alpha = 1
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    if VALUES_AS_M:
-        acc = tl.zeros([DN, BLOCK_H], dtype=tl.float32)  # o^T: the 512 value columns are the M of P V
-    else:
-        acc = tl.zeros([BLOCK_H, DN], dtype=tl.float32)
-    kv_b = kv + b * stride_kb
-    for start in range(n_start, n_end, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < Skv
-        kv_row = kv_b + offs_n.to(tl.int64)[:, None] * stride_kn
-        kn = tl.load(kv_row + offs_dn[None, :] * stride_kd, mask=n_ok[:, None], other=0.0)  # [BN, 512]
-        kr = tl.load(kv_row + (DN + offs_dr)[None, :] * stride_kd, mask=n_ok[:, None], other=0.0)  # [BN, 64]
-        if VALUES_AS_M:  # scores kept as S^T [BN, BLOCK_H]; o^T += V^T P^T, V^T a view of the same smem tile
-            if KEYS_AS_M:
-                qk = tl.dot(kn, qn, tl.dot(kr, qr))
-            else:
-                qk = tl.trans(tl.dot(qn, tl.trans(kn), tl.dot(qr, tl.trans(kr))))
-            qk = qk * qk_scale
-            qk = tl.where(offs_n[:, None] <= limit[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 0))
-            if TAU > 0:  # lazy: keep the stale max unless some row grew by more than TAU
-                if tl.max(m_new - m_i, 0) > TAU:
-                    alpha = tl.exp2(m_i - m_new)
-                    l_i = l_i * alpha
-                    acc = acc * alpha[None, :]
-                    m_i = m_new
-                p = tl.exp2(qk - m_i[None, :])
-                l_i = l_i + tl.sum(p, 0)
-            else:
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(qk - m_new[None, :])
-                l_i = l_i * alpha + tl.sum(p, 0)
-                acc = acc * alpha[None, :]
-                m_i = m_new
-            acc = tl.dot(tl.trans(kn), p.to(kn.dtype), acc)
-        else:
-            if KEYS_AS_M:  # keys form the M of the score dot (>= 64 rows for wgmma at any BLOCK_H)
-                qk = tl.trans(tl.dot(kn, qn, tl.dot(kr, qr)))
-            else:
-                qk = tl.dot(qr, tl.trans(kr))
-                qk = tl.dot(qn, tl.trans(kn), qk)
-            qk = qk * qk_scale
-            qk = tl.where(offs_n[None, :] <= limit[:, None], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            if TAU > 0:
-                if tl.max(m_new - m_i, 0) > TAU:
-                    alpha = tl.exp2(m_i - m_new)
-                    l_i = l_i * alpha
-                    acc = acc * alpha[:, None]
-                    m_i = m_new
-                p = tl.exp2(qk - m_i[:, None])
-                l_i = l_i + tl.sum(p, 1)
-            else:
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(qk - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                acc = acc * alpha[:, None]
-                m_i = m_new
-            acc = tl.dot(p.to(kn.dtype), kn, acc)  # the same tile's first 512 columns are the values
-
-    _finish(o, lse, part_o, part_lse, counters, acc, acc, m_i, l_i, b, pid_r, rows, row_ok, s_idx, h_idx, Sq, H, R,
-            n_pieces, n_mergers, slot, slot_a, slot_adj, offs_dn, MODE, BALANCED, False, VALUES_AS_M, MERGERS, S_P2, CHUNK, BLOCK_H, DN,
-            SLOT_STEP)
+@triton.jit
+def _merge_rows(part_o, part_lse, o, lse, b, first_part, first_odd, n_pieces, rows, row_ok, s_idx, h_idx, R, Sq, poison,
+                BLOCK_H: tl.constexpr, W: tl.constexpr, DN: tl.constexpr):
+    """o and lse of these rows of sequence b from its n_pieces partials (slot of piece k: 2 * (first_part
+    + k), plus first_odd for k = 0), by log-sum-exp weights; W value columns at a time."""
+    mx = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    for k in range(0, n_pieces):
+        slot = 2 * (first_part + k) + tl.where(k == 0, first_odd, 0)
+        lk = tl.load(part_lse + slot.to(tl.int64) * R + rows, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        mx = tl.maximum(mx, lk)
+    mx = tl.where(row_ok, mx, 0.0)  # finite for a real row: its first piece holds key 0
+    tot = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for k in range(0, n_pieces):
+        slot = 2 * (first_part + k) + tl.where(k == 0, first_odd, 0)
+        tot += tl.exp2(tl.load(part_lse + slot.to(tl.int64) * R + rows, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - mx)
+    inv = 1.0 / tl.where(row_ok, tot, 1.0)
+    cols = tl.arange(0, W)
+    o_row = (b * R + rows.to(tl.int64)) * DN
+    for c0 in tl.static_range(0, DN, W):
+        acc = tl.zeros([BLOCK_H, W], dtype=tl.float32)
+        for k in range(0, n_pieces):
+            slot = 2 * (first_part + k) + tl.where(k == 0, first_odd, 0)
+            p_row = slot.to(tl.int64) * R + rows
+            w = tl.exp2(tl.load(part_lse + p_row, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - mx)
+            po = tl.load(part_o + p_row[:, None] * DN + c0 + cols[None, :], mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+            acc += w[:, None] * po.to(tl.float32)
+        tl.store(o + o_row[:, None] + c0 + cols[None, :], (acc * inv[:, None] + poison).to(o.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(lse + b * R + h_idx.to(tl.int64) * Sq + s_idx, (mx + tl.log2(tl.where(row_ok, tot, 1.0))) * 0.6931471805599453 + poison, mask=row_ok)
 
 
 @triton.jit(do_not_specialize=_NO_SPEC)
-def _mla_decode_partial(
-    q, kv, o, lse, part_o, part_lse, counters,
-    stride_qb, stride_qs, stride_qh, stride_qd,
-    stride_kb, stride_kn, stride_kd,
-    Sq, H, Skv, n_splits, blocks_per_split, n_mergers, qk_scale,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_AS_M: tl.constexpr, VALUES_AS_M: tl.constexpr, MODE: tl.constexpr,
-    MERGERS: tl.constexpr, S_P2: tl.constexpr, CHUNK: tl.constexpr, TAU: tl.constexpr,
-    DN: tl.constexpr, DR: tl.constexpr, PDL: tl.constexpr = 0, BALANCED: tl.constexpr = False, OVERHEAD: tl.constexpr = 0, B=1,
+def _mla_paged_fwd(
+    q, kv, table, lens, o, lse, part_o, part_lse, counters, meta,
+    stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_tb,
+    B, Sq, H, n_rows, max_pages, qk_scale,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, KEYS_AS_M: tl.constexpr, VALUES_AS_M: tl.constexpr,
+    QK_SPLIT: tl.constexpr, TMA: tl.constexpr, MERGE: tl.constexpr, OVERHEAD: tl.constexpr, B_P2: tl.constexpr,
+    PAGE_CHUNK: tl.constexpr, MERGE_W: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr, PDL: tl.constexpr,
 ):
-    """SCHEDULE "grid": program (row block, split, batch) takes keys [split * blocks_per_split *
-    BLOCK_N, ...) of its batch. "balanced" (BALANCED): program (row block, part) takes its part of
-    the work line (``_line``), piece by piece. MODE 0: every sequence in one piece, write o and lse;
-    1: partials for a merge kernel; 2: the last programs of a split sequence merge (module doc).
-    PDL >= 1: let the merge kernel launch now (it waits for this grid's completion itself);
-    PDL 2: this kernel was launched early and waits for the previous grid before touching memory."""
+    """Program (row block, part): the part's pieces of the work line, in sequence order (module
+    doc). MERGE 1: partials for a merge kernel (and meta[b] = first part, pieces, first_odd, bad);
+    2: the last piece of a split sequence merges."""
+    HALF: tl.constexpr = DN // 2
+    VT: tl.constexpr = VALUES_AS_M or QK_SPLIT
     if PDL >= 2:
         tl.extra.cuda.gdc_wait()
     if PDL >= 1:
         tl.extra.cuda.gdc_launch_dependents()
     pid_r = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    if BALANCED:
-        cost, per, u0, u1, b_first, b_stop = _line(Skv, B, OVERHEAD, BLOCK_N)
-        for b_i in range(b_first, b_stop):
-            b = tl.cast(b_i, tl.int64)
-            t0, t1, first, n_pieces, odd = _piece_of(b, cost, per, u0, u1, OVERHEAD)
-            if t1 > t0:
-                _ptr_piece(q, kv, o, lse, part_o, part_lse, counters, stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_kn,
-                           stride_kd, Sq, H, Skv, n_mergers, qk_scale, b, pid_r, (t0 * BLOCK_N).to(tl.int32), (t1 * BLOCK_N).to(tl.int32), n_pieces,
-                           2 * pid_s + tl.where(pid_s == first, odd, 0), 2 * first, odd,
-                           BLOCK_H, BLOCK_N, KEYS_AS_M, VALUES_AS_M, MODE, MERGERS, S_P2, CHUNK, TAU, DN, DR, True, 2)
-    else:
-        b = tl.program_id(2).to(tl.int64)
-        n_start = pid_s * blocks_per_split * BLOCK_N
-        _ptr_piece(q, kv, o, lse, part_o, part_lse, counters, stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_kn,
-                   stride_kd, Sq, H, Skv, n_mergers, qk_scale, b, pid_r, n_start, n_start + blocks_per_split * BLOCK_N, n_splits,
-                   b * n_splits + pid_s, b * n_splits, 0,
-                   BLOCK_H, BLOCK_N, KEYS_AS_M, VALUES_AS_M, MODE, MERGERS, S_P2, CHUNK, TAU, DN, DR, False, 1)
-
-
-@triton.jit
-def _rescale(acc0, acc1, alpha, VALUES_AS_M: tl.constexpr):
-    """Both accumulator halves times each head row's alpha (the rows are columns when the values are the M)."""
-    if VALUES_AS_M:
-        out0 = acc0 * alpha[None, :]
-        out1 = acc1 * alpha[None, :]
-    else:
-        out0 = acc0 * alpha[:, None]
-        out1 = acc1 * alpha[:, None]
-    return out0, out1
-
-
-@triton.jit
-def _tma_piece(
-    q, kv, o, lse, part_o, part_lse, counters,
-    stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_kn,
-    Sq, H, Skv, n_mergers, qk_scale, b, pid_r, n_start, n_lim, n_pieces, slot, slot_a, slot_adj, live,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_AS_M: tl.constexpr, VALUES_AS_M: tl.constexpr, MODE: tl.constexpr,
-    MERGERS: tl.constexpr, S_P2: tl.constexpr, CHUNK: tl.constexpr, TAU: tl.constexpr,
-    DN: tl.constexpr, DR: tl.constexpr, QK_SPLIT: tl.constexpr, BALANCED: tl.constexpr, SLOT_STEP: tl.constexpr,
-):
-    """Keys [n_start, n_lim) of sequence b for one row block, by tensor descriptors (see ``_mla_decode_tma``)."""
-    HALF: tl.constexpr = DN // 2
-    VT: tl.constexpr = VALUES_AS_M or QK_SPLIT  # accumulators transposed: [256, BLOCK_H]
+    part = tl.program_id(1)
+    n_parts = tl.num_programs(1)
     R = Sq * H
+    capacity = max_pages * PAGE
+
+    # the work line: sequence b costs cdiv(len_b, BLOCK_N) tiles + OVERHEAD units
+    idx = tl.arange(0, B_P2)
+    in_b = idx < B
+    n_all = tl.load(lens + idx, mask=in_b, other=0)
+    n_all = tl.where((n_all < Sq) | (n_all > capacity), Sq, n_all)
+    cost = tl.where(in_b, (n_all + BLOCK_N - 1) // BLOCK_N + OVERHEAD, 0)
+    ends = tl.cumsum(cost, 0)
+    total = tl.sum(cost, 0)
+    per = (total + n_parts - 1) // n_parts
+    u0 = part * per
+    u1 = tl.minimum(u0 + per, total)
+    b_first = tl.sum((in_b & (ends <= u0)).to(tl.int32), 0)
+    b_stop = tl.sum((in_b & (ends - cost < u1)).to(tl.int32), 0)
+
     rows = pid_r * BLOCK_H + tl.arange(0, BLOCK_H)
     row_ok = rows < R
     s_idx = rows // H
     h_idx = rows % H
+    s_last = tl.minimum((pid_r + 1) * BLOCK_H - 1, R - 1) // H
     offs_h = tl.arange(0, HALF)
     offs_dr = tl.arange(0, DR)
-    q_row = q + b * stride_qb + s_idx.to(tl.int64) * stride_qs + h_idx.to(tl.int64) * stride_qh
-    if KEYS_AS_M:  # q^T halves [256, BLOCK_H] and [64, BLOCK_H]
-        qn0 = tl.load(q_row[None, :] + offs_h[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
-        qn1 = tl.load(q_row[None, :] + (HALF + offs_h)[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
-        qr = tl.load(q_row[None, :] + (DN + offs_dr)[:, None] * stride_qd, mask=row_ok[None, :], other=0.0)
-    else:
-        qn0 = tl.load(q_row[:, None] + offs_h[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
-        qn1 = tl.load(q_row[:, None] + (HALF + offs_h)[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
-        qr = tl.load(q_row[:, None] + (DN + offs_dr)[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+    if TMA:
+        kn_desc = tl.make_tensor_descriptor(kv, shape=[n_rows, DN + DR], strides=[stride_ks, 1], block_shape=[BLOCK_N, HALF])
+        kr_desc = tl.make_tensor_descriptor(kv, shape=[n_rows, DN + DR], strides=[stride_ks, 1], block_shape=[BLOCK_N, DR])
 
-    limit = tl.minimum(s_idx + (Skv - Sq), Skv - 1)
-    s_last = tl.minimum((pid_r + 1) * BLOCK_H - 1, R - 1) // H
-    n_end = tl.minimum(n_lim, s_last + (Skv - Sq) + 1)
+    for b_i in range(b_first, b_stop):
+        b = tl.cast(b_i, tl.int64)
+        n_b = tl.load(lens + b)
+        bad = (n_b < Sq) | (n_b > capacity)
+        n_b = tl.where(bad, Sq, n_b)
+        n_before = tl.load(lens + idx, mask=idx < b, other=0)  # reloaded (L1): nothing B-sized stays live in the loop
+        n_before = tl.where((n_before < Sq) | (n_before > capacity), Sq, n_before)
+        start_b = tl.sum(tl.where(idx < b, (n_before + BLOCK_N - 1) // BLOCK_N + OVERHEAD, 0), 0)
+        tiles_b = (n_b + BLOCK_N - 1) // BLOCK_N
+        t0 = tl.maximum(u0 - start_b - OVERHEAD, 0)
+        t1 = tl.minimum(u1 - start_b - OVERHEAD, tiles_b)
+        if t1 > t0:
+            first_part = (start_b + OVERHEAD) // per
+            n_pieces = (start_b + OVERHEAD + tiles_b - 1) // per - first_part + 1
+            first_odd = (start_b > first_part * per).to(tl.int32)  # b's first piece is its part's second
+            slot = 2 * part + tl.where(part == first_part, first_odd, 0)
+            if MERGE == 1:
+                if (part == first_part) & (pid_r == 0):
+                    tl.store(meta + 4 * b, first_part)
+                    tl.store(meta + 4 * b + 1, n_pieces)
+                    tl.store(meta + 4 * b + 2, first_odd)
+                    tl.store(meta + 4 * b + 3, bad.to(tl.int32))
 
-    kv_b = kv + b * stride_kb
-    kn_desc = tl.make_tensor_descriptor(kv_b, shape=[Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, HALF])
-    kr_desc = tl.make_tensor_descriptor(kv_b, shape=[Skv, DN + DR], strides=[stride_kn, 1], block_shape=[BLOCK_N, DR])
-
-    m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    if VT:
-        acc0 = tl.zeros([HALF, BLOCK_H], dtype=tl.float32)
-        acc1 = tl.zeros([HALF, BLOCK_H], dtype=tl.float32)
-    else:
-        acc0 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
-        acc1 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
-    for start in range(n_start, n_end, BLOCK_N):
-        kn0 = kn_desc.load([start, 0])
-        kn1 = kn_desc.load([start, HALF])
-        kr = kr_desc.load([start, DN])
-        if QK_SPLIT:
-            if KEYS_AS_M:
-                qk = tl.trans(tl.dot(kr, qr) * qk_scale + tl.dot(kn0, qn0) * qk_scale + tl.dot(kn1, qn1) * qk_scale)
+            q_row = q + b * stride_qb + s_idx.to(tl.int64) * stride_qs + h_idx.to(tl.int64) * stride_qh
+            if KEYS_AS_M:  # q^T halves [256, BLOCK_H] and [64, BLOCK_H]
+                qn0 = tl.load(q_row[None, :] + offs_h[:, None], mask=row_ok[None, :], other=0.0)
+                qn1 = tl.load(q_row[None, :] + (HALF + offs_h)[:, None], mask=row_ok[None, :], other=0.0)
+                qr = tl.load(q_row[None, :] + (DN + offs_dr)[:, None], mask=row_ok[None, :], other=0.0)
             else:
-                qk = tl.dot(qr, tl.trans(kr)) * qk_scale + tl.dot(qn0, tl.trans(kn0)) * qk_scale + tl.dot(qn1, tl.trans(kn1)) * qk_scale
-            offs_n = start + tl.arange(0, BLOCK_N)
-            qk = tl.where(offs_n[None, :] <= limit[:, None], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            grow = True
-            if TAU > 0:  # lazy rescale: tile-uniform, inside the always-taken branch
-                grow = tl.max(m_new - m_i, 0) > TAU
-                m_new = tl.where(grow, m_new, m_i)
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            m_i = m_new
-            pt = tl.zeros([BLOCK_N, BLOCK_H], dtype=kn0.dtype)
-            if live > 0:  # always taken: P and alpha leave through the branch
-                pt = tl.trans(p.to(kn0.dtype))
-                if grow:
-                    acc0 = acc0 * alpha[None, :]
-                    acc1 = acc1 * alpha[None, :]
-            acc0 = tl.dot(tl.trans(kn0), pt, acc0)
-            acc1 = tl.dot(tl.trans(kn1), pt, acc1)
-        else:
-            if KEYS_AS_M:
-                qk = tl.trans(tl.dot(kn1, qn1, tl.dot(kn0, qn0, tl.dot(kr, qr))))
+                qn0 = tl.load(q_row[:, None] + offs_h[None, :], mask=row_ok[:, None], other=0.0)
+                qn1 = tl.load(q_row[:, None] + (HALF + offs_h)[None, :], mask=row_ok[:, None], other=0.0)
+                qr = tl.load(q_row[:, None] + (DN + offs_dr)[None, :], mask=row_ok[:, None], other=0.0)
+            limit = s_idx + n_b - Sq  # row (s, h) sees keys j <= limit (< n_b)
+            k_lo = t0 * BLOCK_N
+            k_hi = tl.minimum(t1 * BLOCK_N, s_last + n_b - Sq + 1)
+            table_b = table + b * stride_tb
+            m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)  # finite: a fully masked tile gives p = 0, alpha = 1
+            l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+            if VT:
+                acc0 = tl.zeros([HALF, BLOCK_H], dtype=tl.float32)
+                acc1 = tl.zeros([HALF, BLOCK_H], dtype=tl.float32)
             else:
-                qk = tl.dot(qn1, tl.trans(kn1), tl.dot(qn0, tl.trans(kn0), tl.dot(qr, tl.trans(kr))))
-            offs_n = start + tl.arange(0, BLOCK_N)
-            qk = qk * qk_scale
-            qk = tl.where(offs_n[None, :] <= limit[:, None], qk, float("-inf"))  # limit < Skv: the zero rows are masked too
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            if TAU > 0:
-                if tl.max(m_new - m_i, 0) > TAU:
-                    alpha = tl.exp2(m_i - m_new)
-                    l_i = l_i * alpha
-                    acc0, acc1 = _rescale(acc0, acc1, alpha, VALUES_AS_M)
-                    m_i = m_new
-                p = tl.exp2(qk - m_i[:, None])
-                l_i = l_i + tl.sum(p, 1)
+                acc0 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
+                acc1 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
+            whole = (n_b // BLOCK_N) * BLOCK_N  # keys in whole tiles: every row of such a tile is a key of b
+            t_idx = tl.arange(0, PAGE_CHUNK)
+            for c0 in range(k_lo, k_hi, PAGE_CHUNK * BLOCK_N):  # PAGE_CHUNK tiles at a time, their pages in registers
+                c_hi = tl.minimum(c0 + PAGE_CHUNK * BLOCK_N, k_hi)
+                pages = t_idx
+                if PAGE % BLOCK_N == 0:
+                    k_c = c0 + t_idx * BLOCK_N
+                    pages = tl.load(table_b + k_c // PAGE, mask=k_c < c_hi, other=0)
+                c_mid = c0
+                if TMA:  # whole tiles by descriptors; the sequence's partial last tile by the masked pointer path
+                    c_mid = tl.maximum(tl.minimum(c_hi, whole), c0)
+                    for k0 in range(c0, c_mid, BLOCK_N):
+                        row = _page_of(pages, t_idx, (k0 - c0) // BLOCK_N) * PAGE + k0 % PAGE
+                        kn0 = kn_desc.load([row, 0])
+                        kn1 = kn_desc.load([row, HALF])
+                        kr = kr_desc.load([row, DN])
+                        m_i, l_i, acc0, acc1 = _attend(qn0, qn1, qr, kn0, kn1, kr, k0 + tl.arange(0, BLOCK_N), limit, m_i, l_i, acc0, acc1,
+                                                       qk_scale, B, BLOCK_H, BLOCK_N, KEYS_AS_M, QK_SPLIT, VT)
+                for k0 in range(c_mid, c_hi, BLOCK_N):
+                    page = _page_of(pages, t_idx, (k0 - c0) // BLOCK_N)
+                    kn0, kn1, kr = _tile_rows(kv, table_b, page, k0, n_b, stride_kp, stride_ks, PAGE, BLOCK_N, HALF, DN, DR)
+                    m_i, l_i, acc0, acc1 = _attend(qn0, qn1, qr, kn0, kn1, kr, k0 + tl.arange(0, BLOCK_N), limit, m_i, l_i, acc0, acc1,
+                                                   qk_scale, B, BLOCK_H, BLOCK_N, KEYS_AS_M, QK_SPLIT, VT)
+
+            has = l_i > 0.0
+            inv_l = 1.0 / tl.where(has, l_i, 1.0)
+            lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+            poison = tl.where(bad, float("nan"), 0.0)
+            if n_pieces == 1:
+                _store_rows(o, (b * R + rows.to(tl.int64)) * DN, acc0, acc1, inv_l, poison, row_ok, HALF, VT)
+                tl.store(lse + b * R + h_idx.to(tl.int64) * Sq + s_idx, lse2 * 0.6931471805599453 + poison, mask=row_ok)
             else:
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(qk - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                acc0, acc1 = _rescale(acc0, acc1, alpha, VALUES_AS_M)
-                m_i = m_new
-            pb = p.to(kn0.dtype)
-            if VALUES_AS_M:
-                pt = tl.trans(pb)
-                acc0 = tl.dot(tl.trans(kn0), pt, acc0)
-                acc1 = tl.dot(tl.trans(kn1), pt, acc1)
-            else:
-                acc0 = tl.dot(pb, kn0, acc0)
-                acc1 = tl.dot(pb, kn1, acc1)
-
-    _finish(o, lse, part_o, part_lse, counters, acc0, acc1, m_i, l_i, b, pid_r, rows, row_ok, s_idx, h_idx, Sq, H, R,
-            n_pieces, n_mergers, slot, slot_a, slot_adj, offs_h, MODE, BALANCED, True, VT, MERGERS, S_P2, CHUNK, BLOCK_H, DN, SLOT_STEP)
-
-
-@triton.jit(do_not_specialize=_NO_SPEC)
-def _mla_decode_tma(
-    q, kv, o, lse, part_o, part_lse, counters,
-    stride_qb, stride_qs, stride_qh, stride_qd,
-    stride_kb, stride_kn,
-    Sq, H, Skv, n_splits, blocks_per_split, n_mergers, qk_scale,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_AS_M: tl.constexpr, VALUES_AS_M: tl.constexpr, MODE: tl.constexpr,
-    MERGERS: tl.constexpr, S_P2: tl.constexpr, CHUNK: tl.constexpr, TAU: tl.constexpr,
-    DN: tl.constexpr, DR: tl.constexpr, QK_SPLIT: tl.constexpr, PDL: tl.constexpr = 0, BALANCED: tl.constexpr = False,
-    OVERHEAD: tl.constexpr = 0, B=1,
-):
-    """``_mla_decode_partial`` with the KV tiles loaded through tensor descriptors (TMA on sm_90:
-    one copy per box instead of per-thread cp.async addresses and masks; rows past Skv read as
-    zeros). A box is at most 256 columns, so the latent half-tiles [BLOCK_N, 256] are loaded and
-    multiplied separately (two accumulators), the rope tile [BLOCK_N, 64] through its own descriptor.
-
-    QK_SPLIT: no score dot feeds another dot in the loop body, so Triton's chained-dot rule (all
-    warps on the score dot's M) does not apply and at BLOCK_H 64 on 8 warps the two warpgroups
-    split the score tile's keys instead of both computing all of it (as in mla_prefill's QK_SPLIT):
-    the three partial score dots get fresh accumulators (scaled, then summed), P and alpha reach
-    the P V dots through an always-taken branch (``live``), and P V is O^T = V^T P^T (VALUES_AS_M)."""
-    if PDL >= 2:
-        tl.extra.cuda.gdc_wait()
-    if PDL >= 1:
-        tl.extra.cuda.gdc_launch_dependents()
-    live = Skv  # >= 1, unknown to the compiler (not specialised): the QK_SPLIT branch stays
-    pid_r = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    if BALANCED:
-        cost, per, u0, u1, b_first, b_stop = _line(Skv, B, OVERHEAD, BLOCK_N)
-        for b_i in range(b_first, b_stop):
-            b = tl.cast(b_i, tl.int64)
-            t0, t1, first, n_pieces, odd = _piece_of(b, cost, per, u0, u1, OVERHEAD)
-            if t1 > t0:
-                _tma_piece(q, kv, o, lse, part_o, part_lse, counters, stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_kn,
-                           Sq, H, Skv, n_mergers, qk_scale, b, pid_r, (t0 * BLOCK_N).to(tl.int32), (t1 * BLOCK_N).to(tl.int32), n_pieces,
-                           2 * pid_s + tl.where(pid_s == first, odd, 0), 2 * first, odd, live,
-                           BLOCK_H, BLOCK_N, KEYS_AS_M, VALUES_AS_M, MODE, MERGERS, S_P2, CHUNK, TAU, DN, DR, QK_SPLIT, True, 2)
-    else:
-        b = tl.program_id(2).to(tl.int64)
-        n_start = pid_s * blocks_per_split * BLOCK_N
-        _tma_piece(q, kv, o, lse, part_o, part_lse, counters, stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_kn,
-                   Sq, H, Skv, n_mergers, qk_scale, b, pid_r, n_start, n_start + blocks_per_split * BLOCK_N, n_splits,
-                   b * n_splits + pid_s, b * n_splits, 0, live,
-                   BLOCK_H, BLOCK_N, KEYS_AS_M, VALUES_AS_M, MODE, MERGERS, S_P2, CHUNK, TAU, DN, DR, QK_SPLIT, False, 1)
+                p_row = slot.to(tl.int64) * R + rows
+                _store_rows(part_o, p_row * DN, acc0, acc1, inv_l, 0.0, row_ok, HALF, VT)
+                tl.store(part_lse + p_row, lse2, mask=row_ok)
+                if MERGE == 2:
+                    tl.debug_barrier()  # every thread's partial stores precede the release below
+                    cnt = counters + b * tl.num_programs(0) + pid_r
+                    ticket = tl.atomic_add(cnt, 1, sem="acq_rel")
+                    if ticket == n_pieces - 1:  # the last piece of (b, row block): every partial is visible
+                        _merge_rows(part_o, part_lse, o, lse, b, first_part, first_odd, n_pieces, rows, row_ok, s_idx, h_idx,
+                                    R, Sq, poison, BLOCK_H, MERGE_W, DN)
+                        tl.atomic_xchg(cnt, 0)  # for the next call (calls on one stream are ordered)
 
 
 @triton.jit
-def _mla_decode_merge(
-    part_o, part_lse, o, lse,
-    H, R, n_splits,
-    S_P2: tl.constexpr, SPLIT_CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, DN: tl.constexpr, PDL: tl.constexpr = 0,
-    BALANCED: tl.constexpr = False, OVERHEAD: tl.constexpr = 0, cost=0, per=1,
+def _mla_paged_merge(
+    part_o, part_lse, o, lse, meta, Sq, H,
+    BLOCK_V: tl.constexpr, CHUNK: tl.constexpr, DN: tl.constexpr, PDL: tl.constexpr,
 ):
-    """MERGE "kernel": one program per (row, value slice, sequence). Split s of sequence b is
-    partial slot b * n_splits + s ("grid"), or (``_piece_of``) 2 * (first + s) + (odd for s = 0)
-    ("balanced", where a sequence in one piece was written by the main kernel and is skipped)."""
-    if PDL >= 1:  # launched before the split kernel finished: wait for it (and its memory) here
+    """MERGE "kernel": one program per (row, value slice, sequence); sequences in one piece were
+    written by the main kernel and are skipped."""
+    if PDL >= 1:  # launched before the main kernel finished: wait for it (and its memory) here
         tl.extra.cuda.gdc_wait()
-    b = tl.program_id(2).to(tl.int64)
-    if BALANCED:
-        start = b * cost
-        first = (start + OVERHEAD) // per
-        n_pieces = (start + cost - 1) // per - first + 1
-        if n_pieces > 1:
-            _merge_row(part_o, part_lse, o, lse, b, H, R, n_pieces, 2 * first, (start > first * per).to(tl.int32),
-                       S_P2, SPLIT_CHUNK, BLOCK_V, DN, 2)
-    else:
-        _merge_row(part_o, part_lse, o, lse, b, H, R, n_splits, b * n_splits, 0, S_P2, SPLIT_CHUNK, BLOCK_V, DN, 1)
-
-
-@triton.jit
-def _merge_row(part_o, part_lse, o, lse, b, H, R, n_splits, slot_a, slot_adj,
-               S_P2: tl.constexpr, SPLIT_CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, DN: tl.constexpr, SLOT_STEP: tl.constexpr):
     row = tl.program_id(0)
-    pid_v = tl.program_id(1)
-    offs_s = tl.arange(0, S_P2)
-    slots = (slot_a + offs_s * SLOT_STEP + tl.where(offs_s == 0, slot_adj, 0)).to(tl.int64)
-    lse_all = tl.load(part_lse + slots * R + row, mask=offs_s < n_splits, other=float("-inf"))
-    mx = tl.max(lse_all, 0)  # finite: every row sees at least one key in some split
-    tot = tl.sum(tl.exp2(lse_all - mx), 0)
+    b = tl.program_id(2).to(tl.int64)
+    R = Sq * H
+    n_pieces = tl.load(meta + 4 * b + 1)
+    if n_pieces > 1:
+        first_part = tl.load(meta + 4 * b)
+        first_odd = tl.load(meta + 4 * b + 2)
+        poison = tl.where(tl.load(meta + 4 * b + 3) != 0, float("nan"), 0.0)
+        offs_k = tl.arange(0, CHUNK)
+        mx = tl.max(tl.full([CHUNK], float("-inf"), dtype=tl.float32), 0)
+        for k0 in range(0, n_pieces, CHUNK):
+            k = k0 + offs_k
+            slot = 2 * (first_part + k) + tl.where(k == 0, first_odd, 0)
+            mx = tl.maximum(mx, tl.max(tl.load(part_lse + slot.to(tl.int64) * R + row, mask=k < n_pieces, other=float("-inf")), 0))
+        offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+        tot = tl.sum(tl.zeros([CHUNK], dtype=tl.float32), 0)
+        acc = tl.zeros([BLOCK_V], dtype=tl.float32)
+        for k0 in range(0, n_pieces, CHUNK):
+            k = k0 + offs_k
+            slot = (2 * (first_part + k) + tl.where(k == 0, first_odd, 0)).to(tl.int64)
+            w = tl.exp2(tl.load(part_lse + slot * R + row, mask=k < n_pieces, other=float("-inf")) - mx)
+            po = tl.load(part_o + (slot * R + row)[:, None] * DN + offs_v[None, :], mask=(k < n_pieces)[:, None], other=0.0)
+            tot += tl.sum(w, 0)
+            acc += tl.sum(w[:, None] * po.to(tl.float32), 0)
+        tl.store(o + (b * R + row) * DN + offs_v, (acc / tot + poison).to(o.dtype.element_ty))
+        if tl.program_id(1) == 0:
+            tl.store(lse + b * R + (row % H) * Sq + row // H, (mx + tl.log2(tot)) * 0.6931471805599453 + poison)
 
-    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    acc = tl.zeros([BLOCK_V], dtype=tl.float32)
-    for s0 in range(0, n_splits, SPLIT_CHUNK):
-        sc = s0 + tl.arange(0, SPLIT_CHUNK)
-        sc_ok = sc < n_splits
-        p_row = (slot_a + sc * SLOT_STEP + tl.where(sc == 0, slot_adj, 0)).to(tl.int64) * R + row
-        w = tl.exp2(tl.load(part_lse + p_row, mask=sc_ok, other=float("-inf")) - mx)
-        po = tl.load(part_o + p_row[:, None] * DN + offs_v[None, :], mask=sc_ok[:, None], other=0.0).to(tl.float32)
-        acc += tl.sum(w[:, None] * po, 0)
-    out = acc / tot
 
-    Sq = R // H
-    s_idx = row // H
-    h_idx = row % H
-    tl.store(o + (b * R + row) * DN + offs_v, out.to(o.dtype.element_ty))
-    if pid_v == 0:
-        tl.store(lse + b * R + h_idx * Sq + s_idx, (mx + tl.log2(tot)) * 0.6931471805599453)
+# -- mla_paged/gluon_ws.py ---------------------------------------------------------------------------------------------
+# ENGINE "gluon": FlashMLA's split of the work, warp-specialised for Hopper (``_mla_paged_ws``), on the Triton
+# kernel's scheduler and merge kernel.
 
+ROWS_G = gl.constexpr(64)  # (query, head) rows per program
+KEYS_G = gl.constexpr(64)  # keys per tile
+HALF_G = gl.constexpr(256)  # value columns per warpgroup, and the width of a latent box
+RING_G = gl.constexpr(2)  # tiles in the ring (with q's 72 KB, shared memory is full)
+
+
+@gluon.jit
+def _g_add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _g_schedule(lens, B, Sq, capacity, OVH: gl.constexpr, B_P2: gl.constexpr, W: gl.constexpr):
+    """``_mla_paged_fwd``'s work line, in each partition: the part's units and its first and last sequences. Where
+    every sequence has one length and there are at least two and no more than parts (B32 Sq4, B64 at the headline),
+    FlashMLA's packing instead: each sequence in ``k`` = parts // B (at most its tiles) equal pieces, one piece a part,
+    so no sequence is cut into three pieces and none at all where k is 1 (no partials, nothing to merge); ``k`` is 0
+    where the work line holds."""
+    L: gl.constexpr = gl.BlockedLayout([1], [32], [W.value], [0])
+    idx = gl.arange(0, B_P2, layout=L)
+    in_b = idx < B
+    n_all = gl.load(lens + idx, mask=in_b, other=0)
+    n_all = gl.where((n_all < Sq) | (n_all > capacity), Sq, n_all)
+    cost = gl.where(in_b, (n_all + KEYS_G - 1) // KEYS_G + OVH, 0)
+    ends = gl.associative_scan(cost, 0, _g_add)
+    total = gl.sum(cost, 0)
+    per = (total + gl.num_programs(1) - 1) // gl.num_programs(1)
+    u0 = gl.program_id(1) * per
+    u1 = gl.minimum(u0 + per, total)
+    b_first = gl.sum((in_b & (ends <= u0)).to(gl.int32), 0)
+    b_stop = gl.sum((in_b & (ends - cost < u1)).to(gl.int32), 0)
+    n_max = gl.max(gl.where(in_b, n_all, 0), 0)
+    same = gl.min(gl.where(in_b, n_all, n_max), 0) == n_max
+    k = gl.minimum(gl.num_programs(1) // B, (n_max + KEYS_G - 1) // KEYS_G)
+    k = gl.where(same & (B >= 2) & (k >= 1), k, 0)
+    part = gl.program_id(1)
+    mine = gl.where(part < B * k, part // gl.maximum(k, 1), B)
+    b_first = gl.where(k > 0, mine, b_first)
+    b_stop = gl.where(k > 0, gl.minimum(mine + 1, B), b_stop)
+    return idx, cost, per, u0, u1, b_first, b_stop, k
+
+
+@gluon.jit
+def _g_piece(lens, idx, cost, per, u0, u1, k, b, Sq, capacity, OVH: gl.constexpr):
+    """Sequence b's piece in this part: its length (clamped; ``bad``: out of range), tiles [t0, t1), its slots."""
+    n_b = gl.load(lens + b)
+    bad = (n_b < Sq) | (n_b > capacity)
+    n_b = gl.where(bad, Sq, n_b)
+    start_b = gl.sum(gl.where(idx < b, cost, 0), 0)
+    tiles_b = (n_b + KEYS_G - 1) // KEYS_G
+    t0 = gl.maximum(u0 - start_b - OVH, 0)
+    t1 = gl.minimum(u1 - start_b - OVH, tiles_b)
+    first_part = (start_b + OVH) // per
+    n_pieces = (start_b + OVH + tiles_b - 1) // per - first_part + 1
+    first_odd = (start_b > first_part * per).to(gl.int32)
+    # equal pieces (k > 0): piece j of b in part b * k + j, its partial in slot 2 * part
+    kk = gl.maximum(k, 1)
+    j = gl.program_id(1) - b * kk
+    t0 = gl.where(k > 0, (j * tiles_b) // kk, t0)
+    t1 = gl.where(k > 0, ((j + 1) * tiles_b) // kk, t1)
+    first_part = gl.where(k > 0, b * kk, first_part)
+    n_pieces = gl.where(k > 0, kk, n_pieces)
+    first_odd = gl.where(k > 0, 0, first_odd)
+    return n_b, bad, t0, t1, first_part, n_pieces, first_odd
+
+
+@gluon.jit
+def _g_loader(q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, q_ready, q_free, ready, empty, table, lens, stride_tb, B, Sq, R,
+              capacity, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr):
+    """One warp: a piece's q by TMA once the last piece's is free, then each tile's three boxes into the ring."""
+    idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 1)
+    q_bytes: gl.constexpr = 2 * q_n.block_type.nbytes + q_r.block_type.nbytes
+    kv_bytes: gl.constexpr = 2 * kv_n.block_type.nbytes + kv_r.block_type.nbytes
+    it = 0
+    pc = 0
+    for b in range(b_first, b_stop):
+        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, k, b, Sq, capacity, OVH)
+        if t1 > t0:
+            mbarrier.wait(q_free, (pc & 1) ^ 1)
+            mbarrier.expect(q_ready, q_bytes)
+            row = b * R + gl.program_id(0) * ROWS_G
+            tma.async_copy_global_to_shared(q_n, [row, 0], q_ready, q_s.index(0))
+            tma.async_copy_global_to_shared(q_n, [row, HALF_G], q_ready, q_s.index(1))
+            tma.async_copy_global_to_shared(q_r, [row, 2 * HALF_G], q_ready, r_s.index(RING_G))
+            pc += 1
+            for t in range(t0, t1):
+                st = it % RING_G
+                page = gl.load(table + b * stride_tb + (t * KEYS_G) // PAGE)
+                kv_row = page * PAGE + (t * KEYS_G) % PAGE
+                mbarrier.wait(empty.index(st), ((it // RING_G) & 1) ^ 1)
+                mbarrier.expect(ready.index(st), kv_bytes)
+                tma.async_copy_global_to_shared(kv_n, [kv_row, 0], ready.index(st), k_s.index(2 * st))
+                tma.async_copy_global_to_shared(kv_n, [kv_row, HALF_G], ready.index(st), k_s.index(2 * st + 1))
+                tma.async_copy_global_to_shared(kv_r, [kv_row, 2 * HALF_G], ready.index(st), r_s.index(st))
+                it += 1
+
+
+@gluon.jit
+def _g_zero_rows_past(buf, valid):
+    """Rows valid.. of a [64, 256] tile in shared memory set to zero (a partial last tile's values may be NaN), eight
+    rows at a time: 16 values a thread live, not 128."""
+    L: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [4, 1], [1, 0])  # [8, 256] over the warpgroup, no copies
+    for c in gl.static_range(KEYS_G // 8):
+        chunk = buf.slice(c * 8, 8, dim=0)
+        x = chunk.load(L)
+        rows = c * 8 + gl.arange(0, 8, layout=gl.SliceLayout(1, L))
+        chunk.store(gl.where(rows[:, None] < valid, x, gl.zeros_like(x)))
+    fence_async_shared()
+
+
+@gluon.jit
+def _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO: gl.constexpr, col0, b, bad, R, Sq, H, first_part,
+                  n_pieces, first_odd, WRITE_LSE: gl.constexpr, DN: gl.constexpr):
+    """This warpgroup's 256 columns of the piece's rows: to o (NaN for a bad length) or its partial slot."""
+    rows = gl.program_id(0) * ROWS_G + gl.arange(0, ROWS_G, layout=gl.SliceLayout(1, LO))
+    cols = col0 + gl.arange(0, HALF_G, layout=gl.SliceLayout(0, LO))
+    inv = gl.convert_layout(1.0 / gl.where(l_i > 0.0, l_i, 1.0), gl.SliceLayout(1, LO))
+    out = acc * inv[:, None]
+    lse2 = m_i + gl.log2(gl.where(l_i > 0.0, l_i, 1.0))
+    r = gl.program_id(0) * ROWS_G + gl.arange(0, ROWS_G, layout=lse2.type.layout)
+    part = gl.program_id(1)
+    if n_pieces == 1:
+        poison = gl.where(bad, float("nan"), 0.0)
+        gl.store(o + (b * R + rows).to(gl.int64)[:, None] * DN + cols[None, :], (out + poison).to(o.dtype.element_ty))
+        if WRITE_LSE:
+            gl.store(lse + b * R + (r % H) * Sq + r // H, lse2 * 0.6931471805599453 + poison)
+    else:
+        slot = 2 * part + gl.where(part == first_part, first_odd, 0)
+        gl.store(part_o + (slot * R + rows).to(gl.int64)[:, None] * DN + cols[None, :], out)
+        if WRITE_LSE:
+            gl.store(part_lse + slot * R + r, lse2)
+
+
+@gluon.jit
+def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R,
+           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr):
+    """Warpgroup 0: scores, the online softmax (log2), P and the rows' factor for warpgroup 1, its half of P V."""
+    q_ready, q_free, p_ready, p_free = bars.index(0), bars.index(1), bars.index(2), bars.index(3)
+    l_ready, l_free = bars.index(4), bars.index(5)
+    LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
+    rows = gl.program_id(0) * ROWS_G + gl.arange(0, ROWS_G, layout=gl.SliceLayout(1, LS))
+    keys = gl.arange(0, KEYS_G, layout=gl.SliceLayout(0, LS))
+    it = 0
+    pc = 0
+    for b in range(b_first, b_stop):
+        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, k, b, Sq, capacity, OVH)
+        if t1 > t0:
+            if (gl.program_id(1) == first_part) & (gl.program_id(0) == 0):  # the merge kernel's record of b
+                gl.store(meta + 4 * b, first_part)
+                gl.store(meta + 4 * b + 1, n_pieces)
+                gl.store(meta + 4 * b + 2, first_odd)
+                gl.store(meta + 4 * b + 3, bad.to(gl.int32))
+            limit = rows // H + n_b - Sq  # row (s, h) sees keys j <= s + len - Sq
+            m_i = gl.full([ROWS_G], -1.0e30, gl.float32, layout=gl.SliceLayout(1, LS))  # finite: a masked tile gives p = 0
+            l_i = gl.zeros([ROWS_G], gl.float32, layout=gl.SliceLayout(1, LS))
+            acc = gl.zeros([ROWS_G, HALF_G], gl.float32, layout=LO)
+            mbarrier.wait(q_ready, pc & 1)
+            for t in range(t0, t1):
+                st = it % RING_G
+                mbarrier.wait(ready.index(st), (it // RING_G) & 1)
+                k0 = k_s.index(2 * st)
+                s = warpgroup_mma(q_s.index(0), k0.permute((1, 0)), gl.zeros([ROWS_G, KEYS_G], gl.float32, layout=LS),
+                                  use_acc=False, is_async=True)
+                s = warpgroup_mma(q_s.index(1), k_s.index(2 * st + 1).permute((1, 0)), s, is_async=True)
+                s = warpgroup_mma(r_s.index(RING_G), r_s.index(st).permute((1, 0)), s, is_async=True)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+                s = gl.where(t * KEYS_G + keys[None, :] <= limit[:, None], s * qk_scale, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(s, 1))
+                alpha = gl.exp2(m_i - m_new)
+                p = gl.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + gl.sum(p, 1)
+                m_i = m_new
+                if (t + 1) * KEYS_G > n_b:  # the partial last tile: rows past the length hold anything
+                    _g_zero_rows_past(k0, n_b - t * KEYS_G)
+                mbarrier.wait(p_free, (it & 1) ^ 1)  # warpgroup 1 is done with the last tile's P and factor
+                p_s.store(p.to(gl.bfloat16))
+                a_s.store(alpha)
+                fence_async_shared()
+                mbarrier.arrive(p_ready, count=1)
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, LO))[:, None]
+                acc = warpgroup_mma(p_s, k0, acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                mbarrier.arrive(empty.index(st), count=1)
+                it += 1
+            mbarrier.arrive(q_free, count=1)
+            mbarrier.wait(l_free, (pc & 1) ^ 1)
+            l_s.store(l_i)
+            mbarrier.arrive(l_ready, count=1)
+            pc += 1
+            _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO, 0, b, bad, R, Sq, H, first_part, n_pieces, first_odd,
+                          True, DN)
+
+
+@gluon.jit
+def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R,
+           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr):
+    """Warpgroup 1: the other half of P V, with warpgroup 0's P and factor."""
+    p_ready, p_free, l_ready, l_free = bars.index(2), bars.index(3), bars.index(4), bars.index(5)
+    LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
+    it = 0
+    pc = 0
+    for b in range(b_first, b_stop):
+        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, k, b, Sq, capacity, OVH)
+        if t1 > t0:
+            acc = gl.zeros([ROWS_G, HALF_G], gl.float32, layout=LO)
+            for t in range(t0, t1):
+                st = it % RING_G
+                k1 = k_s.index(2 * st + 1)
+                mbarrier.wait(ready.index(st), (it // RING_G) & 1)
+                mbarrier.wait(p_ready, it & 1)  # the scores are done: k1 may be cleaned
+                if (t + 1) * KEYS_G > n_b:
+                    _g_zero_rows_past(k1, n_b - t * KEYS_G)
+                acc = acc * a_s.load(gl.SliceLayout(1, LO))[:, None]
+                acc = warpgroup_mma(p_s, k1, acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                mbarrier.arrive(p_free, count=1)
+                mbarrier.arrive(empty.index(st), count=1)
+                it += 1
+            mbarrier.wait(l_ready, pc & 1)
+            l_i = l_s.load(gl.SliceLayout(1, LO))
+            mbarrier.arrive(l_free, count=1)
+            pc += 1
+            _g_store_half(o, lse, part_o, part_lse, acc, l_i, l_i, LO, HALF_G, b, bad, R, Sq, H, first_part, n_pieces,
+                          first_odd, False, DN)
+
+
+@gluon.jit
+def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, meta, stride_tb, B, Sq, H, capacity,
+                  qk_scale, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr):
+    """ENGINE "gluon": grid (row blocks, parts); warpgroup 0 (here), warpgroup 1 and the loader warp. The merge
+    kernel follows it as a plain launch: as its programmatic dependent, triggered at this kernel's start, B1 Skv
+    131072 took 105.9 against 88.1 us on the H200 (kernels/notes/mla-paged/README.md, session 26)."""
+    R = Sq * H
+    q_s = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS_G, HALF_G], q_n.layout)
+    k_s = gl.allocate_shared_memory(gl.bfloat16, [2 * RING_G, KEYS_G, HALF_G], kv_n.layout)
+    r_s = gl.allocate_shared_memory(gl.bfloat16, [RING_G + 1, KEYS_G, 64], kv_r.layout)  # the tiles' rope, then q's
+    p_s = gl.allocate_shared_memory(gl.bfloat16, [ROWS_G, KEYS_G], gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16))
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    a_s = gl.allocate_shared_memory(gl.float32, [ROWS_G], flat)
+    l_s = gl.allocate_shared_memory(gl.float32, [ROWS_G], flat)
+    ready = gl.allocate_shared_memory(gl.int64, [RING_G, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [RING_G, 1], mbarrier.MBarrierLayout())
+    bars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(RING_G):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # both warpgroups hand a stage back
+    for i in gl.static_range(6):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+    # the partitions' argument tuples are written out here: a tuple held in a variable turns constexprs into tensors
+    gl.warp_specialize([
+        (_g_wg0, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R, capacity,
+                  qk_scale, OVH, B_P2, DN)),
+        (_g_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R, capacity,
+                  qk_scale, OVH, B_P2, DN)),
+        (_g_loader, (q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, bars.index(0), bars.index(1), ready, empty, table, lens, stride_tb,
+                     B, Sq, R, capacity, PAGE, OVH, B_P2)),
+    ], [4, 1], [232, 40])
+
+
+# -- mla_paged/host.py -------------------------------------------------------------------------------------------------
+# The host: input checks, a plan per shape (tile config, grid, constexprs, scratch, descriptors), and the launches.
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index):
     if device_index is None:
-        return 8  # CPU interpreter: any small number
+        return 8  # CPU interpreter: a few parts, so that sequences split and merge there too
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _num_splits(B, Skv, R, block_h, block_n, partial_bytes, n_sms):
-    """Splits per (batch, row block): as many as fit the SMs in one wave (never a fraction of a
-    second wave), few enough that the partials (written, then read back) stay under
-    PARTIAL_BUDGET of the KV bytes."""
-    n_blocks = triton.cdiv(Skv, block_n)
-    progs = B * triton.cdiv(R, block_h)
-    want = max(1, n_sms // progs)
-    cap = int(PARTIAL_BUDGET * Skv * (D_NOPE + D_ROPE) * 2 / (R * D_NOPE * partial_bytes))
-    return max(1, min(want, cap, n_blocks))
+def _check_inputs(q, kv_cache, block_table, cache_seqlens):
+    if q.dim() != 4 or q.shape[-1] != D_NOPE + D_ROPE:
+        raise ValueError(f"q must be [B, Sq, H, {D_NOPE + D_ROPE}], got {tuple(q.shape)}")
+    B, Sq, H, _ = q.shape
+    if kv_cache.dim() != 3 or kv_cache.shape[-1] != D_NOPE + D_ROPE:
+        raise ValueError(f"kv_cache must be [num_pages, page_size, {D_NOPE + D_ROPE}], got {tuple(kv_cache.shape)}")
+    if kv_cache.dtype != q.dtype or q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"q and kv_cache must share a float dtype, got {q.dtype} and {kv_cache.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] != B or block_table.dtype != torch.int32:
+        raise ValueError(f"block_table must be int32 [B={B}, max_pages], got {block_table.dtype} {tuple(block_table.shape)}")
+    if tuple(cache_seqlens.shape) != (B,) or cache_seqlens.dtype != torch.int32 or cache_seqlens.stride(0) != 1:
+        raise ValueError(f"cache_seqlens must be contiguous int32 [B={B}], got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+    if not (q.device == kv_cache.device == block_table.device == cache_seqlens.device):
+        raise ValueError("q, kv_cache, block_table and cache_seqlens must be on one device")
+    if q.stride(3) != 1 or kv_cache.stride(2) != 1 or block_table.stride(1) != 1:
+        raise ValueError("q, kv_cache and block_table need unit stride in their last dimension")
+    if not 1 <= B <= MAX_BATCH or Sq < 1 or H < 1:
+        raise ValueError(f"need 1 <= B <= {MAX_BATCH}, Sq >= 1 and H >= 1, got B={B}, Sq={Sq}, H={H}")
 
 
-def _check(q, kv, scale):
-    if q.dim() != 4 or kv.dim() != 3:
-        raise ValueError(f"expected q [B,Sq,H,576] and kv [B,Skv,576], got {tuple(q.shape)} and {tuple(kv.shape)}")
-    B, Sq, H, D = q.shape
-    if D != D_NOPE + D_ROPE or kv.shape[2] != D_NOPE + D_ROPE:
-        raise ValueError(f"key width must be {D_NOPE + D_ROPE} (512 latent + 64 rope), got q {D} and kv {kv.shape[2]}")
-    if kv.shape[0] != B:
-        raise ValueError(f"batch mismatch: q {B}, kv {kv.shape[0]}")
-    if Sq < 1 or Sq > kv.shape[1]:
-        raise ValueError(f"need 1 <= Sq <= Skv, got Sq={Sq}, Skv={kv.shape[1]}")
-    if q.dtype != kv.dtype:
-        raise ValueError(f"q and kv dtypes differ: {q.dtype} vs {kv.dtype}")
-    if q.device != kv.device:
-        raise ValueError("q and kv are on different devices")
-    if not math.isfinite(float(scale)):
-        raise ValueError(f"scale must be finite, got {scale}")
+def _check_lengths(q, kv_cache, block_table, cache_seqlens):
+    capacity = block_table.shape[1] * kv_cache.shape[1]
+    lengths = cache_seqlens.cpu()  # a copy (the judge's policy allows no torch math on the host)
+    for b in range(lengths.shape[0]):
+        n = int(lengths[b])
+        if not q.shape[1] <= n <= capacity:
+            raise ValueError(f"cache_seqlens[{b}] = {n}: need Sq={q.shape[1]} <= length <= max_pages * page_size = {capacity}")
 
 
-def _plan(knobs, B, Sq, H, Skv, dev_index):
-    """Everything about a launch that depends only on the knobs and the shape (cached: host time
-    is most of a B1 call)."""
-    if knobs["CONFIG"] not in ("auto", "knobs"):
-        raise ValueError(f"CONFIG must be 'auto' or 'knobs', got {knobs['CONFIG']!r}")
-    if knobs["PARTIAL_DTYPE"] not in ("float32", "bfloat16"):
-        raise ValueError(f"PARTIAL_DTYPE must be 'float32' or 'bfloat16', got {knobs['PARTIAL_DTYPE']!r}")
-    if int(knobs["NUM_SPLITS"]) < 0:
-        raise ValueError(f"NUM_SPLITS must be >= 0 (0 = auto), got {knobs['NUM_SPLITS']}")
-    if knobs["MERGE"] not in ("fused", "kernel"):
-        raise ValueError(f"MERGE must be 'fused' or 'kernel', got {knobs['MERGE']!r}")
-    mergers = int(knobs["MERGERS"])
-    if mergers not in (1, 2, 4, 8, 16, 32):
-        raise ValueError(f"MERGERS must be a power of two from 1 to 32 (it slices the 512 value columns), got {mergers}")
-    if knobs["KV_LOAD"] not in ("pointer", "tma"):  # REGIMES may set KV_LOAD and QK_SPLIT too (validated values only)
-        raise ValueError(f"KV_LOAD must be 'pointer' or 'tma', got {knobs['KV_LOAD']!r}")
-    tau = float(knobs["RESCALE_TAU"])
-    if not 0 <= tau <= 16:
-        raise ValueError(f"RESCALE_TAU must be in [0, 16] (weights grow up to 2**RESCALE_TAU between rescales), got {tau}")
-    if int(knobs["PDL"]) not in (0, 1, 2):
-        raise ValueError(f"PDL must be 0, 1 or 2, got {knobs['PDL']!r}")
-    if knobs["SCHEDULE"] not in ("grid", "balanced"):
-        raise ValueError(f"SCHEDULE must be 'grid' or 'balanced', got {knobs['SCHEDULE']!r}")
-    if knobs["LAUNCH"] not in ("jit", "direct"):
-        raise ValueError(f"LAUNCH must be 'jit' or 'direct', got {knobs['LAUNCH']!r}")
+def _narrow(knobs, B, R, capacity):
+    """Whether CONFIG "auto" puts the shape in the "narrow" regime (module doc)."""
+    wide = B * triton.cdiv(R, 64) >= WIDE_FROM_PAIRS or R >= WIDE_FROM_ROWS or B * capacity >= WIDE_FROM_TOKENS
+    return knobs["CONFIG"] == "auto" and not wide
+
+
+def _tiles(knobs, B, R, capacity):
+    """The tile knobs in force: the knobs, or under CONFIG "auto" the regime's (module doc)."""
+    tiles = dict(knobs)
+    tiles.update(REGIMES["narrow" if _narrow(knobs, B, R, capacity) else "wide"])
+    return tiles
+
+
+def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
+    """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
+    "gluon", whether q and the cache start on 16 bytes)."""
+    for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)),
+                          ("ENGINE", ("triton", "gluon"))):
+        if knobs[name] not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
     overhead = knobs["OVERHEAD"]
     if not isinstance(overhead, int) or not 0 <= overhead <= 1000:
         raise ValueError(f"OVERHEAD must be an integer number of tiles in [0, 1000], got {overhead!r}")
+    B, Sq, H, _ = q.shape
+    num_pages, page, _ = kv_cache.shape
     R = Sq * H
     n_sms = _sm_count(dev_index)
-    tiles = dict(knobs)
-    wide = B * triton.cdiv(R, 64) >= n_sms // 4
-    tiles.update(REGIMES["wide" if wide else "narrow"])
-    block_n, block_h = int(tiles["BLOCK_N"]), int(tiles["BLOCK_H"])
+    tiles = _tiles(knobs, B, R, block_table.shape[1] * page)
+    block_n, block_h, warps = tiles["BLOCK_N"], tiles["BLOCK_H"], tiles["num_warps"]
     if block_n not in (16, 32, 64, 128):
         raise ValueError(f"BLOCK_N must be 16, 32, 64 or 128 (a tl.dot dimension), got {block_n}")
     if block_h not in (16, 32, 64, 128):
         raise ValueError(f"BLOCK_H must be 16, 32, 64 or 128 (the M of a tl.dot), got {block_h}")
-    keys_as_m = bool(tiles["KEYS_AS_M"])
-    values_as_m = bool(tiles["VALUES_AS_M"])
-    # QK_SPLIT splits a score tile that two warpgroups would otherwise both compute: with 4 warps
-    # (one warpgroup; the narrow regime) there is nothing to split and the knob does nothing.
-    qk_split = bool(tiles["QK_SPLIT"]) and int(tiles["num_warps"]) == 8
-    if qk_split and tiles["KV_LOAD"] == "tma" and keys_as_m and block_h < 64:
-        # offline sm_90: this form keeps num_stages KV tiles in shared memory (one more than without QK_SPLIT)
-        smem = int(tiles["num_stages"]) * block_n * (D_NOPE + D_ROPE) * 2 + block_h * (D_NOPE + D_ROPE) * 2 + block_n * block_h * 2
+    if warps not in (4, 8):
+        raise ValueError(f"num_warps must be 4 or 8, got {warps}")
+    qk_split = bool(tiles["QK_SPLIT"]) and warps == 8  # with one warpgroup there is nothing to split
+    stages = int(tiles["num_stages"])
+    if qk_split and tiles["KV_LOAD"] == "tma" and tiles["KEYS_AS_M"] and block_h < 64:
+        smem = stages * block_n * (D_NOPE + D_ROPE) * 2 + block_h * (D_NOPE + D_ROPE) * 2 + block_n * block_h * 2
         if smem > SMEM_LIMIT:
-            raise ValueError(
-                f"QK_SPLIT with KEYS_AS_M, BLOCK_H={block_h}, BLOCK_N={block_n}, num_stages={tiles['num_stages']} keeps "
-                f"{tiles['num_stages']} KV tiles in shared memory: ~{smem // 1024} KB, over the {SMEM_LIMIT // 1024} KB of sm_90"
-            )
-    # fewer rows than BLOCK_H: shrink the row block (never below 16, the smallest dot M/N)
-    block_h = min(block_h, max(16, triton.next_power_of_2(R)))
-    n_blocks = triton.cdiv(Skv, block_n)
-    splits = _num_splits(B, Skv, R, block_h, block_n, 4, n_sms)
-    blocks_per_split = triton.cdiv(n_blocks, splits)
-    splits = triton.cdiv(n_blocks, blocks_per_split)  # no empty splits
+            raise ValueError(f"QK_SPLIT with KEYS_AS_M, BLOCK_H={block_h}, BLOCK_N={block_n}, num_stages={stages} keeps {stages} KV tiles "
+                             f"in shared memory: ~{smem // 1024} KB, over the {SMEM_LIMIT // 1024} KB of sm_90")
+    if 16 <= page < block_n and page & (page - 1) == 0:
+        block_n = page  # a tile never spans pages that hold 16 keys or more: its rows are one page's (pipelined, TMA)
+    block_h = min(block_h, max(16, triton.next_power_of_2(R)))  # fewer rows than a block: a smaller block (>= 16)
     n_rb = triton.cdiv(R, block_h)
-    mode = 0 if splits == 1 else 1
-    # Fused merge: at most (n_mergers - 1) programs per (batch, row block) wait for the rest, and
-    # all of them together stay below the SM count (every program fits an SM alone, so one that
-    # has not started always finds a place). The interpreter runs programs one at a time: there
-    # the last arrival merges every slice and nothing waits.
-    if dev_index is None:
-        n_mergers = 1
-    else:
-        n_mergers = max(1, min(mergers, splits, 1 + (n_sms - 1) // (B * n_rb)))
-    # Value column slices: on a GPU no more than the programs that merge (a merger walks its
-    # slices one after another); on the interpreter the knob's count, so every slice width runs
-    # there. Never wider than FUSED_MERGE_ELEMS / BLOCK_H columns: a [BLOCK_H, 256] merge tile at
-    # BLOCK_H 64 spilled the whole kernel on sm_90 (88 LDL/STL, main loop 1004 -> 1175 instructions).
-    slices = mergers if dev_index is None else min(mergers, 1 << (n_mergers.bit_length() - 1))
-    slices = max(slices, block_h * D_NOPE // FUSED_MERGE_ELEMS)
-    w = D_NOPE // slices
-    s_p2 = max(128, triton.next_power_of_2(splits))  # one constant for every split count up to 128 (fewer compiles)
-    chunk = max(1, min(s_p2, FUSED_MERGE_ELEMS // (block_h * w)))
-    merge_bv = MERGE_BLOCK_V if B * R * (D_NOPE // MERGE_BLOCK_V) <= 16 * n_sms else D_NOPE
-    merge_chunk = min(MERGE_SPLIT_CHUNK if merge_bv == MERGE_BLOCK_V else 4, s_p2)
-    return dict(
-        block_n=block_n, block_h=block_h, keys_as_m=keys_as_m, values_as_m=values_as_m, R=R, splits=splits, blocks_per_split=blocks_per_split,
-        part_dtype=torch.float32, mode=mode, n_mergers=n_mergers, mergers=slices,
-        chunk=chunk, tau=tau, n_counters=2 * B * n_rb, tma=tiles["KV_LOAD"] == "tma", qk_split=qk_split,
-        grid=(n_rb, splits, B), merge_grid=(R, D_NOPE // merge_bv, B), merge_bv=merge_bv,
-        s_p2=s_p2, merge_chunk=merge_chunk,
-        # griddepcontrol is sm_90+ PTX (inline asm): GPU launches with a merge kernel only; the
-        # interpreter runs programs in order and has no inline asm
-        pdl=int(knobs["PDL"]) if dev_index is not None and mode == 1 else 0,
-        num_warps=int(tiles["num_warps"]), num_stages=int(tiles["num_stages"]),
-        scratch={}, balanced=False, overhead=0, line=(0, 0), scratch_shapes=((B, splits, R, D_NOPE), (B, splits, R)),
+    parts = max(1, knobs["WAVES"] * n_sms // n_rb)
+    merge = "fused" if B * 4 >= parts else "kernel"
+    # TMA: a tile must lie in one page, pages back to back in memory, 16-byte aligned rows
+    tma = (tiles["KV_LOAD"] == "tma" and kv_cache.dtype == torch.bfloat16 and page % block_n == 0
+           and kv_cache.stride(0) == page * kv_cache.stride(1) and kv_cache.stride(1) % 8 == 0)
+    part_dtype = torch.float32
+    merge_bv = 64 if B * R * 8 <= 16 * n_sms else D_NOPE
+    pdl = int(knobs["PDL"]) if dev_index is not None and merge == "kernel" else 0  # griddepcontrol: GPU only
+    constexprs = dict(BLOCK_H=block_h, BLOCK_N=block_n, PAGE=page, KEYS_AS_M=bool(tiles["KEYS_AS_M"]), VALUES_AS_M=bool(tiles["VALUES_AS_M"]),
+                      QK_SPLIT=qk_split, TMA=tma, MERGE=2 if merge == "fused" else 1, OVERHEAD=overhead,
+                      B_P2=triton.next_power_of_2(B), PAGE_CHUNK=PAGE_CHUNK, MERGE_W=max(16, min(D_NOPE, FUSED_MERGE_ELEMS // block_h)), DN=D_NOPE, DR=D_ROPE, PDL=pdl)
+    merge_constexprs = dict(BLOCK_V=merge_bv, CHUNK=MERGE_SPLIT_CHUNK, DN=D_NOPE, PDL=pdl)
+    plan = dict(
+        engine="triton", descs=None,
+        grid=(n_rb, parts, 1), merge_grid=(R, D_NOPE // merge_bv, B), fused=merge == "fused", tma=tma,
+        sizes=(B, Sq, H, num_pages * page, block_table.shape[1]),
+        strides=(q.stride(0), q.stride(1), q.stride(2), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0)),
+        constexprs=constexprs, merge_constexprs=merge_constexprs,
+        constexpr_values=[constexprs[n] for n in _mla_paged_fwd.arg_names if n in constexprs],
+        merge_constexpr_values=[merge_constexprs[n] for n in _mla_paged_merge.arg_names if n in merge_constexprs],
+        options=dict(num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl >= 2 else {})),
+        merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if pdl else {})),
+        scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=part_dtype,
+        direct=knobs["LAUNCH"] == "direct" and dev_index is not None, compiled=None, scratch={},
+        o_shape=(B, Sq, H, D_NOPE), lse_shape=(B, H, Sq), merge_sizes=(Sq, H),
     )
+    # the narrow regime (one query, small batch, short cache) stays on the Triton tiles: as fast on the device there
+    # and a shorter host path (H200, B1 Sq1: 26.3 against 26.8 us device, 43.3 against 52.8 us eager)
+    gluon_fits = (knobs["ENGINE"] == "gluon" and not _narrow(knobs, B, R, block_table.shape[1] * page) and aligned and dev_index is not None and R % 64 == 0 and page % 64 == 0
+                  and torch.cuda.get_device_capability(dev_index)[0] == 9 and q.dtype == kv_cache.dtype == torch.bfloat16
+                  and q.is_contiguous() and kv_cache.is_contiguous())
+    if gluon_fits:  # ENGINE "gluon": one 64-row block per program, the merge kernel for split sequences
+        fn = _mla_paged_ws
+        n_rb, parts = R // 64, max(1, n_sms // (R // 64))
+        g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE)
+        m_constexprs = dict(merge_constexprs, PDL=0)  # a plain launch (gluon_ws.py says why)
+        plan.update(
+            engine="gluon", gluon_fn=fn, grid=(n_rb, parts, 1), fused=False, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
+            constexpr_values=[g_constexprs[n] for n in fn.arg_names if n in g_constexprs],
+            merge_constexpr_values=[m_constexprs[n] for n in _mla_paged_merge.arg_names if n in m_constexprs],
+            options=dict(num_warps=4), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2),
+            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=torch.float32,
+            capacity=block_table.shape[1] * page,
+        )
+    return plan
+
+
+def _gluon_descriptors(q, kv_cache):
+    """q [B * Sq * H, 576] and the cache [pages * page_size, 576] in 64-row boxes of 256 (latent) and 64 (rope)
+    columns: built once per plan, a call sets their bases."""
+    q2 = q.view(-1, D_NOPE + D_ROPE)
+    kv2 = kv_cache.view(-1, D_NOPE + D_ROPE)
+
+    def desc(t, cols):
+        layout = gl.NVMMASharedLayout.get_default_for([64, cols], gl.bfloat16)
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), [64, cols], layout)
+
+    return desc(q2, D_NOPE // 2), desc(q2, D_ROPE), desc(kv2, D_NOPE // 2), desc(kv2, D_ROPE)
+
+
+def _compiled(kernel):
+    """What a direct launch needs of a compiled kernel: its launcher (loaded), function handle and metadata."""
+    return None if kernel is None else (kernel.run, kernel.function, kernel.packed_metadata)
+
+
+def _direct(compiled, grid, stream_id, *args):
+    """A compiled kernel's launcher called straight, on the caller's stream, every argument in signature order
+    (constexprs included: the launcher skips them): no runner, launch metadata or launch hooks (a profiler's hooks do
+    not see these launches), so a few microseconds less host time a launch than ``compiled[grid](...)``."""
+    run, function, metadata = compiled
+    run(grid[0], grid[1], grid[2], stream_id, function, metadata, None, None, None, *args)
+
+
+def _launch_gluon(plan, q, kv_cache, block_table, cache_seqlens, scale, o, lse, scratch, stream_id, aligned):
+    """ENGINE "gluon", then the merge kernel; LAUNCH "direct" as for the Triton kernel (``aligned``: table, lengths)."""
+    part_o, part_lse, _, meta = scratch
+    if plan["descs"] is None:
+        plan["descs"] = _gluon_descriptors(q, kv_cache)
+    q_n, q_r, kv_n, kv_r = plan["descs"]
+    q_n.base = q_r.base = q
+    kv_n.base = kv_r.base = kv_cache
+    B, Sq, H = plan["o_shape"][:3]
+    args = (q_n, q_r, kv_n, kv_r, block_table, cache_seqlens, o, lse, part_o, part_lse, meta, block_table.stride(0), B, Sq, H,
+            plan["capacity"], scale * LOG2E)
+    merge_args = (part_o, part_lse, o, lse, meta, Sq, H)
+    try:
+        if plan["compiled"] is not None and aligned:
+            main, merge = plan["compiled"]
+            _direct(main, plan["grid"], stream_id, *args, *plan["constexpr_values"])
+            _direct(merge, plan["merge_grid"], stream_id, *merge_args, *plan["merge_constexpr_values"])
+        else:
+            main = plan["gluon_fn"][plan["grid"]](*args, **plan["constexprs"], **plan["options"])
+            merge = _mla_paged_merge[plan["merge_grid"]](*merge_args, **plan["merge_constexprs"], **plan["merge_options"])
+            if plan["direct"] and aligned:
+                plan["compiled"] = (_compiled(main), _compiled(merge))
+    finally:
+        for d in plan["descs"]:  # hold none of the caller's tensors between calls
+            d.base = None
+    return o, lse
 
 
 _PLANS = {}
-_LAUNCHES = {}
-
-
 _DESCRIPTOR_SCRATCH = {}
 
 
 def _descriptor_scratch(size, alignment, stream):
     """Global memory Triton asks for when a kernel builds tensor descriptors on the device: one
-    buffer per (size, stream), reused (launches on one stream are ordered; each program writes
-    its descriptors before it reads them)."""
+    buffer per (size, stream), reused (launches on one stream are ordered)."""
     buf = _DESCRIPTOR_SCRATCH.get((size, stream))
     if buf is None:
         buf = _DESCRIPTOR_SCRATCH[(size, stream)] = torch.empty(size, device="cuda", dtype=torch.int8)
     return buf
 
 
-def _tma_ok(kv):
-    """Tensor descriptors need a 16-byte aligned base, 16-byte aligned row strides, unit column stride."""
-    return kv.stride(2) == 1 and kv.stride(1) % 8 == 0 and kv.stride(0) % 8 == 0 and kv.data_ptr() % 16 == 0
+def _scratch(plan, device, stream_id):
+    """Partials, lse partials, merge counters (zero; every fused merge leaves them at zero) and the
+    merge kernel's per-sequence record, reused by every call of a plan on one stream (calls on one
+    stream are ordered); a call on another stream than the last gets fresh ones."""
+    scratch = plan["scratch"].get(stream_id)
+    if scratch is None:
+        p_o, p_l, cnt, meta = plan["scratch_shapes"]
+        plan["scratch"] = {}
+        scratch = plan["scratch"][stream_id] = (
+            torch.empty(p_o, device=device, dtype=plan["part_dtype"]), torch.empty(p_l, device=device, dtype=torch.float32),
+            torch.zeros(cnt, device=device, dtype=torch.int32), torch.zeros(meta, device=device, dtype=torch.int32),
+        )
+    return scratch
 
 
-def _launch_plan(plan, q, kv):
-    """The launches of a plan for these strides: kernel, grid, argument tails, compile options."""
-    tma = plan["tma"] and kv.dtype == torch.bfloat16 and kv.stride(2) == 1 and kv.stride(1) % 8 == 0 and kv.stride(0) % 8 == 0
-    fn = _mla_decode_tma if tma else _mla_decode_partial  # the pointer kernel: float32 inputs, or strides a descriptor cannot take
-    kv_strides = (kv.stride(0), kv.stride(1)) if tma else (kv.stride(0), kv.stride(1), kv.stride(2))
-    const = dict(BLOCK_H=plan["block_h"], BLOCK_N=plan["block_n"], KEYS_AS_M=plan["keys_as_m"], VALUES_AS_M=plan["values_as_m"],
-                 MODE=plan["mode"], MERGERS=plan["mergers"], S_P2=plan["s_p2"], CHUNK=plan["chunk"], TAU=plan["tau"], DN=D_NOPE, DR=D_ROPE,
-                 **({"QK_SPLIT": plan["qk_split"]} if tma else {}), PDL=plan["pdl"], BALANCED=plan["balanced"], OVERHEAD=plan["overhead"],
-                 B=q.shape[0])  # the trailing keywords: constexprs, and B (read under "balanced" only)
-    merge_const = dict(S_P2=plan["s_p2"], SPLIT_CHUNK=plan["merge_chunk"], BLOCK_V=plan["merge_bv"], DN=D_NOPE, PDL=plan["pdl"],
-                       BALANCED=plan["balanced"], OVERHEAD=plan["overhead"], cost=plan["line"][0], per=max(1, plan["line"][1]))
-    B, Sq, H, _ = q.shape
-    return dict(
-        fn=fn, tma=tma, strides=(q.stride(0), q.stride(1), q.stride(2), q.stride(3), *kv_strides),
-        sizes=(Sq, H, kv.shape[1], plan["splits"], plan["blocks_per_split"], plan["n_mergers"]), batch=B,
-        const=const, const_values=[const[n] for n in fn.arg_names if n in const],
-        options=dict(num_warps=plan["num_warps"], num_stages=plan["num_stages"], **({"launch_pdl": True} if plan["pdl"] >= 2 else {})),
-        merge_sizes=(H, plan["R"], plan["splits"]), merge_const=merge_const,
-        merge_const_values=[merge_const[n] for n in _mla_decode_merge.arg_names if n in merge_const],
-        merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if plan["pdl"] else {})),
-        compiled=None,
-    )
+def paged_attention(q, kv_cache, block_table, cache_seqlens, scale):
+    """The family's work for ``kernel`` (entry.py): checks once per shape, the plan, o and lse, the launches."""
+    scale = float(scale)
+    key = (q.shape, q.stride(), q.dtype, q.device, kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
+           block_table.shape, block_table.stride(), block_table.dtype, block_table.device,
+           cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device,
+           (q.data_ptr() | kv_cache.data_ptr()) % 16 == 0)  # ENGINE "gluon" needs 16-byte aligned bases (TMA)
+    plan = _PLANS.get(key)
+    if plan is None:
+        _check_inputs(q, kv_cache, block_table, cache_seqlens)
+        _check_lengths(q, kv_cache, block_table, cache_seqlens)  # once per shape on a GPU (it synchronises)
+        dev_index = (q.device.index if q.device.index is not None else torch.cuda.current_device()) if q.is_cuda else None
+        plan = _plan(KNOBS, q, kv_cache, block_table, dev_index, aligned=key[-1])
+        _PLANS[key] = plan
+    elif not q.is_cuda:
+        _check_lengths(q, kv_cache, block_table, cache_seqlens)  # free on the host
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    o = torch.empty(plan["o_shape"], device=q.device, dtype=q.dtype)
+    lse = torch.empty(plan["lse_shape"], device=q.device, dtype=torch.float32)
+    stream_id = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
+    part_o, part_lse, counters, meta = _scratch(plan, q.device, stream_id)
+    if plan["engine"] == "gluon":
+        aligned = (block_table.data_ptr() | cache_seqlens.data_ptr()) % 16 == 0
+        return _launch_gluon(plan, q, kv_cache, block_table, cache_seqlens, scale, o, lse, (part_o, part_lse, counters, meta),
+                             stream_id, aligned)
+    args = (q, kv_cache, block_table, cache_seqlens, o, lse, part_o, part_lse, counters, meta, *plan["strides"], *plan["sizes"],
+            scale * LOG2E)
+    if plan["tma"] and q.is_cuda:
+        triton.set_allocator(_descriptor_scratch)
+    merge_args = (part_o, part_lse, o, lse, meta, *plan["merge_sizes"])
+    compiled = plan["compiled"]
+    if compiled is not None and (q.data_ptr() | kv_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()) % 16 == 0:
+        # the compiled kernels of this plan's first call: every argument in signature order, constexprs included
+        _direct(compiled[0], plan["grid"], stream_id, *args, *plan["constexpr_values"])
+        if compiled[1] is not None:
+            _direct(compiled[1], plan["merge_grid"], stream_id, *merge_args, *plan["merge_constexpr_values"])
+        return o, lse
+    try:
+        main = _mla_paged_fwd[plan["grid"]](*args, **plan["constexprs"], **plan["options"])
+        merge = None
+        if not plan["fused"]:
+            merge = _mla_paged_merge[plan["merge_grid"]](*merge_args, **plan["merge_constexprs"], **plan["merge_options"])
+    except Exception as exc:  # compile-time resource limits are a property of the knobs
+        if type(exc).__name__ == "OutOfResources":
+            c = plan["constexprs"]
+            raise ValueError(f"knobs BLOCK_H={c['BLOCK_H']} BLOCK_N={c['BLOCK_N']} {plan['options']} need more registers or "
+                             f"shared memory than the device has: {exc}") from exc
+        raise
+    if plan["direct"] and (q.data_ptr() | kv_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()) % 16 == 0:
+        plan["compiled"] = (_compiled(main), _compiled(merge))
+    return o, lse
+
+
+# -- dense.py ----------------------------------------------------------------------------------------------------------
+# The dense cache as pages, then mla_paged's ``paged_attention``.
+
+_PAGES = {}
+
+
+def _as_pages(kv):
+    """(page size, block table [B, pages a sequence] int32, lengths [B] int32) for a dense kv, made once per
+    (B, Skv, page size, device): 64-token pages in order where kv is contiguous and Skv a multiple of 64, else one
+    page a sequence."""
+    B, Skv = kv.shape[0], kv.shape[1]
+    page = 64 if Skv % 64 == 0 and kv.is_contiguous() else Skv
+    key = (B, Skv, page, kv.device)
+    found = _PAGES.get(key)
+    if found is None:
+        table = torch.arange(B * (Skv // page), dtype=torch.int32, device=kv.device).view(B, Skv // page)
+        lengths = torch.full((B,), Skv, dtype=torch.int32, device=kv.device)
+        found = _PAGES[key] = (page, table, lengths)
+    return found
 
 
 def kernel(q, kv, scale):
-    key = (q.shape, q.stride(), q.dtype, q.device, kv.shape, kv.stride(), kv.dtype, kv.device)
-    launch = _LAUNCHES.get(key)
-    if launch is None:  # a new shape, stride, dtype or device: check it and plan (host time is most of a B1 call)
-        _check(q, kv, scale)
-        B, Sq, H, _ = q.shape
-        Skv = kv.shape[1]
-        dev_index = (q.device.index if q.device.index is not None else torch.cuda.current_device()) if q.is_cuda else None
-        shape_key = (B, Sq, H, Skv, dev_index)
-        plan = _PLANS.get(shape_key)
-        if plan is None:
-            plan = _PLANS[shape_key] = _plan(KNOBS, B, Sq, H, Skv, dev_index)
-        launch = _LAUNCHES[key] = _launch_plan(plan, q, kv)
-        launch["plan"] = plan
-    plan = launch["plan"]
-    scale = float(scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
-    B = launch["batch"]
-    o = torch.empty((B, *q.shape[1:3], D_NOPE), device=q.device, dtype=q.dtype)
-    lse = torch.empty((B, q.shape[2], q.shape[1]), device=q.device, dtype=torch.float32)
-    stream_id = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
-    if plan["mode"] == 0:
-        part_o, part_lse, counters = o, lse, lse  # unused
-    else:
-        # Partials and counters are scratch, reused across calls of one shape: calls on one
-        # stream are ordered, and every fused call leaves its counters at zero. A call on
-        # another stream than the last one gets fresh buffers.
-        scratch = plan["scratch"].get(stream_id)
-        if scratch is None:
-            shape_o, shape_lse = plan["scratch_shapes"]
-            scratch = (torch.empty(shape_o, device=q.device, dtype=plan["part_dtype"]),
-                       torch.empty(shape_lse, device=q.device, dtype=torch.float32),
-                       torch.zeros((plan["n_counters"],), device=q.device, dtype=torch.int32))
-            plan["scratch"] = {stream_id: scratch}
-        part_o, part_lse, counters = scratch
-    aligned = (q.data_ptr() | kv.data_ptr()) % 16 == 0
-    if launch["tma"]:
-        if not _tma_ok(kv):  # a descriptor needs a 16-byte aligned base: the pointer kernel, planned as such
-            launch = _launch_plan({**plan, "tma": False}, q, kv)
-        elif q.is_cuda:
-            triton.set_allocator(_descriptor_scratch)
-    args = (q, kv, o, lse, part_o, part_lse, counters, *launch["strides"], *launch["sizes"], scale * LOG2E)
-    merge_args = (part_o, part_lse, o, lse, *launch["merge_sizes"])
-    compiled = launch["compiled"]
-    if compiled is not None and aligned:  # LAUNCH "direct": this plan's compiled kernels, every argument in signature order
-        compiled[0][plan["grid"]](*args, *launch["const_values"], stream=stream_id)
-        if compiled[1] is not None:
-            compiled[1][plan["merge_grid"]](*merge_args, *launch["merge_const_values"], stream=stream_id)
-        return o, lse
-    try:
-        main = launch["fn"][plan["grid"]](*args, **launch["const"], **launch["options"])
-        merge = None
-        if plan["mode"] == 1:
-            merge = _mla_decode_merge[plan["merge_grid"]](*merge_args, **launch["merge_const"], **launch["merge_options"])
-    except Exception as exc:  # compile-time resource limits are a property of the knobs
-        if type(exc).__name__ == "OutOfResources":
-            raise ValueError(
-                f"knobs BLOCK_H={plan['block_h']} BLOCK_N={plan['block_n']} num_warps={plan['num_warps']} "
-                f"num_stages={plan['num_stages']} need more registers or shared memory than the device has: {exc}"
-            ) from exc
-        raise
-    if q.is_cuda and aligned:
-        launch["compiled"] = (main, merge)
-    return o, lse
+    if kv.dim() != 3 or kv.shape[-1] != D_NOPE + D_ROPE or kv.shape[1] < 1:
+        raise ValueError(f"kv must be [B, Skv >= 1, {D_NOPE + D_ROPE}], got {tuple(kv.shape)}")
+    if q.dim() != 4 or q.shape[0] != kv.shape[0]:
+        raise ValueError(f"q must be [B={kv.shape[0]}, Sq, H, {D_NOPE + D_ROPE}] for kv {tuple(kv.shape)}, got {tuple(q.shape)}")
+    if q.shape[1] > kv.shape[1]:
+        raise ValueError(f"need Sq <= Skv (the new tokens are the cache's last), got Sq={q.shape[1]}, Skv={kv.shape[1]}")
+    page, table, lengths = _as_pages(kv)
+    pages = kv if page == kv.shape[1] else kv.view(-1, page, kv.shape[2])
+    return paged_attention(q, pages, table, lengths, scale)
