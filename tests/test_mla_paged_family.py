@@ -63,8 +63,9 @@ def with_sms(module, n_sms):
 # ---- the scheduler, written out -----------------------------------------------------------------
 def schedule(lengths, Sq, block_n, overhead, parts):
     """The kernel's work line in Python: {(part, b): (t0, t1, slot)} and per sequence (first part,
-    pieces, first_odd)."""
+    pieces, first_odd). A lone sequence's fixed cost is left out, as the Triton tiles leave it out."""
     lengths = [n if n >= Sq else Sq for n in lengths]
+    overhead = overhead if len(lengths) > 1 else 0
     tiles = [-(-n // block_n) for n in lengths]
     cost = [t + overhead for t in tiles]
     starts = [sum(cost[:b]) for b in range(len(cost))]
@@ -205,6 +206,20 @@ def test_the_kernel_schedules_as_written_out(tmp_dir):
     _, record, _ = schedule(case["lengths"], 2, 16, 2, parts)
     assert [tuple(meta[b, :3].tolist()) for b in range(4)] == [record[b] for b in range(4)]
     assert max(count for _, count, _ in record.values()) > 1 and not meta[:, 3].any()
+
+
+def test_a_lone_sequence_is_cut_into_equal_pieces(tmp_dir):
+    """One sequence: its fixed cost left out of the line, every part gets cdiv(tiles, parts) tiles or none; with the
+    fixed cost in, the first part would hold the overhead and one tile while the others held six."""
+    module = with_sms(render({**SMALL, "MERGE": "kernel", "OVERHEAD": 5}, tmp_dir), 12)
+    case = {"B": 1, "Sq": 1, "H": 4, "page_size": 16, "lengths": [700]}  # 44 tiles of 16 keys
+    check(module.kernel, case, seed=4)
+    plan = next(iter(module._PLANS.values()))
+    parts = plan["grid"][1]
+    meta = next(iter(plan["scratch"].values()))[3].view(-1, 4)
+    pieces, record, per = schedule(case["lengths"], 1, 16, 5, parts)
+    assert tuple(meta[0, :3].tolist()) == record[0] and per == -(-44 // parts)
+    assert sorted({t1 - t0 for t0, t1, _ in pieces.values()})[-1] == per and record[0][1] == -(-44 // per)
 
 
 @settings(max_examples=3, deadline=None)

@@ -229,12 +229,14 @@ def _mla_paged_fwd(
     R = Sq * H
     capacity = max_pages * PAGE
 
-    # the work line: sequence b costs cdiv(len_b, BLOCK_N) tiles + OVERHEAD units
+    # the work line: sequence b costs cdiv(len_b, BLOCK_N) tiles + OVERHEAD units; a lone sequence's fixed cost is
+    # left out (every piece pays it alike), else the first part would hold little but it when a part's share is small
+    ovh = tl.where(B > 1, OVERHEAD, 0)
     idx = tl.arange(0, B_P2)
     in_b = idx < B
     n_all = tl.load(lens + idx, mask=in_b, other=0)
     n_all = tl.where((n_all < Sq) | (n_all > capacity), Sq, n_all)
-    cost = tl.where(in_b, (n_all + BLOCK_N - 1) // BLOCK_N + OVERHEAD, 0)
+    cost = tl.where(in_b, (n_all + BLOCK_N - 1) // BLOCK_N + ovh, 0)
     ends = tl.cumsum(cost, 0)
     total = tl.sum(cost, 0)
     per = (total + n_parts - 1) // n_parts
@@ -261,13 +263,13 @@ def _mla_paged_fwd(
         n_b = tl.where(bad, Sq, n_b)
         n_before = tl.load(lens + idx, mask=idx < b, other=0)  # reloaded (L1): nothing B-sized stays live in the loop
         n_before = tl.where((n_before < Sq) | (n_before > capacity), Sq, n_before)
-        start_b = tl.sum(tl.where(idx < b, (n_before + BLOCK_N - 1) // BLOCK_N + OVERHEAD, 0), 0)
+        start_b = tl.sum(tl.where(idx < b, (n_before + BLOCK_N - 1) // BLOCK_N + ovh, 0), 0)
         tiles_b = (n_b + BLOCK_N - 1) // BLOCK_N
-        t0 = tl.maximum(u0 - start_b - OVERHEAD, 0)
-        t1 = tl.minimum(u1 - start_b - OVERHEAD, tiles_b)
+        t0 = tl.maximum(u0 - start_b - ovh, 0)
+        t1 = tl.minimum(u1 - start_b - ovh, tiles_b)
         if t1 > t0:
-            first_part = (start_b + OVERHEAD) // per
-            n_pieces = (start_b + OVERHEAD + tiles_b - 1) // per - first_part + 1
+            first_part = (start_b + ovh) // per
+            n_pieces = (start_b + ovh + tiles_b - 1) // per - first_part + 1
             first_odd = (start_b > first_part * per).to(tl.int32)  # b's first piece is its part's second
             slot = 2 * part + tl.where(part == first_part, first_odd, 0)
             if MERGE == 1:

@@ -17,7 +17,8 @@ goes to DRAM.
 Scheduler (FlashMLA's tile scheduler as the model; ``_mla_paged_fwd``'s prologue). The grid is
 (row blocks, PARTS), PARTS = WAVES * SMs / row blocks: one wave. Every program reads the lengths
 and lays the batch out as a line of work units: sequence b costs cdiv(len_b, BLOCK_N) tiles plus
-OVERHEAD units (a piece's fixed cost: its q, its output, its share of a merge), in batch order.
+OVERHEAD units (a piece's fixed cost: its q, its output, its share of a merge), in batch order (the Triton
+kernel leaves a lone sequence's out: every piece pays it alike).
 Part p takes units [p * per, (p + 1) * per), per = cdiv(total, PARTS): work is balanced by
 tokens, not by sequences, so one 32k-token sequence among 512-token ones is cut into as many
 pieces as it needs, and short sequences share a part. Nothing is launched or synchronised for it;
