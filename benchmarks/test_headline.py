@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_kopt import KERNELS_DIR
+from pytest_kopt import KERNELS_DIR, bench_extra
 from pytest_kopt.gate import load_kernel
 from pytest_kopt.judge.timing import (
     MAX_GPU_CLOCK_HZ, METRICS, EventClock, capture_graphs, enqueue_seconds, flush_l2, host_window_cycles, is_host_bound, rounds_for,
@@ -32,7 +32,7 @@ PROBLEMS = ("kda", "mla", "mla-prefill", "mla-paged")
 DEVICE = "cuda"
 SECONDS_PER_BENCHMARK = float(os.environ.get("KOPT_BENCH_SECONDS", 4.0))
 # more candidate files to time beside the best: "kda=path.py,mla=other.py" (a dev comparison in one run)
-EXTRA = [item.split("=", 1) for item in os.environ.get("KOPT_BENCH_EXTRA", "").split(",") if "=" in item]
+EXTRA = bench_extra.parse(os.environ.get("KOPT_BENCH_EXTRA", ""), PROBLEMS, Path.cwd())  # paths as the run loads them
 EAGER_SETS = 8  # input sets per eager or graph round (several times the L2 at the headline shapes)
 
 

@@ -4,7 +4,8 @@ Per problem with a promoted kernel (``kernels/best/<problem>.py``): the candidat
 file's id, the first 12 hex digits of its sha256, as the loop names candidates), the run that found
 it and that run's own figure beside the baseline candidate it timed in the same objective, and the
 benchmark of record: the newest pytest-benchmark JSON under ``results/`` whose ``commit_info``
-names this very file (``benchmarks/conftest.py`` records each best file's sha256), with every
+names this very file (``benchmarks/conftest.py`` records each best file's sha256, and each file timed beside
+the bests: a file promoted after the run that timed it is found as that run's ``file=`` row), with every
 implementation that session timed beside it, per shape, and the timer named. Nothing is typed in
 by hand, so the page changes only when the evidence does; ``--check`` (run by the test suite)
 fails when the committed page is not what the evidence says now.
@@ -47,6 +48,7 @@ class Benchmark:
     time: str
     gpu: str
     best_sha: dict[str, str]  # problem -> sha256 prefix of kernels/best/<problem>.py it timed
+    file_sha: dict[str, str] = field(default_factory=dict)  # "candidate:file=<path>" -> sha256 prefix (KOPT_BENCH_EXTRA)
     rows: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # problem -> case -> impl -> figures
 
 
@@ -142,9 +144,13 @@ def _problem_section(path: Path, figure: RunFigure | None, bench: Benchmark | No
         return lines
     packed = f", packed in `{bench.archive}` (`kopt unpack {bench.archive}`)" if bench.archive else ""
     lines.append(f"- Benchmark of record: `{bench.shown_path}`{packed}; {bench.time}, {bench.gpu}.")
+    mine = _timed_as(problem, sha, bench) or BEST_IMPL
+    old = bench.best_sha.get(problem, "")
     if not _timed_this_file(path, bench):
-        old = bench.best_sha.get(problem, "")
         lines.append(f"  **It timed an earlier `kernels/best/{path.name}` (`{old[:12]}`), not this file**: run `pytest benchmarks` on a GPU to time this one.")
+    elif mine != BEST_IMPL:
+        lines.append(f"  It timed this file as `{_name(mine)}` (the same sha256), beside the `kernels/best/{path.name}` of then"
+                     f" (`{old[:12]}`, the table's `best`); speed, error and host time below are this file's.")
     rows = bench.rows.get(problem, {})
     impls = sorted({impl for case in rows.values() for impl in case}, key=lambda i: (_order(rows, i), i))
     reference = impls[0] if impls else None
@@ -152,13 +158,14 @@ def _problem_section(path: Path, figure: RunFigure | None, bench: Benchmark | No
     lines.append("- Timer: " + "; ".join(f"{t} ({TIMERS[t]})" if t in TIMERS else t for t in timers) + ". Medians in µs;"
                  f" speed = `{_name(reference)}`'s time over the best's, both from this session.")
     lines += [""]
-    header = ["shape", *[f"{_name(i)}" for i in impls], f"speed vs {_name(reference)}", "rel. RMS error (best)"]
+    who = "best" if mine == BEST_IMPL else "this file"
+    header = ["shape", *[f"{_name(i)}" for i in impls], f"speed vs {_name(reference)}", f"rel. RMS error ({who})"]
     hosts = any(f.get("host_us") is not None for case in rows.values() for f in case.values())
     if hosts:  # the eager timer's host share: what the best's calls cost the caller's thread, back to back
-        header.append("host µs a call (best, eager)")
+        header.append(f"host µs a call ({who}, eager)")
     body = []
     for case, figures in rows.items():
-        best, ref = figures.get(BEST_IMPL, {}), figures.get(reference, {})
+        best, ref = figures.get(mine, {}), figures.get(reference, {})
         speed = f"**{ref['us'] / best['us']:.2f}×**" if best.get("us") and ref.get("us") else ""
         error = f"{best['rel_rms']:.2e}" if isinstance(best.get("rel_rms"), (int, float)) else ""
         body.append([case, *[_us(figures.get(i, {}).get("us")) for i in impls], speed, error] + ([_us(best.get("host_us"))] if hosts else []))
@@ -233,7 +240,10 @@ def _benchmark(data: dict, shown: str, archive: str | None) -> Benchmark:
     commit = data.get("commit_info") or {}
     best_sha = {key.split("/")[-1][: -len(".py")]: value for key, value in commit.items()
                 if key.startswith("sha256:kernels/best/") and key.endswith(".py")}
-    bench = Benchmark(shown, archive, _when(data.get("datetime")), str((data.get("machine_info") or {}).get("gpu") or "GPU not recorded"), best_sha)
+    file_sha = {"candidate:file=" + key[len("sha256:"):]: value for key, value in commit.items()
+                if key.startswith("sha256:") and not key.startswith("sha256:kernels/best/")}
+    bench = Benchmark(shown, archive, _when(data.get("datetime")), str((data.get("machine_info") or {}).get("gpu") or "GPU not recorded"),
+                      best_sha, file_sha)
     for item in data.get("benchmarks") or []:
         params, extra, stats = item.get("params") or {}, item.get("extra_info") or {}, item.get("stats") or {}
         problem, impl = params.get("problem_name"), params.get("impl")
@@ -253,16 +263,26 @@ def _benchmark(data: dict, shown: str, archive: str | None) -> Benchmark:
 
 
 def record_for(problem: str, sha: str, benches: list[Benchmark]) -> Benchmark | None:
-    """The newest JSON that timed this very file; else the newest that timed any best of ``problem``."""
+    """The newest JSON that timed this very file (as the best, or beside it before it was promoted); else the newest
+    that timed any best of ``problem``."""
     timed = [b for b in benches if any(BEST_IMPL in impls for impls in b.rows.get(problem, {}).values())]
-    exact = [b for b in timed if b.best_sha.get(problem) and sha.startswith(b.best_sha[problem])]
+    exact = [b for b in timed if _timed_as(problem, sha, b)]
     pool = exact or timed
     return max(pool, key=lambda b: (b.time, b.shown_path)) if pool else None
 
 
+def _timed_as(problem: str, sha: str, bench: Benchmark | None) -> str | None:
+    """The implementation name under which ``bench`` timed the file with this sha256 for ``problem``, or None."""
+    if bench is None:
+        return None
+    if bench.best_sha.get(problem) and sha.startswith(bench.best_sha[problem]):
+        return BEST_IMPL
+    impls = {impl for case in bench.rows.get(problem, {}).values() for impl in case}
+    return next((impl for impl, prefix in sorted(bench.file_sha.items()) if impl in impls and prefix and sha.startswith(prefix)), None)
+
+
 def _timed_this_file(path: Path, bench: Benchmark | None) -> bool:
-    sha = bench.best_sha.get(path.stem) if bench else None
-    return bool(sha) and _sha(path).startswith(sha)
+    return _timed_as(path.stem, _sha(path), bench) is not None
 
 
 # ---- formatting ---------------------------------------------------------------------------------

@@ -145,3 +145,33 @@ def test_status_shows_the_eager_host_share_and_not_the_device_timers(tmp_path: P
     assert "| B1 T64 H2 [eager] | 600.0 | 250.0 | **2.40×** | 3.00e-03 | 57.2 |" in page
     assert "| B1 T64 H2 [device] | 590.0 | 245.0 | **2.41×** | 3.00e-03 |  |" in page
     assert "191.0" not in page and "550.0" not in page
+
+
+def test_a_file_promoted_after_the_run_that_timed_it_beside_the_best(tmp_path: Path) -> None:
+    """A candidate timed as `file=...` (its sha256 in commit_info) and promoted afterwards: that JSON is its record,
+    and its row gives the speed, not the best of then; a newer JSON that timed only the old best is not the record."""
+    results, kernels = tmp_path / "results", tmp_path / "kernels"
+    (kernels / "best").mkdir(parents=True)
+    (kernels / "best" / "kda.py").write_text(BEST_SOURCE)
+
+    def item(impl: str, order: int, us: float) -> dict:
+        return {"params": {"problem_name": "kda", "impl": impl}, "options": {"timer": "EventClock"},
+                "extra_info": {"case": "B1 T64 H2", "order": order, "rel_rms": 3e-3}, "stats": {"median": us * 1e-6}}
+    folder = results / "h200-day"
+    folder.mkdir(parents=True)
+    (folder / "call1.json").write_text(json.dumps({
+        "machine_info": {"gpu": "NVIDIA H200"}, "datetime": "2026-11-30T09:00:00+00:00",
+        "commit_info": {"sha256:kernels/best/kda.py": sha("the old best\n")[:16], "sha256:bench_extra/new.py": sha(BEST_SOURCE)[:16]},
+        "benchmarks": [item("baseline:fla-chunk_kda", 0, 600.0), item("candidate:best", 20, 300.0),
+                       item("candidate:file=bench_extra/new.py", 30, 200.0)],
+    }))
+    (folder / "call2.json").write_text(json.dumps({
+        "machine_info": {"gpu": "NVIDIA H200"}, "datetime": "2026-11-30T10:00:00+00:00",
+        "commit_info": {"sha256:kernels/best/kda.py": sha("the old best\n")[:16]},
+        "benchmarks": [item("baseline:fla-chunk_kda", 0, 600.0), item("candidate:best", 20, 300.0)],
+    }))
+    page = render(results, kernels)
+    assert "`results/h200-day/call1.json` |" in page and "(an earlier file)" not in page
+    assert "It timed this file as `file=bench_extra/new.py` (the same sha256)" in page
+    assert "| B1 T64 H2 | 600.0 | 300.0 | 200.0 | **3.00×** | 3.00e-03 |" in page
+    assert "rel. RMS error (this file)" in page and "It timed an earlier" not in page
