@@ -21,8 +21,9 @@ combination without spending two tool calls to learn what the author already kne
 A family is one file, ``kernels/families/<name>.py``, or a folder of stage files,
 ``kernels/families/<name>/`` (a Python package: ``__init__.py`` holds the family's docstring and
 imports the stages in the order the candidate holds them, ``from . import knobs, rows, ...``; each
-stage imports what it needs from the others with ``from .stage import name``). A folder is joined
-into one text (``join_folder``): the package docstring, the stages' imports merged, then each stage
+stage imports what it needs from the others with ``from .stage import name``; ``from ..other import a, b`` takes a
+sibling family's stages as they are, for a family that calls another's kernels with another signature). A folder is
+joined into one text (``join_folder``): the package docstring, the stages' imports merged, then each stage
 under a comment header made of its docstring, with its relative imports dropped.
 
 Families are read, never imported: ``KNOBS`` and ``SPACE`` come out with ``ast.literal_eval``.
