@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from . import KERNELS_DIR, runstore
+from .bench_extra import SHA_PREFIX
 from .events import read_events
 
 TIMERS = {  # a timer's name in a pytest-benchmark JSON (and the figure it gives) -> what it measures
@@ -240,8 +241,8 @@ def _benchmark(data: dict, shown: str, archive: str | None) -> Benchmark:
     commit = data.get("commit_info") or {}
     best_sha = {key.split("/")[-1][: -len(".py")]: value for key, value in commit.items()
                 if key.startswith("sha256:kernels/best/") and key.endswith(".py")}
-    file_sha = {"candidate:file=" + key[len("sha256:"):]: value for key, value in commit.items()
-                if key.startswith("sha256:") and not key.startswith("sha256:kernels/best/")}
+    file_sha = {"candidate:file=" + key[len(SHA_PREFIX):]: value for key, value in commit.items()
+                if key.startswith(SHA_PREFIX) and not key.startswith(SHA_PREFIX + "kernels/best/")}
     bench = Benchmark(shown, archive, _when(data.get("datetime")), str((data.get("machine_info") or {}).get("gpu") or "GPU not recorded"),
                       best_sha, file_sha)
     for item in data.get("benchmarks") or []:
