@@ -457,6 +457,34 @@ def test_gluon_engine_plan_descriptors_and_direct_launches(tmp_dir, monkeypatch)
     assert [(fn, how) for fn, how, *_ in log[4:]] == [(name, "jit"), ("merge", "jit")]
 
 
+def test_gluon_engine_with_descriptors_made_on_the_device(tmp_dir, monkeypatch):
+    """TMA_DESC "device": the launches get q's and the cache's tensors where the descriptors were, the row counts the
+    kernel makes them with, and Triton's allocator is set for the global scratch they are written to; no host
+    descriptor is made."""
+    module = render({"ENGINE": "gluon", "TMA_DESC": "device"}, tmp_dir)
+    module._PLANS.clear()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 5})())
+    monkeypatch.setattr(module, "_sm_count", lambda index: 132)
+    allocators = []
+    monkeypatch.setattr(module.triton, "set_allocator", allocators.append)
+    log = []
+    monkeypatch.setattr(module, "_mla_paged_ws", _FakeJIT(module._mla_paged_ws, log, "ws"))
+    monkeypatch.setattr(module, "_mla_paged_merge", _FakeJIT(module._mla_paged_merge, log, "merge"))
+    case = {"B": 3, "Sq": 2, "H": 64, "lengths": [300, 64, 129]}
+    first, second = _fake_cuda_inputs(case, 0), _fake_cuda_inputs(case, 1)
+    module.kernel(**first)
+    module.kernel(**second)
+    plan = next(iter(module._PLANS.values()))
+    assert plan["constexprs"]["DEVICE_DESC"] is True and plan["descs"] == () and allocators == [module._descriptor_scratch] * 2
+    assert [(fn, how) for fn, how, *_ in log] == [("ws", "jit"), ("merge", "jit"), ("ws", "compiled"), ("merge", "compiled")]
+    for (_, _, _, args, _, _), inputs in ((log[0], first), (log[2], second)):
+        assert args[0] is args[1] is inputs["q"] and args[2] is args[3] is inputs["kv_cache"]
+        names = module._mla_paged_ws.arg_names
+        assert args[names.index("n_q_rows")] == 3 * 2 * 64 and args[names.index("n_kv_rows")] == inputs["kv_cache"].shape[0] * 64
+
+
 @pytest.mark.parametrize("capability, case", [
     (8, {"B": 2, "Sq": 1, "H": 64, "lengths": [100, 64]}),  # not Hopper
     (9, {"B": 2, "Sq": 1, "H": 16, "lengths": [100, 64]}),  # 16 rows a sequence: not a 64-row block
@@ -553,15 +581,16 @@ def load(path):
     return module
 
 fam, tool = load(sys.argv[1]), load(sys.argv[2])
-fn, Sq = getattr(fam, sys.argv[3]), int(sys.argv[4])
+fn, Sq, device_desc = getattr(fam, sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "device"
 B, H, pages = 64, 64, 8192
 q = torch.empty(B, Sq, H, 576, dtype=torch.bfloat16)
 kv = torch.empty(pages, 64, 576, dtype=torch.bfloat16)
-q_n, q_r, kv_n, kv_r = fam._gluon_descriptors(q, kv)
+q_n, q_r, kv_n, kv_r = (q, q, kv, kv) if device_desc else fam._gluon_descriptors(q, kv)
 i32 = lambda n: torch.empty(n, dtype=torch.int32)
 args = dict(q_n=q_n, q_r=q_r, kv_n=kv_n, kv_r=kv_r, table=i32(B * 128), lens=i32(B), o=torch.empty(16, dtype=torch.bfloat16),
             lse=torch.empty(16), part_o=torch.empty(16), part_lse=torch.empty(16), meta=i32(16), stride_tb=128, B=B, Sq=Sq, H=H,
-            capacity=8192, qk_scale=0.1, PAGE=64, OVH=5, B_P2=64, DN=512)
+            capacity=8192, qk_scale=0.1, n_q_rows=B * Sq * H, n_kv_rows=pages * 64, PAGE=64, OVH=5, B_P2=64, DN=512,
+            DEVICE_DESC=device_desc)
 kernel, _ = tool.compile_launch(types.SimpleNamespace(fn=fn, args=args, options=dict(num_warps=4)))
 ptx = kernel.asm["ptx"]
 ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
@@ -573,19 +602,20 @@ print(json.dumps({"ptx": ptx, "notes": notes, "shared": kernel.metadata.shared})
 """
 
 
-@pytest.mark.parametrize("fn, sq", [("_mla_paged_ws", 1), ("_mla_paged_ws", 4)])
-def test_gluon_engine_compiles_for_hopper(tmp_path, fn, sq):
+@pytest.mark.parametrize("fn, sq, desc", [("_mla_paged_ws", 1, "host"), ("_mla_paged_ws", 4, "host"), ("_mla_paged_ws", 4, "device")])
+def test_gluon_engine_compiles_for_hopper(tmp_path, fn, sq, desc):
     """ENGINE "gluon"'s kernel compiled for sm_90 as launched at B64 Sq1 and Sq4 (no GPU): three
     partitions with their register budgets (the warpgroups 232, the loader 40), scores [64 x 64] and P V [64 x 256] on
     wgmma, every tile by TMA, and shared memory within one block's (one program per SM; q's 72 KB and two 72 KB tiles
-    fill it)."""
+    fill it). TMA_DESC "device": the four descriptors written by the kernel (tensormap stores and their fence)."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     import json
     import re
 
     tool = Path(__file__).resolve().parents[1] / "tools" / "compare_kda_ptx.py"
-    out = json.loads(compile_in_child(_GLUON_SM90_SCRIPT, _family_file(tmp_path), str(tool), fn, str(sq), cache_dir=tmp_path).strip().splitlines()[-1])
+    out = json.loads(compile_in_child(_GLUON_SM90_SCRIPT, _family_file(tmp_path), str(tool), fn, str(sq), desc, cache_dir=tmp_path).strip().splitlines()[-1])
     ptx, notes = out["ptx"], out["notes"]
+    assert ("tensormap.replace" in ptx or "fence.proxy.tensormap" in ptx) == (desc == "device")
     assert {"232", "40"} <= set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") > 0
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") > 0

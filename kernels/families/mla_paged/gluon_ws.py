@@ -236,10 +236,20 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
 
 @gluon.jit
 def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, meta, stride_tb, B, Sq, H, capacity,
-                  qk_scale, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr):
+                  qk_scale, n_q_rows, n_kv_rows, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr,
+                  DEVICE_DESC: gl.constexpr):
     """ENGINE "gluon": grid (row blocks, parts); warpgroup 0 (here), warpgroup 1 and the loader warp. The merge
     kernel follows it as a plain launch: as its programmatic dependent, triggered at this kernel's start, B1 Skv
-    131072 took 105.9 against 88.1 us on the H200 (kernels/notes/mla-paged/README.md, session 26)."""
+    131072 took 105.9 against 88.1 us on the H200 (kernels/notes/mla-paged/README.md, session 26). DEVICE_DESC:
+    q_n and q_r are q's pointer, kv_n and kv_r the cache's, and the four descriptors are made here (TMA_DESC "device":
+    no descriptor for the launcher to encode on the host in every launch)."""
+    if DEVICE_DESC:
+        wide: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS_G, HALF_G], gl.bfloat16)
+        rope: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS_G, 64], gl.bfloat16)
+        q_n = tma.make_tensor_descriptor(q_n, [n_q_rows, DN + 64], [DN + 64, 1], [ROWS_G, HALF_G], wide)
+        q_r = tma.make_tensor_descriptor(q_r, [n_q_rows, DN + 64], [DN + 64, 1], [ROWS_G, 64], rope)
+        kv_n = tma.make_tensor_descriptor(kv_n, [n_kv_rows, DN + 64], [DN + 64, 1], [KEYS_G, HALF_G], wide)
+        kv_r = tma.make_tensor_descriptor(kv_r, [n_kv_rows, DN + 64], [DN + 64, 1], [KEYS_G, 64], rope)
     R = Sq * H
     q_s = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS_G, HALF_G], q_n.layout)
     k_s = gl.allocate_shared_memory(gl.bfloat16, [2 * RING_G, KEYS_G, HALF_G], kv_n.layout)

@@ -67,7 +67,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
-                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")),
                           ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
@@ -131,7 +131,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     if gluon_fits:  # ENGINE "gluon": one 64-row block per program, the merge kernel for split sequences
         fn = _mla_paged_ws
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
-        g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE)
+        g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device")
         m_constexprs = dict(merge_constexprs, PDL=0)  # a plain launch (gluon_ws.py says why)
         plan.update(
             engine="gluon", gluon_fn=fn, grid=(n_rb, parts, 1), fused=False, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
@@ -139,7 +139,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
             merge_constexpr_values=[m_constexprs[n] for n in _mla_paged_merge.arg_names if n in m_constexprs],
             options=dict(num_warps=4), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2),
             scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=torch.float32,
-            capacity=block_table.shape[1] * page,
+            capacity=block_table.shape[1] * page, q_rows=B * R, kv_rows=num_pages * page,
         )
     return plan
 
@@ -171,16 +171,25 @@ def _direct(compiled, grid, stream_id, *args):
 
 
 def _launch_gluon(plan, q, kv_cache, block_table, cache_seqlens, scale, o, lse, scratch, stream_id, aligned):
-    """ENGINE "gluon", then the merge kernel; LAUNCH "direct" as for the Triton kernel (``aligned``: table, lengths)."""
+    """ENGINE "gluon", then the merge kernel; LAUNCH "direct" as for the Triton kernel (``aligned``: table, lengths).
+    TMA_DESC "host": four descriptors made once per plan, pointed at this call's q and cache while it launches (the
+    launcher encodes each in every launch); "device": the pointers themselves, the kernel makes the descriptors in the
+    global scratch Triton asks the allocator for."""
     part_o, part_lse, _, meta = scratch
-    if plan["descs"] is None:
-        plan["descs"] = _gluon_descriptors(q, kv_cache)
-    q_n, q_r, kv_n, kv_r = plan["descs"]
-    q_n.base = q_r.base = q
-    kv_n.base = kv_r.base = kv_cache
+    if plan["constexprs"]["DEVICE_DESC"]:
+        triton.set_allocator(_descriptor_scratch)
+        plan["descs"] = ()
+        q_n = q_r = q
+        kv_n = kv_r = kv_cache
+    else:
+        if plan["descs"] is None:
+            plan["descs"] = _gluon_descriptors(q, kv_cache)
+        q_n, q_r, kv_n, kv_r = plan["descs"]
+        q_n.base = q_r.base = q
+        kv_n.base = kv_r.base = kv_cache
     B, Sq, H = plan["o_shape"][:3]
     args = (q_n, q_r, kv_n, kv_r, block_table, cache_seqlens, o, lse, part_o, part_lse, meta, block_table.stride(0), B, Sq, H,
-            plan["capacity"], scale * LOG2E)
+            plan["capacity"], scale * LOG2E, plan["q_rows"], plan["kv_rows"])
     merge_args = (part_o, part_lse, o, lse, meta, Sq, H)
     try:
         if plan["compiled"] is not None and aligned:

@@ -2,7 +2,7 @@
 constants the kernels and the host share."""
 
 # kopt:knobs-begin
-KNOBS = {"CONFIG": "auto", "BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "VALUES_AS_M": False, "QK_SPLIT": True, "num_warps": 8, "num_stages": 2, "KV_LOAD": "tma", "OVERHEAD": 5, "WAVES": 1, "MERGE": "auto", "PARTIAL_DTYPE": "float32", "PDL": 1, "LAUNCH": "direct", "ENGINE": "triton"}
+KNOBS = {"CONFIG": "auto", "BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "VALUES_AS_M": False, "QK_SPLIT": True, "num_warps": 8, "num_stages": 2, "KV_LOAD": "tma", "OVERHEAD": 5, "WAVES": 1, "MERGE": "auto", "PARTIAL_DTYPE": "float32", "PDL": 1, "LAUNCH": "direct", "ENGINE": "triton", "TMA_DESC": "host"}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the tile config of the shape's regime (REGIMES); knobs: the knobs below
@@ -21,6 +21,7 @@ SPACE = {
     "PDL": [0, 1, 2],  # MERGE kernel (not ENGINE "gluon"'s): 1 the merge launch overlaps the main kernel's tail; 2 the main kernel's launch too
     "LAUNCH": ["jit", "direct"],  # direct: later calls of a plan launch the cached compiled kernel (less host time)
     "ENGINE": ["triton", "gluon"],  # the warp-specialised Hopper kernels where they apply (module doc)
+    "TMA_DESC": ["host", "device"],  # ENGINE "gluon"'s four TMA descriptors: encoded by the launcher every launch, or made in the kernel
 }
 TRY_EARLY = [
     {"ENGINE": "gluon"},  # on the H200 (session 25): 0.87-0.96x FlashMLA's device time, B1 Sq1 1.14x; the Triton tiles 0.60x
@@ -30,6 +31,7 @@ TRY_EARLY = [
     {"PARTIAL_DTYPE": "bfloat16"},
     {"CONFIG": "knobs"},  # BLOCK_H 64 / TMA / QK_SPLIT at every shape, B1 Sq1 included
     {"PDL": 2},
+    {"ENGINE": "gluon", "TMA_DESC": "device"},  # not yet run on a GPU (session 27): less host time a call, a little device time
 ]
 
 # CONFIG "auto": a tile config per regime, from the dense family's measurements (mla_decode.py's
