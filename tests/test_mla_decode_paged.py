@@ -64,7 +64,7 @@ def test_both_page_layouts(tmp_dir, skv, contiguous, page):
     module = render(SMALL, tmp_dir)
     module._sm_count = lambda index: 6
     module._PLANS.clear()
-    module._PAGES.clear()
+    module._DENSE.clear()
     inputs = MLA.make_inputs({"B": 2, "Sq": 3, "H": 2, "Skv": skv}, device="cpu", seed=skv)
     if not contiguous:
         kv = torch.full((2, skv, 640), float("nan"), dtype=inputs["kv"].dtype)[..., :576]
@@ -72,9 +72,10 @@ def test_both_page_layouts(tmp_dir, skv, contiguous, page):
         inputs["kv"] = kv
     check(module.kernel, inputs)
     check(module.kernel, MLA.make_inputs({"B": 2, "Sq": 3, "H": 2, "Skv": skv}, device="cpu", seed=skv + 1) if contiguous else inputs)
-    ((key, (got_page, table, lengths)),) = module._PAGES.items()
+    ((key, (plan, got_page, table, lengths, addresses)),) = module._DENSE.items()
     assert got_page == page and table.tolist() == torch.arange(2 * skv // page).view(2, -1).tolist()
-    assert lengths.tolist() == [skv, skv] and len(module._PLANS) == 1
+    assert lengths.tolist() == [skv, skv] and addresses == (table.data_ptr(), lengths.data_ptr())
+    assert list(module._PLANS.values()) == [plan]
 
 
 @pytest.mark.parametrize("spoil, message", [

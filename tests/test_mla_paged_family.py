@@ -191,7 +191,7 @@ def test_split_sequences_merge_right(tmp_dir, case, seed, merge, overhead, n_sms
     module = with_sms(render({**SMALL, "MERGE": merge, "OVERHEAD": overhead}, tmp_dir), n_sms)
     check(module.kernel, case, seed)
     check(module.kernel, case, seed + 1)
-    counters = next(iter(next(iter(module._PLANS.values()))["scratch"].values()))[2]
+    counters = next(iter(next(iter(module._PLANS.values()))["scratch"].values()))[0][2]
     assert not counters.any()
 
 
@@ -202,7 +202,7 @@ def test_the_kernel_schedules_as_written_out(tmp_dir):
     check(module.kernel, case, seed=3)
     plan = next(iter(module._PLANS.values()))
     parts = plan["grid"][1]
-    meta = next(iter(plan["scratch"].values()))[3].view(-1, 4)
+    meta = next(iter(plan["scratch"].values()))[0][3].view(-1, 4)
     _, record, _ = schedule(case["lengths"], 2, 16, 2, parts)
     assert [tuple(meta[b, :3].tolist()) for b in range(4)] == [record[b] for b in range(4)]
     assert max(count for _, count, _ in record.values()) > 1 and not meta[:, 3].any()
@@ -216,7 +216,7 @@ def test_a_lone_sequence_is_cut_into_equal_pieces(tmp_dir):
     check(module.kernel, case, seed=4)
     plan = next(iter(module._PLANS.values()))
     parts = plan["grid"][1]
-    meta = next(iter(plan["scratch"].values()))[3].view(-1, 4)
+    meta = next(iter(plan["scratch"].values()))[0][3].view(-1, 4)
     pieces, record, per = schedule(case["lengths"], 1, 16, 5, parts)
     assert tuple(meta[0, :3].tolist()) == record[0] and per == -(-44 // parts)
     assert sorted({t1 - t0 for t0, t1, _ in pieces.values()})[-1] == per and record[0][1] == -(-44 // per)
@@ -451,6 +451,7 @@ def test_gluon_engine_plan_descriptors_and_direct_launches(tmp_dir, monkeypatch)
     names = plan["gluon_fn"].arg_names
     assert len(args) == len(names) and list(args[len(names) - len(plan["constexprs"]):]) == list(plan["constexprs"].values())
     assert bases[0] is second["q"] and bases[2] is second["kv_cache"] and kwargs == {"stream": 5}
+    assert all(type(a) is int for a in args[4:11])  # table, lengths, o, lse and the scratch by address
     third = _fake_cuda_inputs(case, 2)
     third["cache_seqlens"] = torch.Tensor._make_subclass(_FakeCuda, torch.cat([torch.zeros(1, dtype=torch.int32), third["cache_seqlens"]])[1:])
     module.kernel(**third)
@@ -458,8 +459,8 @@ def test_gluon_engine_plan_descriptors_and_direct_launches(tmp_dir, monkeypatch)
 
 
 def test_gluon_engine_with_descriptors_made_on_the_device(tmp_dir, monkeypatch):
-    """TMA_DESC "device": the launches get q's and the cache's tensors where the descriptors were, the row counts the
-    kernel makes them with, and Triton's allocator is set for the global scratch they are written to; no host
+    """TMA_DESC "device": the launches get q and the cache where the descriptors were (tensors through the JIT,
+    addresses to the compiled kernel), the row counts the kernel makes them with, and Triton's allocator is set for the global scratch they are written to; no host
     descriptor is made."""
     module = render({"ENGINE": "gluon", "TMA_DESC": "device"}, tmp_dir)
     module._PLANS.clear()
@@ -479,10 +480,29 @@ def test_gluon_engine_with_descriptors_made_on_the_device(tmp_dir, monkeypatch):
     plan = next(iter(module._PLANS.values()))
     assert plan["constexprs"]["DEVICE_DESC"] is True and plan["descs"] == () and allocators == [module._descriptor_scratch] * 2
     assert [(fn, how) for fn, how, *_ in log] == [("ws", "jit"), ("merge", "jit"), ("ws", "compiled"), ("merge", "compiled")]
-    for (_, _, _, args, _, _), inputs in ((log[0], first), (log[2], second)):
-        assert args[0] is args[1] is inputs["q"] and args[2] is args[3] is inputs["kv_cache"]
+    (_, _, _, jit_args, _, _), (_, _, _, direct_args, _, _) = log[0], log[2]
+    assert jit_args[0] is jit_args[1] is first["q"] and jit_args[2] is jit_args[3] is first["kv_cache"]
+    assert direct_args[:4] == (second["q"].data_ptr(),) * 2 + (second["kv_cache"].data_ptr(),) * 2  # addresses: no data_ptr call left to the launcher
+    for args, inputs in ((jit_args, first), (direct_args, second)):
         names = module._mla_paged_ws.arg_names
         assert args[names.index("n_q_rows")] == 3 * 2 * 64 and args[names.index("n_kv_rows")] == inputs["kv_cache"].shape[0] * 64
+
+
+def test_direct_launches_pass_addresses_and_plans_are_bounded(tmp_dir, monkeypatch):
+    """The Triton tiles launched directly get every pointer as an integer (this call's inputs and outputs, the plan's
+    scratch); a new shape past PLANS_KEPT drops the oldest plan, so a cache growing a token a call keeps no more."""
+    module, log = _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, engine="triton")
+    case = {"B": 2, "Sq": 1, "H": 64, "lengths": [100, 64]}
+    first, second = _fake_cuda_inputs(case, 0), _fake_cuda_inputs(case, 1)
+    module.kernel(**first)
+    module.kernel(**second)
+    plan = next(iter(module._PLANS.values()))
+    (_, how, _, args, _, _), scratch = log[2], next(iter(plan["scratch"].values()))
+    assert how == "compiled" and args[:4] == tuple(second[k].data_ptr() for k in ("q", "kv_cache", "block_table", "cache_seqlens"))
+    assert all(type(a) is int for a in args[:10]) and args[6:10] == tuple(t.data_ptr() for t in scratch[0]) == scratch[1]
+    for extra in range(module.PLANS_KEPT + 2):
+        module.kernel(**_fake_cuda_inputs({"B": 1, "Sq": 1, "H": 64, "lengths": [64 * (extra + 1)]}, extra))  # a page more each
+    assert len(module._PLANS) == module.PLANS_KEPT and plan not in module._PLANS.values()
 
 
 @pytest.mark.parametrize("capability, case", [

@@ -141,6 +141,7 @@ MERGE_SPLIT_CHUNK = 16  # merge kernel: pieces loaded at once
 PAGE_CHUNK = 32  # tiles whose page numbers are loaded at once (a tile loop restarts its pipeline every PAGE_CHUNK tiles)
 MERGE_WARPS = 4
 MAX_BATCH = 8192  # the scheduler holds the lengths in one block of registers
+PLANS_KEPT = 16  # plans (each with its scratch) kept at once, the oldest dropped first
 SMEM_LIMIT = 232448  # bytes of shared memory a block may opt into on sm_90
 _NO_SPEC = ["B", "Sq", "max_pages"]  # B is also the always-taken branch's condition (QK_SPLIT)
 
@@ -840,7 +841,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
             merge_constexpr_values=[m_constexprs[n] for n in _mla_paged_merge.arg_names if n in m_constexprs],
             options=dict(num_warps=4), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2),
             scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=torch.float32,
-            capacity=block_table.shape[1] * page, q_rows=B * R, kv_rows=num_pages * page,
+            gluon_values=(block_table.stride(0), B, Sq, H, block_table.shape[1] * page), q_rows=B * R, kv_rows=num_pages * page,
         )
     return plan
 
@@ -871,14 +872,13 @@ def _direct(compiled, grid, stream_id, *args):
     run(grid[0], grid[1], grid[2], stream_id, function, metadata, None, None, None, *args)
 
 
-def _launch_gluon(plan, q, kv_cache, block_table, cache_seqlens, scale, o, lse, scratch, stream_id, aligned):
-    """ENGINE "gluon", then the merge kernel; LAUNCH "direct" as for the Triton kernel (``aligned``: table, lengths).
-    TMA_DESC "host": four descriptors made once per plan, pointed at this call's q and cache while it launches (the
-    launcher encodes each in every launch); "device": the pointers themselves, the kernel makes the descriptors in the
-    global scratch Triton asks the allocator for."""
+def _gluon_args(plan, q, kv_cache, block_table, cache_seqlens, o, lse, scratch, qk_scale):
+    """ENGINE "gluon"'s arguments with tensors (the JIT entry of a plan's first call). TMA_DESC "host": the plan's four
+    descriptors pointed at this call's q and cache (the launcher encodes each in every launch; the caller clears their
+    bases after the launch); "device": the pointers themselves, the kernel makes the descriptors in the global scratch
+    Triton asks the allocator for."""
     part_o, part_lse, _, meta = scratch
     if plan["constexprs"]["DEVICE_DESC"]:
-        triton.set_allocator(_descriptor_scratch)
         plan["descs"] = ()
         q_n = q_r = q
         kv_n = kv_r = kv_cache
@@ -888,27 +888,71 @@ def _launch_gluon(plan, q, kv_cache, block_table, cache_seqlens, scale, o, lse, 
         q_n, q_r, kv_n, kv_r = plan["descs"]
         q_n.base = q_r.base = q
         kv_n.base = kv_r.base = kv_cache
-    B, Sq, H = plan["o_shape"][:3]
-    args = (q_n, q_r, kv_n, kv_r, block_table, cache_seqlens, o, lse, part_o, part_lse, meta, block_table.stride(0), B, Sq, H,
-            plan["capacity"], scale * LOG2E, plan["q_rows"], plan["kv_rows"])
-    merge_args = (part_o, part_lse, o, lse, meta, Sq, H)
+    return (q_n, q_r, kv_n, kv_r, block_table, cache_seqlens, o, lse, part_o, part_lse, meta, *plan["gluon_values"], qk_scale,
+            plan["q_rows"], plan["kv_rows"])
+
+
+def _launch_first(plan, q, kv_cache, block_table, cache_seqlens, o, lse, scratch, qk_scale, aligned):
+    """A plan's launches through Triton's JIT entry (it compiles on first use): the main kernel, then the merge kernel
+    unless the merge is fused. Under LAUNCH "direct", with every pointer 16-byte aligned (what the compiled kernels
+    then assume), their compiled kernels are kept for ``_launch_direct``."""
+    part_o, part_lse, _, meta = scratch
+    merge_args = (part_o, part_lse, o, lse, meta, *plan["merge_sizes"])
+    gluon = plan["engine"] == "gluon"
     try:
-        if plan["compiled"] is not None and aligned:
-            main, merge = plan["compiled"]
-            _direct(main, plan["grid"], stream_id, *args, *plan["constexpr_values"])
-            _direct(merge, plan["merge_grid"], stream_id, *merge_args, *plan["merge_constexpr_values"])
-        else:
+        if gluon:
+            args = _gluon_args(plan, q, kv_cache, block_table, cache_seqlens, o, lse, scratch, qk_scale)
             main = plan["gluon_fn"][plan["grid"]](*args, **plan["constexprs"], **plan["options"])
+        else:
+            args = (q, kv_cache, block_table, cache_seqlens, o, lse, *scratch, *plan["strides"], *plan["sizes"], qk_scale)
+            main = _mla_paged_fwd[plan["grid"]](*args, **plan["constexprs"], **plan["options"])
+        merge = None
+        if not plan["fused"]:
             merge = _mla_paged_merge[plan["merge_grid"]](*merge_args, **plan["merge_constexprs"], **plan["merge_options"])
-            if plan["direct"] and aligned:
-                plan["compiled"] = (_compiled(main), _compiled(merge))
+    except Exception as exc:  # compile-time resource limits are a property of the knobs
+        if type(exc).__name__ == "OutOfResources":
+            c = plan["constexprs"]
+            raise ValueError(f"knobs {c} {plan['options']} need more registers or shared memory than the device has: {exc}") from exc
+        raise
     finally:
-        for d in plan["descs"]:  # hold none of the caller's tensors between calls
+        for d in plan["descs"] or ():  # hold none of the caller's tensors between calls
             d.base = None
-    return o, lse
+    if plan["direct"] and aligned:
+        plan["compiled"] = (_compiled(main), _compiled(merge))
 
 
-_PLANS = {}
+def _launch_direct(plan, ptrs, o_ptr, lse_ptr, scratch_ptrs, qk_scale, stream_id, descs_from=None):
+    """A plan's compiled kernels launched straight (``_direct``) with every pointer an integer: the caller's tensors
+    by the addresses this call read, o and lse by theirs, the scratch by the addresses the plan holds, so the C
+    launcher neither calls ``data_ptr`` nor asks the driver about any pointer (the plan's key fixed the devices).
+    ``descs_from``: q and the cache (TMA_DESC "host"), whose plan descriptors the launcher encodes."""
+    q_ptr, kv_ptr, bt_ptr, cs_ptr = ptrs
+    part_o, part_lse, counters, meta = scratch_ptrs
+    main, merge = plan["compiled"]
+    if plan["engine"] == "gluon":
+        if descs_from is None:
+            q_n = q_r = q_ptr
+            kv_n = kv_r = kv_ptr
+        else:
+            q_n, q_r, kv_n, kv_r = plan["descs"]
+            q_n.base = q_r.base = descs_from[0]
+            kv_n.base = kv_r.base = descs_from[1]
+        try:
+            _direct(main, plan["grid"], stream_id, q_n, q_r, kv_n, kv_r, bt_ptr, cs_ptr, o_ptr, lse_ptr, part_o, part_lse, meta,
+                    *plan["gluon_values"], qk_scale, plan["q_rows"], plan["kv_rows"], *plan["constexpr_values"])
+        finally:
+            if descs_from is not None:
+                for d in plan["descs"]:
+                    d.base = None
+    else:
+        _direct(main, plan["grid"], stream_id, q_ptr, kv_ptr, bt_ptr, cs_ptr, o_ptr, lse_ptr, part_o, part_lse, counters, meta,
+                *plan["strides"], *plan["sizes"], qk_scale, *plan["constexpr_values"])
+    if merge is not None:
+        _direct(merge, plan["merge_grid"], stream_id, part_o, part_lse, o_ptr, lse_ptr, meta, *plan["merge_sizes"],
+                *plan["merge_constexpr_values"])
+
+
+_PLANS = {}  # key -> plan, oldest first (at most PLANS_KEPT)
 _DESCRIPTOR_SCRATCH = {}
 
 
@@ -922,72 +966,73 @@ def _descriptor_scratch(size, alignment, stream):
 
 
 def _scratch(plan, device, stream_id):
-    """Partials, lse partials, merge counters (zero; every fused merge leaves them at zero) and the
-    merge kernel's per-sequence record, reused by every call of a plan on one stream (calls on one
-    stream are ordered); a call on another stream than the last gets fresh ones."""
+    """(tensors, their addresses): partials, lse partials, merge counters (zero; every fused merge leaves them at zero)
+    and the merge kernel's per-sequence record, reused by every call of a plan on one stream (calls on one stream are
+    ordered); a call on another stream than the last gets fresh ones."""
     scratch = plan["scratch"].get(stream_id)
     if scratch is None:
         p_o, p_l, cnt, meta = plan["scratch_shapes"]
-        plan["scratch"] = {}
-        scratch = plan["scratch"][stream_id] = (
-            torch.empty(p_o, device=device, dtype=plan["part_dtype"]), torch.empty(p_l, device=device, dtype=torch.float32),
-            torch.zeros(cnt, device=device, dtype=torch.int32), torch.zeros(meta, device=device, dtype=torch.int32),
-        )
+        tensors = (torch.empty(p_o, device=device, dtype=plan["part_dtype"]), torch.empty(p_l, device=device, dtype=torch.float32),
+                   torch.zeros(cnt, device=device, dtype=torch.int32), torch.zeros(meta, device=device, dtype=torch.int32))
+        plan["scratch"] = {stream_id: (tensors, tuple(t.data_ptr() for t in tensors))}
+        scratch = plan["scratch"][stream_id]
     return scratch
 
 
-def paged_attention(q, kv_cache, block_table, cache_seqlens, scale):
-    """The family's work for ``kernel`` (entry.py): checks once per shape, the plan, o and lse, the launches."""
-    scale = float(scale)
-    key = (q.shape, q.stride(), q.dtype, q.device, kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
-           block_table.shape, block_table.stride(), block_table.dtype, block_table.device,
-           cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device,
-           (q.data_ptr() | kv_cache.data_ptr()) % 16 == 0)  # ENGINE "gluon" needs 16-byte aligned bases (TMA)
+def plan_for(q, kv_cache, block_table, cache_seqlens, key):
+    """The plan of ``key`` (made, after the input checks, the first time the key is seen; the oldest plan goes past
+    PLANS_KEPT, so a cache whose length grows every step does not keep a plan, and its scratch, for every length)."""
     plan = _PLANS.get(key)
     if plan is None:
         _check_inputs(q, kv_cache, block_table, cache_seqlens)
         _check_lengths(q, kv_cache, block_table, cache_seqlens)  # once per shape on a GPU (it synchronises)
         dev_index = (q.device.index if q.device.index is not None else torch.cuda.current_device()) if q.is_cuda else None
         plan = _plan(KNOBS, q, kv_cache, block_table, dev_index, aligned=key[-1])
+        while len(_PLANS) >= PLANS_KEPT:
+            _PLANS.pop(next(iter(_PLANS)))
         _PLANS[key] = plan
     elif not q.is_cuda:
         _check_lengths(q, kv_cache, block_table, cache_seqlens)  # free on the host
+    return plan
+
+
+def run_plan(plan, q, kv_cache, block_table, cache_seqlens, scale, ptrs):
+    """o and lse of one call of ``plan``; ``ptrs``: the four inputs' addresses. On the direct path only those
+    addresses are read (and kv_cache's for TMA_DESC "host"), so a caller may pass a tensor whose memory is
+    kv_cache's in another shape (mla_decode_paged's dense cache)."""
+    scale = float(scale)
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
     o = torch.empty(plan["o_shape"], device=q.device, dtype=q.dtype)
     lse = torch.empty(plan["lse_shape"], device=q.device, dtype=torch.float32)
     stream_id = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
-    part_o, part_lse, counters, meta = _scratch(plan, q.device, stream_id)
-    if plan["engine"] == "gluon":
-        aligned = (block_table.data_ptr() | cache_seqlens.data_ptr()) % 16 == 0
-        return _launch_gluon(plan, q, kv_cache, block_table, cache_seqlens, scale, o, lse, (part_o, part_lse, counters, meta),
-                             stream_id, aligned)
-    args = (q, kv_cache, block_table, cache_seqlens, o, lse, part_o, part_lse, counters, meta, *plan["strides"], *plan["sizes"],
-            scale * LOG2E)
-    if plan["tma"] and q.is_cuda:
-        triton.set_allocator(_descriptor_scratch)
-    merge_args = (part_o, part_lse, o, lse, meta, *plan["merge_sizes"])
-    compiled = plan["compiled"]
-    if compiled is not None and (q.data_ptr() | kv_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()) % 16 == 0:
-        # the compiled kernels of this plan's first call: every argument in signature order, constexprs included
-        _direct(compiled[0], plan["grid"], stream_id, *args, *plan["constexpr_values"])
-        if compiled[1] is not None:
-            _direct(compiled[1], plan["merge_grid"], stream_id, *merge_args, *plan["merge_constexpr_values"])
-        return o, lse
-    try:
-        main = _mla_paged_fwd[plan["grid"]](*args, **plan["constexprs"], **plan["options"])
-        merge = None
-        if not plan["fused"]:
-            merge = _mla_paged_merge[plan["merge_grid"]](*merge_args, **plan["merge_constexprs"], **plan["merge_options"])
-    except Exception as exc:  # compile-time resource limits are a property of the knobs
-        if type(exc).__name__ == "OutOfResources":
-            c = plan["constexprs"]
-            raise ValueError(f"knobs BLOCK_H={c['BLOCK_H']} BLOCK_N={c['BLOCK_N']} {plan['options']} need more registers or "
-                             f"shared memory than the device has: {exc}") from exc
-        raise
-    if plan["direct"] and (q.data_ptr() | kv_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()) % 16 == 0:
-        plan["compiled"] = (_compiled(main), _compiled(merge))
+    scratch, scratch_ptrs = _scratch(plan, q.device, stream_id)
+    if plan["tma"] and q.is_cuda or plan["engine"] == "gluon" and plan["constexprs"]["DEVICE_DESC"]:
+        triton.set_allocator(_descriptor_scratch)  # kernels that make tensor descriptors on the device
+    aligned = (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) % 16 == 0
+    if plan["compiled"] is not None and aligned:
+        host_descs = plan["engine"] == "gluon" and not plan["constexprs"]["DEVICE_DESC"]
+        _launch_direct(plan, ptrs, o.data_ptr(), lse.data_ptr(), scratch_ptrs, scale * LOG2E, stream_id,
+                       (q, kv_cache) if host_descs else None)
+    else:
+        _launch_first(plan, q, kv_cache, block_table, cache_seqlens, o, lse, scratch, scale * LOG2E, aligned)
     return o, lse
+
+
+def plan_key(q, kv_cache, block_table, cache_seqlens, ptrs):
+    """What a plan depends on: the inputs' shapes, strides, dtypes and devices, and whether q and the cache start on
+    16 bytes (ENGINE "gluon" needs it: TMA); ``ptrs``: the four inputs' addresses."""
+    return (q.shape, q.stride(), q.dtype, q.device, kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
+            block_table.shape, block_table.stride(), block_table.dtype, block_table.device,
+            cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device, (ptrs[0] | ptrs[1]) % 16 == 0)
+
+
+def paged_attention(q, kv_cache, block_table, cache_seqlens, scale):
+    """The family's work for ``kernel`` (entry.py): the plan of the inputs' key (checks once per key), then
+    ``run_plan``."""
+    ptrs = (q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), cache_seqlens.data_ptr())
+    plan = plan_for(q, kv_cache, block_table, cache_seqlens, plan_key(q, kv_cache, block_table, cache_seqlens, ptrs))
+    return run_plan(plan, q, kv_cache, block_table, cache_seqlens, scale, ptrs)
 
 
 # -- entry.py ----------------------------------------------------------------------------------------------------------

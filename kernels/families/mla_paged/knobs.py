@@ -58,5 +58,6 @@ MERGE_SPLIT_CHUNK = 16  # merge kernel: pieces loaded at once
 PAGE_CHUNK = 32  # tiles whose page numbers are loaded at once (a tile loop restarts its pipeline every PAGE_CHUNK tiles)
 MERGE_WARPS = 4
 MAX_BATCH = 8192  # the scheduler holds the lengths in one block of registers
+PLANS_KEPT = 16  # plans (each with its scratch) kept at once, the oldest dropped first
 SMEM_LIMIT = 232448  # bytes of shared memory a block may opt into on sm_90
 _NO_SPEC = ["B", "Sq", "max_pages"]  # B is also the always-taken branch's condition (QK_SPLIT)
