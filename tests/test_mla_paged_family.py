@@ -406,8 +406,8 @@ class _FakeCompiled:
         self.log.append((self.name, "compiled", (gx, gy, gz), args, {"stream": stream}, bases))
 
 
-def _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, capability=9, engine="gluon", tma_desc="host"):
-    module = render({"ENGINE": engine, "TMA_DESC": tma_desc}, tmp_dir)
+def _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, capability=9, engine="gluon"):
+    module = render({"ENGINE": engine}, tmp_dir)
     module._PLANS.clear()
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (capability, 0))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -486,19 +486,6 @@ def test_gluon_engine_with_descriptors_made_on_the_device(tmp_dir, monkeypatch):
     for args, inputs in ((jit_args, first), (direct_args, second)):
         names = module._mla_paged_ws.arg_names
         assert args[names.index("n_q_rows")] == 3 * 2 * 64 and args[names.index("n_kv_rows")] == inputs["kv_cache"].shape[0] * 64
-
-
-@pytest.mark.parametrize("lengths, device_desc", [([300, 64, 129], True), ([40000, 100, 64], False)])
-def test_auto_makes_descriptors_on_the_device_where_a_call_is_host_bound(tmp_dir, monkeypatch, lengths, device_desc):
-    """TMA_DESC "auto": in the kernel below HOST_BOUND_TOKENS of cache capacity in the batch (its host time outlasts
-    its device time there), by the launcher above it (no device time spent making them)."""
-    module, log = _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, tma_desc="auto")
-    inputs = _fake_cuda_inputs({"B": 3, "Sq": 2, "H": 64, "lengths": lengths}, 0)
-    module.kernel(**inputs)
-    plan = next(iter(module._PLANS.values()))
-    assert (3 * inputs["block_table"].shape[1] * 64 < module.HOST_BOUND_TOKENS) is device_desc
-    assert plan["engine"] == "gluon" and plan["constexprs"]["DEVICE_DESC"] is device_desc
-    assert (log[0][3][0] is inputs["q"]) is device_desc  # the pointer itself, or a descriptor
 
 
 def test_direct_launches_pass_addresses_and_plans_are_bounded(tmp_dir, monkeypatch):

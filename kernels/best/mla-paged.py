@@ -62,11 +62,6 @@ the fused merge). LAUNCH "direct": after the first call of a plan has compiled t
 JIT entry, later calls call the cached compiled kernel's launcher directly, skipping the JIT's
 argument binding and specialisation (most of a launch's host time) and the launch hooks; a call whose pointers are not 16-byte
 aligned (the compiled kernel assumes what the first call's were) goes through the JIT again.
-A direct launch passes every pointer as an integer (the launcher then neither calls ``data_ptr`` nor asks the
-driver about it). ENGINE "gluon"'s four TMA descriptors: TMA_DESC "host" encodes them on the host in every launch
-(Triton's launcher, ~1-2 us each), "device" makes them in the kernel (a little device time at its start, in a global
-scratch from Triton's allocator), "auto" makes them in the kernel where a call is host-bound (less than
-HOST_BOUND_TOKENS of cache in the batch). At most PLANS_KEPT plans are kept, the oldest dropped first.
 """
 
 import functools
@@ -91,7 +86,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # constants the kernels and the host share.
 
 # kopt:knobs-begin
-KNOBS = {'CONFIG': 'auto', 'BLOCK_H': 64, 'BLOCK_N': 64, 'KEYS_AS_M': False, 'VALUES_AS_M': False, 'QK_SPLIT': True, 'num_warps': 8, 'num_stages': 2, 'KV_LOAD': 'tma', 'OVERHEAD': 5, 'WAVES': 1, 'MERGE': 'auto', 'PARTIAL_DTYPE': 'float32', 'PDL': 1, 'LAUNCH': 'direct', 'ENGINE': 'gluon', 'TMA_DESC': 'auto'}
+KNOBS = {'CONFIG': 'auto', 'BLOCK_H': 64, 'BLOCK_N': 64, 'KEYS_AS_M': False, 'VALUES_AS_M': False, 'QK_SPLIT': True, 'num_warps': 8, 'num_stages': 2, 'KV_LOAD': 'tma', 'OVERHEAD': 5, 'WAVES': 1, 'MERGE': 'auto', 'PARTIAL_DTYPE': 'float32', 'PDL': 1, 'LAUNCH': 'direct', 'ENGINE': 'gluon', 'TMA_DESC': 'host'}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the tile config of the shape's regime (REGIMES); knobs: the knobs below
@@ -110,7 +105,7 @@ SPACE = {
     "PDL": [0, 1, 2],  # MERGE kernel (not ENGINE "gluon"'s): 1 the merge launch overlaps the main kernel's tail; 2 the main kernel's launch too
     "LAUNCH": ["jit", "direct"],  # direct: later calls of a plan launch the cached compiled kernel (less host time)
     "ENGINE": ["triton", "gluon"],  # the warp-specialised Hopper kernels where they apply (module doc)
-    "TMA_DESC": ["auto", "host", "device"],  # ENGINE "gluon"'s four TMA descriptors: encoded by the launcher every launch, made in the kernel, or "device" where a call is host-bound (HOST_BOUND_TOKENS)
+    "TMA_DESC": ["host", "device"],  # ENGINE "gluon"'s four TMA descriptors: encoded by the launcher every launch, or made in the kernel
 }
 TRY_EARLY = [
     {"ENGINE": "gluon"},  # on the H200 (session 25): 0.87-0.96x FlashMLA's device time, B1 Sq1 1.14x; the Triton tiles 0.60x
@@ -120,7 +115,7 @@ TRY_EARLY = [
     {"PARTIAL_DTYPE": "bfloat16"},
     {"CONFIG": "knobs"},  # BLOCK_H 64 / TMA / QK_SPLIT at every shape, B1 Sq1 included
     {"PDL": 2},
-    {"ENGINE": "gluon", "TMA_DESC": "host"},  # H200 (session 28): "device" cut 9-15 us of host time a call at B1 Sq2/Sq4 and cost 1-4 us of device time
+    {"ENGINE": "gluon", "TMA_DESC": "device"},  # not yet run on a GPU (session 27): less host time a call, a little device time
 ]
 
 # CONFIG "auto": a tile config per regime, from the dense family's measurements (mla_decode.py's
@@ -137,7 +132,6 @@ REGIMES = {
 WIDE_FROM_PAIRS = 8  # (sequence, 64-row block) pairs from which "wide" applies
 WIDE_FROM_ROWS = 128  # rows per sequence (Sq * H) from which "wide" applies at any batch
 WIDE_FROM_TOKENS = 65536  # cache capacity of the batch (B * max_pages * page_size) from which "wide" applies
-HOST_BOUND_TOKENS = 65536  # TMA_DESC "auto": below this cache capacity of the batch a call's host time outlasts its device time
 
 D_NOPE = 512
 D_ROPE = 64
@@ -775,7 +769,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
-                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("auto", "host", "device")),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")),
                           ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
@@ -839,9 +833,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     if gluon_fits:  # ENGINE "gluon": one 64-row block per program, the merge kernel for split sequences
         fn = _mla_paged_ws
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
-        # descriptors made in the kernel: no encoding on the host in every launch, ~1-4 us more device time (H200)
-        device_desc = knobs["TMA_DESC"] == "device" or knobs["TMA_DESC"] == "auto" and B * block_table.shape[1] * page < HOST_BOUND_TOKENS
-        g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=device_desc)
+        g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device")
         m_constexprs = dict(merge_constexprs, PDL=0)  # a plain launch (gluon_ws.py says why)
         plan.update(
             engine="gluon", gluon_fn=fn, grid=(n_rb, parts, 1), fused=False, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,

@@ -62,11 +62,6 @@ the fused merge). LAUNCH "direct": after the first call of a plan has compiled t
 JIT entry, later calls call the cached compiled kernel's launcher directly, skipping the JIT's
 argument binding and specialisation (most of a launch's host time) and the launch hooks; a call whose pointers are not 16-byte
 aligned (the compiled kernel assumes what the first call's were) goes through the JIT again.
-A direct launch passes every pointer as an integer (the launcher then neither calls ``data_ptr`` nor asks the
-driver about it). ENGINE "gluon"'s four TMA descriptors: TMA_DESC "host" encodes them on the host in every launch
-(Triton's launcher, ~1-2 us each), "device" makes them in the kernel (a little device time at its start, in a global
-scratch from Triton's allocator), "auto" makes them in the kernel where a call is host-bound (less than
-HOST_BOUND_TOKENS of cache in the batch). At most PLANS_KEPT plans are kept, the oldest dropped first.
 """
 
 from . import knobs, tiles, gluon_ws, host, entry  # noqa: F401

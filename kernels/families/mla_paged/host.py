@@ -9,7 +9,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .knobs import KNOBS, REGIMES, WIDE_FROM_PAIRS, WIDE_FROM_ROWS, WIDE_FROM_TOKENS, D_NOPE, D_ROPE, LOG2E, FUSED_MERGE_ELEMS, \
-    MERGE_SPLIT_CHUNK, PAGE_CHUNK, MERGE_WARPS, MAX_BATCH, SMEM_LIMIT, PLANS_KEPT, HOST_BOUND_TOKENS
+    MERGE_SPLIT_CHUNK, PAGE_CHUNK, MERGE_WARPS, MAX_BATCH, SMEM_LIMIT, PLANS_KEPT
 from .tiles import _mla_paged_fwd, _mla_paged_merge
 from .gluon_ws import _mla_paged_ws
 
@@ -67,7 +67,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
-                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("auto", "host", "device")),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")),
                           ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
@@ -131,9 +131,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     if gluon_fits:  # ENGINE "gluon": one 64-row block per program, the merge kernel for split sequences
         fn = _mla_paged_ws
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
-        # descriptors made in the kernel: no encoding on the host in every launch, ~1-4 us more device time (H200)
-        device_desc = knobs["TMA_DESC"] == "device" or knobs["TMA_DESC"] == "auto" and B * block_table.shape[1] * page < HOST_BOUND_TOKENS
-        g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=device_desc)
+        g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device")
         m_constexprs = dict(merge_constexprs, PDL=0)  # a plain launch (gluon_ws.py says why)
         plan.update(
             engine="gluon", gluon_fn=fn, grid=(n_rb, parts, 1), fused=False, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,

@@ -2,7 +2,7 @@
 constants the kernels and the host share."""
 
 # kopt:knobs-begin
-KNOBS = {"CONFIG": "auto", "BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "VALUES_AS_M": False, "QK_SPLIT": True, "num_warps": 8, "num_stages": 2, "KV_LOAD": "tma", "OVERHEAD": 5, "WAVES": 1, "MERGE": "auto", "PARTIAL_DTYPE": "float32", "PDL": 1, "LAUNCH": "direct", "ENGINE": "triton", "TMA_DESC": "auto"}
+KNOBS = {"CONFIG": "auto", "BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "VALUES_AS_M": False, "QK_SPLIT": True, "num_warps": 8, "num_stages": 2, "KV_LOAD": "tma", "OVERHEAD": 5, "WAVES": 1, "MERGE": "auto", "PARTIAL_DTYPE": "float32", "PDL": 1, "LAUNCH": "direct", "ENGINE": "triton", "TMA_DESC": "host"}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the tile config of the shape's regime (REGIMES); knobs: the knobs below
@@ -21,7 +21,7 @@ SPACE = {
     "PDL": [0, 1, 2],  # MERGE kernel (not ENGINE "gluon"'s): 1 the merge launch overlaps the main kernel's tail; 2 the main kernel's launch too
     "LAUNCH": ["jit", "direct"],  # direct: later calls of a plan launch the cached compiled kernel (less host time)
     "ENGINE": ["triton", "gluon"],  # the warp-specialised Hopper kernels where they apply (module doc)
-    "TMA_DESC": ["auto", "host", "device"],  # ENGINE "gluon"'s four TMA descriptors: encoded by the launcher every launch, made in the kernel, or "device" where a call is host-bound (HOST_BOUND_TOKENS)
+    "TMA_DESC": ["host", "device"],  # ENGINE "gluon"'s four TMA descriptors: encoded by the launcher every launch, or made in the kernel
 }
 TRY_EARLY = [
     {"ENGINE": "gluon"},  # on the H200 (session 25): 0.87-0.96x FlashMLA's device time, B1 Sq1 1.14x; the Triton tiles 0.60x
@@ -31,7 +31,7 @@ TRY_EARLY = [
     {"PARTIAL_DTYPE": "bfloat16"},
     {"CONFIG": "knobs"},  # BLOCK_H 64 / TMA / QK_SPLIT at every shape, B1 Sq1 included
     {"PDL": 2},
-    {"ENGINE": "gluon", "TMA_DESC": "host"},  # H200 (session 28): "device" cut 9-15 us of host time a call at B1 Sq2/Sq4 and cost 1-4 us of device time
+    {"ENGINE": "gluon", "TMA_DESC": "device"},  # not yet run on a GPU (session 27): less host time a call, a little device time
 ]
 
 # CONFIG "auto": a tile config per regime, from the dense family's measurements (mla_decode.py's
@@ -48,7 +48,6 @@ REGIMES = {
 WIDE_FROM_PAIRS = 8  # (sequence, 64-row block) pairs from which "wide" applies
 WIDE_FROM_ROWS = 128  # rows per sequence (Sq * H) from which "wide" applies at any batch
 WIDE_FROM_TOKENS = 65536  # cache capacity of the batch (B * max_pages * page_size) from which "wide" applies
-HOST_BOUND_TOKENS = 65536  # TMA_DESC "auto": below this cache capacity of the batch a call's host time outlasts its device time
 
 D_NOPE = 512
 D_ROPE = 64
