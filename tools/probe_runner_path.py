@@ -13,7 +13,9 @@ round: one call per slot), ``--rounds`` rounds, per call in µs (median): ``host
   the runner hands them, strided views of the arena's bytes;
 - ``monitor``: the judge's launch monitor installed before the kernel is imported, as every runner does, and
   disabled while timing, as the runner's batch does;
-- ``monitor+arena``: both.
+- ``monitor+arena``: both;
+- ``second-context``: ``plain`` with another process holding a CUDA context on the same GPU, idle (the supervisor's,
+  beside a runner).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("plain", "arena", "monitor", "monitor+arena")
+VARIANTS = ("plain", "arena", "monitor", "monitor+arena", "second-context")
 
 
 def child(args) -> dict:
@@ -37,6 +39,12 @@ def child(args) -> dict:
     from pytest_kopt.judge.checks import LaunchMonitor
     from pytest_kopt.problems import get_problem
 
+    holder = None
+    if args.variant == "second-context":
+        holder = subprocess.Popen([sys.executable, "-c", "import sys, time, torch; torch.zeros(1, device='cuda'); "
+                                   "torch.cuda.synchronize(); print('ready', flush=True); time.sleep(600)"],
+                                  stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "ready"
     monitor = None
     if "monitor" in args.variant:
         monitor = LaunchMonitor()
@@ -80,6 +88,8 @@ def child(args) -> dict:
             hosts.append((returned - start) / len(sets) * 1e6)
             eagers.append((end - start) / len(sets) * 1e6)
         out[name] = {"host_us": round(statistics.median(hosts), 1), "eager_us": round(statistics.median(eagers), 1)}
+    if holder is not None:
+        holder.kill()
     return out
 
 
