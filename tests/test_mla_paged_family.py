@@ -638,7 +638,10 @@ def test_gluon_engine_compiles_for_hopper(tmp_path, fn, sq, desc):
     assert ("tensormap.replace" in ptx or "fence.proxy.tensormap" in ptx) == (desc == "device")
     assert {"232", "40"} <= set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") > 0
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") > 0
+    # P V: warpgroup 0's half takes P from registers (A as four registers), warpgroup 1's from shared memory (A as a
+    # descriptor), four k-steps of 16 keys each
+    a_operands = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16\s*\{[^}]*\},\s*(\{|%rd)", ptx)
+    assert a_operands.count("{") == 4 and a_operands.count("%rd") == 4, a_operands
     assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global") >= 6  # q's three boxes, each tile's three
     assert 200_000 < out["shared"] <= 232448 and "C7515" not in notes and "Used " in notes
     # a partial tile's rows are zeroed eight at a time: the whole [64, 256] tile at once held 128 values a thread in

@@ -8,8 +8,14 @@
 #     Mako greenlet pytest-benchmark==5.3.1 sgl-flash-mla==1.0.0
 # flash-linear-attention goes to a folder of its own (KOPT_FLA_PATH): put it on PYTHONPATH only
 # for the benchmarks that time it, since its first call in every process autotunes for a minute.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  $(ls .whl/*.whl | grep -v fla_core) >/dev/null 2>&1 || echo "wheel install failed"
+if ! python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  $(ls .whl/*.whl | grep -v fla_core) >/tmp/wheel-install.log 2>&1; then
+  # one bad wheel fails the whole install: install them one by one and say which failed, and why (on stderr)
+  for w in $(ls .whl/*.whl | grep -v fla_core); do
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w" \
+      >/tmp/wheel-install.log 2>&1 || { echo "wheel install failed: $w" >&2; tail -3 /tmp/wheel-install.log >&2; }
+  done
+fi
 export KOPT_FLA_PATH=/tmp/fla
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $KOPT_FLA_PATH \
   .whl/fla_core-*.whl >/dev/null 2>&1 || echo "fla wheel not installed"

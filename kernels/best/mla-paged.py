@@ -48,7 +48,7 @@ else the Triton kernel above): FlashMLA's split of the work, warp-specialised (`
 scheduler, except that equal lengths at 2 <= B <= parts are packed as FlashMLA packs them (each sequence in equal
 pieces, one a part: B32 Sq4 needs no merge), and the merge kernel. A loader warp brings a piece's q once and each 64-key tile's three TMA boxes into a ring
 of two; warpgroup 0 computes the whole score tile, the online softmax, P and the rows' factor into shared memory and
-O[:, :256]; warpgroup 1 O[:, 256:]. No score reduction crosses warpgroups (QK_SPLIT's does, every tile), and
+O[:, :256] (P from registers); warpgroup 1 O[:, 256:]. No score reduction crosses warpgroups (QK_SPLIT's does, every tile), and
 warpgroup 1's product of a tile runs while warpgroup 0 scores the next (kernels/notes/mla-paged/README.md).
 
 Lengths. Shapes, dtypes and devices are checked on every call; the lengths on the host when they
@@ -115,7 +115,7 @@ TRY_EARLY = [
     {"PARTIAL_DTYPE": "bfloat16"},
     {"CONFIG": "knobs"},  # BLOCK_H 64 / TMA / QK_SPLIT at every shape, B1 Sq1 included
     {"PDL": 2},
-    {"ENGINE": "gluon", "TMA_DESC": "device"},  # not yet run on a GPU (session 27): less host time a call, a little device time
+    {"ENGINE": "gluon", "TMA_DESC": "device"},  # H200 (session 28): 9-15 us less host time a call at B1 Sq2/Sq4, 2-4 us more device time
 ]
 
 # CONFIG "auto": a tile config per regime, from the dense family's measurements (mla_decode.py's
@@ -568,7 +568,7 @@ def _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO: gl.constexpr, col
             gl.store(lse + b * R + (r % H) * Sq + r // H, lse2 * 0.6931471805599453 + poison)
     else:
         slot = 2 * part + gl.where(part == first_part, first_odd, 0)
-        gl.store(part_o + (slot * R + rows).to(gl.int64)[:, None] * DN + cols[None, :], out)
+        gl.store(part_o + (slot * R + rows).to(gl.int64)[:, None] * DN + cols[None, :], out.to(part_o.dtype.element_ty))
         if WRITE_LSE:
             gl.store(part_lse + slot * R + r, lse2)
 
@@ -576,11 +576,15 @@ def _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO: gl.constexpr, col
 @gluon.jit
 def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R,
            capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr):
-    """Warpgroup 0: scores, the online softmax (log2), P and the rows' factor for warpgroup 1, its half of P V."""
+    """Warpgroup 0: scores, the online softmax (log2), P and the rows' factor for warpgroup 1, its half of P V. Only
+    tiles that reach the causal edge or the length are masked; this half of P V takes P from registers and is issued
+    before P is handed over, so the hand-over runs beside it (H200: B1 Sq4 33.4 against 36.1 us, B1 Skv 131072 69.7
+    against 79.8; B32 Sq4 and B64 unchanged)."""
     q_ready, q_free, p_ready, p_free = bars.index(0), bars.index(1), bars.index(2), bars.index(3)
     l_ready, l_free = bars.index(4), bars.index(5)
     LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    LP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LO, k_width=2)  # P as wgmma's A, from registers
     idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
     rows = gl.program_id(0) * ROWS_G + gl.arange(0, ROWS_G, layout=gl.SliceLayout(1, LS))
     keys = gl.arange(0, KEYS_G, layout=gl.SliceLayout(0, LS))
@@ -595,6 +599,7 @@ def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
                 gl.store(meta + 4 * b + 2, first_odd)
                 gl.store(meta + 4 * b + 3, bad.to(gl.int32))
             limit = rows // H + n_b - Sq  # row (s, h) sees keys j <= s + len - Sq
+            open_below = (gl.program_id(0) * ROWS_G) // H + n_b - Sq + 1  # every row sees keys below this: no mask
             m_i = gl.full([ROWS_G], -1.0e30, gl.float32, layout=gl.SliceLayout(1, LS))  # finite: a masked tile gives p = 0
             l_i = gl.zeros([ROWS_G], gl.float32, layout=gl.SliceLayout(1, LS))
             acc = gl.zeros([ROWS_G, HALF_G], gl.float32, layout=LO)
@@ -608,21 +613,24 @@ def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
                 s = warpgroup_mma(q_s.index(1), k_s.index(2 * st + 1).permute((1, 0)), s, is_async=True)
                 s = warpgroup_mma(r_s.index(RING_G), r_s.index(st).permute((1, 0)), s, is_async=True)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-                s = gl.where(t * KEYS_G + keys[None, :] <= limit[:, None], s * qk_scale, float("-inf"))
+                s = s * qk_scale
+                if (t + 1) * KEYS_G > open_below:  # the causal edge or the length: a key some row must not see
+                    s = gl.where(t * KEYS_G + keys[None, :] <= limit[:, None], s, float("-inf"))
                 m_new = gl.maximum(m_i, gl.max(s, 1))
                 alpha = gl.exp2(m_i - m_new)
                 p = gl.exp2(s - m_new[:, None])
                 l_i = l_i * alpha + gl.sum(p, 1)
                 m_i = m_new
+                p16 = p.to(gl.bfloat16)
                 if (t + 1) * KEYS_G > n_b:  # the partial last tile: rows past the length hold anything
                     _g_zero_rows_past(k0, n_b - t * KEYS_G)
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, LO))[:, None]
+                acc = warpgroup_mma(gl.convert_layout(p16, LP), k0, acc, is_async=True)  # this half first, P from registers
                 mbarrier.wait(p_free, (it & 1) ^ 1)  # warpgroup 1 is done with the last tile's P and factor
-                p_s.store(p.to(gl.bfloat16))
+                p_s.store(p16)
                 a_s.store(alpha)
                 fence_async_shared()
                 mbarrier.arrive(p_ready, count=1)
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, LO))[:, None]
-                acc = warpgroup_mma(p_s, k0, acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 mbarrier.arrive(empty.index(st), count=1)
                 it += 1
@@ -812,7 +820,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
                       B_P2=triton.next_power_of_2(B), PAGE_CHUNK=PAGE_CHUNK, MERGE_W=max(16, min(D_NOPE, FUSED_MERGE_ELEMS // block_h)), DN=D_NOPE, DR=D_ROPE, PDL=pdl)
     merge_constexprs = dict(BLOCK_V=merge_bv, CHUNK=MERGE_SPLIT_CHUNK, DN=D_NOPE, PDL=pdl)
     plan = dict(
-        engine="triton", descs=None,
+        engine="triton", descs=None, device_descs=False, host_descs=False,  # ENGINE "gluon"'s TMA descriptors (TMA_DESC)
         grid=(n_rb, parts, 1), merge_grid=(R, D_NOPE // merge_bv, B), fused=merge == "fused", tma=tma,
         sizes=(B, Sq, H, num_pages * page, block_table.shape[1]),
         strides=(q.stride(0), q.stride(1), q.stride(2), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0)),
@@ -836,11 +844,11 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
         g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device")
         m_constexprs = dict(merge_constexprs, PDL=0)  # a plain launch (gluon_ws.py says why)
         plan.update(
-            engine="gluon", gluon_fn=fn, grid=(n_rb, parts, 1), fused=False, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
+            engine="gluon", gluon_fn=fn, device_descs=g_constexprs["DEVICE_DESC"], host_descs=not g_constexprs["DEVICE_DESC"], grid=(n_rb, parts, 1), fused=False, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
             constexpr_values=[g_constexprs[n] for n in fn.arg_names if n in g_constexprs],
             merge_constexpr_values=[m_constexprs[n] for n in _mla_paged_merge.arg_names if n in m_constexprs],
             options=dict(num_warps=4), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2),
-            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=torch.float32,
+            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=part_dtype,
             gluon_values=(block_table.stride(0), B, Sq, H, block_table.shape[1] * page), q_rows=B * R, kv_rows=num_pages * page,
         )
     return plan
@@ -1007,13 +1015,12 @@ def run_plan(plan, q, kv_cache, block_table, cache_seqlens, scale, ptrs):
     lse = torch.empty(plan["lse_shape"], device=q.device, dtype=torch.float32)
     stream_id = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
     scratch, scratch_ptrs = _scratch(plan, q.device, stream_id)
-    if plan["tma"] and q.is_cuda or plan["engine"] == "gluon" and plan["constexprs"]["DEVICE_DESC"]:
+    if plan["tma"] and q.is_cuda or plan["device_descs"]:
         triton.set_allocator(_descriptor_scratch)  # kernels that make tensor descriptors on the device
     aligned = (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) % 16 == 0
     if plan["compiled"] is not None and aligned:
-        host_descs = plan["engine"] == "gluon" and not plan["constexprs"]["DEVICE_DESC"]
         _launch_direct(plan, ptrs, o.data_ptr(), lse.data_ptr(), scratch_ptrs, scale * LOG2E, stream_id,
-                       (q, kv_cache) if host_descs else None)
+                       (q, kv_cache) if plan["host_descs"] else None)
     else:
         _launch_first(plan, q, kv_cache, block_table, cache_seqlens, o, lse, scratch, scale * LOG2E, aligned)
     return o, lse

@@ -48,7 +48,7 @@ else the Triton kernel above): FlashMLA's split of the work, warp-specialised (`
 scheduler, except that equal lengths at 2 <= B <= parts are packed as FlashMLA packs them (each sequence in equal
 pieces, one a part: B32 Sq4 needs no merge), and the merge kernel. A loader warp brings a piece's q once and each 64-key tile's three TMA boxes into a ring
 of two; warpgroup 0 computes the whole score tile, the online softmax, P and the rows' factor into shared memory and
-O[:, :256]; warpgroup 1 O[:, 256:]. No score reduction crosses warpgroups (QK_SPLIT's does, every tile), and
+O[:, :256] (P from registers); warpgroup 1 O[:, 256:]. No score reduction crosses warpgroups (QK_SPLIT's does, every tile), and
 warpgroup 1's product of a tile runs while warpgroup 0 scores the next (kernels/notes/mla-paged/README.md).
 
 Lengths. Shapes, dtypes and devices are checked on every call; the lengths on the host when they

@@ -110,7 +110,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
                       B_P2=triton.next_power_of_2(B), PAGE_CHUNK=PAGE_CHUNK, MERGE_W=max(16, min(D_NOPE, FUSED_MERGE_ELEMS // block_h)), DN=D_NOPE, DR=D_ROPE, PDL=pdl)
     merge_constexprs = dict(BLOCK_V=merge_bv, CHUNK=MERGE_SPLIT_CHUNK, DN=D_NOPE, PDL=pdl)
     plan = dict(
-        engine="triton", descs=None,
+        engine="triton", descs=None, device_descs=False, host_descs=False,  # ENGINE "gluon"'s TMA descriptors (TMA_DESC)
         grid=(n_rb, parts, 1), merge_grid=(R, D_NOPE // merge_bv, B), fused=merge == "fused", tma=tma,
         sizes=(B, Sq, H, num_pages * page, block_table.shape[1]),
         strides=(q.stride(0), q.stride(1), q.stride(2), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0)),
@@ -134,11 +134,11 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
         g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device")
         m_constexprs = dict(merge_constexprs, PDL=0)  # a plain launch (gluon_ws.py says why)
         plan.update(
-            engine="gluon", gluon_fn=fn, grid=(n_rb, parts, 1), fused=False, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
+            engine="gluon", gluon_fn=fn, device_descs=g_constexprs["DEVICE_DESC"], host_descs=not g_constexprs["DEVICE_DESC"], grid=(n_rb, parts, 1), fused=False, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
             constexpr_values=[g_constexprs[n] for n in fn.arg_names if n in g_constexprs],
             merge_constexpr_values=[m_constexprs[n] for n in _mla_paged_merge.arg_names if n in m_constexprs],
             options=dict(num_warps=4), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2),
-            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=torch.float32,
+            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=part_dtype,
             gluon_values=(block_table.stride(0), B, Sq, H, block_table.shape[1] * page), q_rows=B * R, kv_rows=num_pages * page,
         )
     return plan
@@ -305,13 +305,12 @@ def run_plan(plan, q, kv_cache, block_table, cache_seqlens, scale, ptrs):
     lse = torch.empty(plan["lse_shape"], device=q.device, dtype=torch.float32)
     stream_id = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
     scratch, scratch_ptrs = _scratch(plan, q.device, stream_id)
-    if plan["tma"] and q.is_cuda or plan["engine"] == "gluon" and plan["constexprs"]["DEVICE_DESC"]:
+    if plan["tma"] and q.is_cuda or plan["device_descs"]:
         triton.set_allocator(_descriptor_scratch)  # kernels that make tensor descriptors on the device
     aligned = (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) % 16 == 0
     if plan["compiled"] is not None and aligned:
-        host_descs = plan["engine"] == "gluon" and not plan["constexprs"]["DEVICE_DESC"]
         _launch_direct(plan, ptrs, o.data_ptr(), lse.data_ptr(), scratch_ptrs, scale * LOG2E, stream_id,
-                       (q, kv_cache) if host_descs else None)
+                       (q, kv_cache) if plan["host_descs"] else None)
     else:
         _launch_first(plan, q, kv_cache, block_table, cache_seqlens, o, lse, scratch, scale * LOG2E, aligned)
     return o, lse
