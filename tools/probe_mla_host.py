@@ -3,8 +3,8 @@
     python3 tools/probe_mla_host.py OUT_DIR [--file PROBLEM:NAME=PATH ..] [--rounds 60] [--cases B1]
 
 Host time at B1 moved by tens of microseconds between machines and between one pytest-benchmark test and the next,
-so two figures from different tests are not side by side. Here every round times each implementation once, in turn,
-on the same case: one round is ``EAGER_SETS`` calls back to back on as many input sets (benchmarks/test_headline.py's
+so two figures from different tests are not side by side. Here every round times each implementation once, in turn
+(a different one first in each round), on the same case: one round is ``EAGER_SETS`` calls back to back on as many input sets (benchmarks/test_headline.py's
 eager round), timed to the last call's return (``host``: the caller's thread per call) and to the GPU's end
 (``eager``: per call, host included). Medians over ``--rounds`` rounds, and ours over FlashMLA's per round (the
 median of the ratios: > 1 means FlashMLA is faster).
@@ -108,9 +108,12 @@ def main():
                     for inputs in sets:  # warm: compile, plan, scratch
                         fn(**inputs)
             samples = {name: [] for name in live}
-            for _ in range(args.rounds):
-                for name, fn in live.items():
-                    samples[name].append(eager_round(fn, sets))
+            order = list(live)
+            for r in range(args.rounds):
+                # each implementation first in turn: the one timed first in a round paid 1-5 us more host time (H200,
+                # results/h200-2026-12-02h calls 4 and 5), whichever it was
+                for name in order[r % len(order):] + order[:r % len(order)]:
+                    samples[name].append(eager_round(live[name], sets))
             flash = next((n for n in live if n.startswith("baseline:")), None)
             for name, got in samples.items():
                 row[name]["host_us"] = statistics.median(h for h, _ in got) * 1e6
