@@ -53,6 +53,17 @@ def test_reference_matches_the_definition(case, seed):
     assert rel_rms(o, want_o) < 1e-12 and rel_rms(lse, want_lse) < 1e-6
 
 
+@pytest.mark.parametrize("lengths", [[5, 9, 5, 9, 2], [7, 7, 7], [3, 12, 12, 3, 12]])
+def test_reference_batches_sequences_of_one_length_right(lengths):
+    """Sequences of one length go through the reference in one batch, interleaved with others: each
+    still gets its own pages, queries and causal limit (against the definition, in float64)."""
+    case = {"B": len(lengths), "Sq": 2, "H": 2, "page_size": 4, "lengths": lengths}
+    inputs = MLA_PAGED.make_inputs(case, device="cpu", seed=len(lengths))
+    o, lse = MLA_PAGED.reference(**inputs)
+    want_o, want_lse = loop_attention_paged(**inputs)
+    assert rel_rms(o, want_o) < 1e-12 and rel_rms(lse, want_lse) < 1e-6
+
+
 @settings(max_examples=8, deadline=None)
 @given(case=MLA.case_strategy("cpu"), seed=SEEDS, page_size=st.sampled_from([1, 3, 16, 64]))
 def test_reference_agrees_with_the_dense_problem(case, seed, page_size):

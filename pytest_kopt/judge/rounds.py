@@ -46,6 +46,7 @@ ROUND_TARGET_S = 0.01  # aim for rounds this long on a GPU, so the request's rou
 MAX_SLOTS = 256
 SLOT_MEMORY = 16 << 30  # bytes one case's slots may hold on a GPU (inputs, draws, expected outputs, snapshot)
 REFERENCE_BUDGET_S = 0.5  # per round: references of the draws
+REFERENCE_RETIME_S = 0.02  # a first reference slower than this is timed again (slots are sized by its time)
 TRANSPORT_ROUNDS = 5  # rounds through the transport yardstick (after one warm-up); the least is taken off
 
 
@@ -112,6 +113,11 @@ class CaseBench:
         expected = sup.timed_reference(sample)
         timing.synchronize(self.device)
         self.reference_s = time.perf_counter() - started
+        if self.cuda and self.reference_s > REFERENCE_RETIME_S:  # the first call pays allocations and library set-up
+            started = time.perf_counter()
+            sup.timed_reference(sample)
+            timing.synchronize(self.device)
+            self.reference_s = min(self.reference_s, time.perf_counter() - started)
         tensors = [v for v in sample.values() if isinstance(v, torch.Tensor)]
         outputs = [e for e in expected if isinstance(e, torch.Tensor)]
         self.slot_bytes = 2 * sum(t.numel() * t.element_size() for t in tensors) + 3 * sum(e.numel() * e.element_size() for e in outputs)
