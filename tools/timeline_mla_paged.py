@@ -50,10 +50,12 @@ def measure(fn, sets, n_calls):
         for i in range(n_calls):
             fn(**sets[i % len(sets)])
         torch.cuda.synchronize()
-    trace = Path(tempfile.mkdtemp()) / "trace.json"
-    prof.export_chrome_trace(str(trace))
+    with tempfile.TemporaryDirectory() as tmp:  # the trace is read once, then removed
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        records = json.loads(trace.read_text())["traceEvents"]
     events = [{"name": e["name"], "start": float(e["ts"]), "end": float(e["ts"]) + float(e["dur"])}
-              for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "kernel"]
+              for e in records if e.get("cat") == "kernel"]
     groups = calls_of(events, n_calls)
     if not groups:
         return {"error": f"{len(events)} kernel records for {n_calls} calls"}
