@@ -2,11 +2,12 @@
 the kernels the loops promoted; issue 31: the paged decode beside FlashMLA):
 
     ncu --profile-from-start off --clock-control none --section SpeedOfLight ... python3 tools/profile_mla.py
-    ncu ... python3 tools/profile_mla.py --paged [--cases "B32 Sq4,B64 Sq1"]
+    ncu ... python3 tools/profile_mla.py --paged [--cases "B32 Sq4,B64 Sq1"] [--file PATH]
 
 Default: decode B1 and B64 and the causal prefill at 8192. ``--paged``: the promoted ``mla-paged`` kernel and
 FlashMLA (where ``flash_mla`` imports; else its rows are skipped with the reason) at the ``mla-paged`` headline
-cases whose labels contain one of ``--cases``. Every implementation is called once (compiled, planned, warmed)
+cases whose labels contain one of ``--cases``; ``--file``: a candidate file of ``mla-paged`` profiled in place of
+the promoted kernel (ncu's ``-k`` then picks its kernel by name). Every implementation is called once (compiled, planned, warmed)
 before its profiled call.
 """
 
@@ -48,13 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--paged", action="store_true", help="mla-paged's promoted kernel and FlashMLA")
     parser.add_argument("--cases", default="B32 Sq4,B64 Sq1,B1 Sq4", help="with --paged: substrings of case labels")
+    parser.add_argument("--file", help="with --paged: a candidate file profiled in place of the promoted kernel")
     args = parser.parse_args(argv)
     if not args.paged:
         for name, case in CASES:
             profile(get_problem(name), case, {"best": load_kernel(KERNELS_DIR / "best" / f"{name}.py")})
         return 0
     paged = get_problem("mla-paged")
-    impls = {"best": load_kernel(KERNELS_DIR / "best" / "mla-paged.py")}
+    impls = {"best": load_kernel(args.file or KERNELS_DIR / "best" / "mla-paged.py")}
     flashmla, reason = flashmla_status()
     if flashmla is None:
         print(f"FlashMLA skipped: {reason}")

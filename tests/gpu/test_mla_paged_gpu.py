@@ -1,0 +1,61 @@
+"""The ``mla_paged`` family's Hopper engines on the GPU: ENGINE "gluon" and "seesaw" against the problem's float32
+reference, where they apply (H 64, pages of 64 or 128 tokens), on the shapes that stress their hand-offs: a piece of one
+tile, odd and even tile counts (the seesaw's last tile is either warpgroup's), partial last tiles, lengths equal to Sq,
+unequal lengths that split and merge, equal lengths packed in equal pieces, and softmaxes made nearly one-hot or flat."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_kopt.families import load_family
+from pytest_kopt.problems.mla_paged import MLA_PAGED
+
+FAMILY = load_family("mla_paged")
+ENGINES = ["gluon", "seesaw"]
+EDGE_CASES = [
+    {"B": 1, "Sq": 1, "H": 64, "lengths": [64]},  # one tile
+    {"B": 1, "Sq": 4, "H": 64, "lengths": [130]},  # three tiles, the last partial and warpgroup 0's
+    {"B": 2, "Sq": 2, "H": 64, "lengths": [2, 191]},  # a length of Sq; three tiles
+    {"B": 3, "Sq": 4, "H": 64, "lengths": [256, 4, 255]},  # four tiles (the last warpgroup 1's), one of Sq
+    {"B": 5, "Sq": 1, "H": 64, "lengths": [8192, 1, 63, 65, 4097]},  # split and merged
+    {"B": 32, "Sq": 4, "H": 64, "Skv": 1000},  # equal lengths, packed
+    {"B": 4, "Sq": 2, "H": 64, "Skv": 3000, "page_size": 128, "q_scale": 32.0},
+    {"B": 2, "Sq": 4, "H": 64, "lengths": [777, 5000], "q_scale": 0.01},
+]
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    from family_modules import import_rendered
+
+    folder = tmp_path_factory.mktemp("mla_paged_gpu")
+    return {engine: import_rendered(FAMILY, {"ENGINE": engine}, folder).kernel for engine in ENGINES}
+
+
+def check(kernel, case: dict, seed: int) -> None:
+    inputs = MLA_PAGED.make_inputs(case, device="cuda", seed=seed)
+    for _ in range(2):  # the first call plans and compiles, the second launches the compiled kernel directly
+        out = kernel(**inputs)
+    errors = MLA_PAGED.compare(out, MLA_PAGED.reference(**inputs))
+    assert all(e.ok for e in errors), (case, seed, [e.reason for e in errors if not e.ok])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items() if k != "lengths"))
+def test_the_hopper_engines_match_the_reference(kernels, engine, case, seed):
+    check(kernels[engine], case, seed)
+
+
+@settings(max_examples=12, deadline=None)
+@given(data=st.data())
+def test_the_hopper_engines_on_drawn_lengths(kernels, data):
+    """Lengths drawn at random (1 to 3000 tokens each, Sq 1 to 4, up to 40 sequences): every engine on the same inputs."""
+    sq = data.draw(st.sampled_from([1, 2, 4]))
+    lengths = data.draw(st.lists(st.integers(sq, 3000), min_size=1, max_size=40))
+    case = {"B": len(lengths), "Sq": sq, "H": 64, "lengths": lengths}
+    seed = data.draw(st.integers(0, 2**31 - 1))
+    for engine in ENGINES:
+        check(kernels[engine], case, seed)
