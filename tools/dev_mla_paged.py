@@ -66,7 +66,6 @@ PAGED_VARIANTS = {
     "paged-ov0": ("mla_paged", {"OVERHEAD": 0}),
     "paged-wide": ("mla_paged", {"CONFIG": "knobs"}),  # the 64-row TMA tiles at every shape
     "paged-gluon": ("mla_paged", {"ENGINE": "gluon"}),  # the warp-specialised Gluon kernel where it applies
-    "paged-seesaw": ("mla_paged", {"ENGINE": "seesaw"}),  # the Gluon kernel whose warpgroups both score
 }
 BALANCED = {"SCHEDULE": "balanced", "PDL": 2, "num_stages": 4, "MERGERS": 4}  # mla_decode's first TRY_EARLY entry
 DENSE_VARIANTS = {

@@ -64,5 +64,5 @@ argument binding and specialisation (most of a launch's host time) and the launc
 aligned (the compiled kernel assumes what the first call's were) goes through the JIT again.
 """
 
-from . import knobs, tiles, gluon_ws, gluon_seesaw, host, entry  # noqa: F401
+from . import knobs, tiles, gluon_ws, host, entry  # noqa: F401
 from .entry import kernel  # noqa: F401

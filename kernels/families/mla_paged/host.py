@@ -12,7 +12,6 @@ from .knobs import KNOBS, REGIMES, WIDE_FROM_PAIRS, WIDE_FROM_ROWS, WIDE_FROM_TO
     MERGE_SPLIT_CHUNK, PAGE_CHUNK, MERGE_WARPS, MAX_BATCH, SMEM_LIMIT, PLANS_KEPT
 from .tiles import _mla_paged_fwd, _mla_paged_merge
 from .gluon_ws import _mla_paged_ws
-from .gluon_seesaw import _mla_paged_seesaw
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index):
@@ -69,7 +68,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
                           ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")),
-                          ("ENGINE", ("triton", "gluon", "seesaw"))):
+                          ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
     overhead = knobs["OVERHEAD"]
@@ -126,11 +125,11 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     )
     # the narrow regime (one query, small batch, short cache) stays on the Triton tiles: as fast on the device there
     # and a shorter host path (H200, B1 Sq1: 26.3 against 26.8 us device, 43.3 against 52.8 us eager)
-    gluon_fits = (knobs["ENGINE"] in ("gluon", "seesaw") and not _narrow(knobs, B, R, block_table.shape[1] * page) and aligned and dev_index is not None and R % 64 == 0 and page % 64 == 0
+    gluon_fits = (knobs["ENGINE"] == "gluon" and not _narrow(knobs, B, R, block_table.shape[1] * page) and aligned and dev_index is not None and R % 64 == 0 and page % 64 == 0
                   and torch.cuda.get_device_capability(dev_index)[0] == 9 and q.dtype == kv_cache.dtype == torch.bfloat16
                   and q.is_contiguous() and kv_cache.is_contiguous())
-    if gluon_fits:  # ENGINE "gluon" or "seesaw": one 64-row block per program, the merge kernel for split sequences
-        fn = _mla_paged_ws if knobs["ENGINE"] == "gluon" else _mla_paged_seesaw
+    if gluon_fits:  # ENGINE "gluon": one 64-row block per program, the merge kernel for split sequences
+        fn = _mla_paged_ws
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
         g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device")
         m_constexprs = dict(merge_constexprs, PDL=0)  # a plain launch (gluon_ws.py says why)

@@ -20,7 +20,7 @@ SPACE = {
     "PARTIAL_DTYPE": ["float32", "bfloat16"],  # split partial outputs
     "PDL": [0, 1, 2],  # MERGE kernel (not ENGINE "gluon"'s): 1 the merge launch overlaps the main kernel's tail; 2 the main kernel's launch too
     "LAUNCH": ["jit", "direct"],  # direct: later calls of a plan launch the cached compiled kernel (less host time)
-    "ENGINE": ["triton", "gluon", "seesaw"],  # the warp-specialised Hopper kernels where they apply (module doc); seesaw: both warpgroups score
+    "ENGINE": ["triton", "gluon"],  # the warp-specialised Hopper kernels where they apply (module doc)
     "TMA_DESC": ["host", "device"],  # ENGINE "gluon"'s four TMA descriptors: encoded by the launcher every launch, or made in the kernel
 }
 TRY_EARLY = [
