@@ -406,8 +406,8 @@ class _FakeCompiled:
         self.log.append((self.name, "compiled", (gx, gy, gz), args, {"stream": stream}, bases))
 
 
-def _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, capability=9, engine="gluon", **knobs):
-    module = render({"ENGINE": engine, **knobs}, tmp_dir)
+def _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, capability=9, engine="gluon"):
+    module = render({"ENGINE": engine}, tmp_dir)
     module._PLANS.clear()
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (capability, 0))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -442,7 +442,7 @@ def test_gluon_engine_plan_descriptors_and_direct_launches(tmp_dir, monkeypatch)
     assert [b is first["q"] for b in bases[:2]] == [True, True] and [b is first["kv_cache"] for b in bases[2:]] == [True, True]
     assert [d.block_shape for d in plan["descs"]] == [[64, 256], [64, 64], [64, 256], [64, 64]]
     assert all(d.base is None for d in plan["descs"])  # no caller's tensor held between calls
-    assert log[1][4]["PDL"] == 0 and "launch_pdl" not in log[1][4]  # GLUON_PDL 0: a plain launch
+    assert log[1][4]["PDL"] == 0 and "launch_pdl" not in log[1][4]  # a plain launch (gluon_ws.py says why)
     descs = plan["descs"]
     module.kernel(**second)
     assert len(module._PLANS) == 1 and plan["descs"] is descs
@@ -456,16 +456,6 @@ def test_gluon_engine_plan_descriptors_and_direct_launches(tmp_dir, monkeypatch)
     third["cache_seqlens"] = torch.Tensor._make_subclass(_FakeCuda, torch.cat([torch.zeros(1, dtype=torch.int32), third["cache_seqlens"]])[1:])
     module.kernel(**third)
     assert [(fn, how) for fn, how, *_ in log[4:]] == [(name, "jit"), ("merge", "jit")]
-
-
-def test_gluon_pdl_lets_the_merge_launch_early(tmp_dir, monkeypatch):
-    """GLUON_PDL 1: the main kernel gets PDL (its loader lets the dependents go) and the merge kernel is launched as a
-    programmatic dependent that waits for the main grid (PDL 1 in its constexprs, launch_pdl in its options)."""
-    module, log = _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, GLUON_PDL=1)
-    module.kernel(**_fake_cuda_inputs({"B": 3, "Sq": 2, "H": 64, "lengths": [300, 64, 129]}, 0))
-    assert [fn for fn, *_ in log] == ["ws", "merge"]
-    assert log[0][4]["PDL"] == 1 and "launch_pdl" not in log[0][4]
-    assert log[1][4]["PDL"] == 1 and log[1][4]["launch_pdl"] is True
 
 
 def test_gluon_engine_with_descriptors_made_on_the_device(tmp_dir, monkeypatch):
@@ -620,7 +610,7 @@ i32 = lambda n: torch.empty(n, dtype=torch.int32)
 args = dict(q_n=q_n, q_r=q_r, kv_n=kv_n, kv_r=kv_r, table=i32(B * 128), lens=i32(B), o=torch.empty(16, dtype=torch.bfloat16),
             lse=torch.empty(16), part_o=torch.empty(16), part_lse=torch.empty(16), meta=i32(16), stride_tb=128, B=B, Sq=Sq, H=H,
             capacity=8192, qk_scale=0.1, n_q_rows=B * Sq * H, n_kv_rows=pages * 64, PAGE=64, OVH=5, B_P2=64, DN=512,
-            DEVICE_DESC=device_desc, PDL=1)
+            DEVICE_DESC=device_desc)
 kernel, _ = tool.compile_launch(types.SimpleNamespace(fn=fn, args=args, options=dict(num_warps=4)))
 ptx = kernel.asm["ptx"]
 ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
