@@ -66,7 +66,6 @@ PAGED_VARIANTS = {
     "paged-ov0": ("mla_paged", {"OVERHEAD": 0}),
     "paged-wide": ("mla_paged", {"CONFIG": "knobs"}),  # the 64-row TMA tiles at every shape
     "paged-gluon": ("mla_paged", {"ENGINE": "gluon"}),  # the warp-specialised Gluon kernel where it applies
-    "paged-gluon-pdl": ("mla_paged", {"ENGINE": "gluon", "GLUON_PDL": 1}),  # its merge kernel as a programmatic dependent
 }
 BALANCED = {"SCHEDULE": "balanced", "PDL": 2, "num_stages": 4, "MERGERS": 4}  # mla_decode's first TRY_EARLY entry
 DENSE_VARIANTS = {
