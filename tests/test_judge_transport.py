@@ -102,3 +102,24 @@ def test_an_evaluation_takes_the_yardsticks_transport_off_every_round(monkeypatc
     assert rows and all(row["n"] == 1 for row in rows)  # one slot a round on the CPU
     per_round = sorted(row["window_us"] - transport for row in rows)
     assert timings["candidate_us"] == pytest.approx((per_round[(len(per_round) - 1) // 2] + per_round[len(per_round) // 2]) / 2, rel=1e-3)
+
+
+@pytest.mark.parametrize("per_calls, use", [
+    ([0.75e-3, 6.8e-3], 14),  # the second round's first use of its slots was slow: sized by the first
+    ([2e-3, 1e-3, 1e-3], 10),  # the second round was faster and changed the size: a third warms the new slots
+    ([20e-3, 30e-3], 2),  # slower than a round's target: two slots
+])
+def test_calibration_sizes_rounds_by_the_fastest_warm_up_round(monkeypatch, per_calls, use):
+    """A round's size comes from the least per-call time of the warm-up rounds, not the last one's."""
+    bench = object.__new__(rounds.CaseBench)
+    bench.cuda, bench.count, bench.use = True, 64, 4
+    seen = []
+
+    def runner_round(client, slots, mode, who):
+        seen.append(bench.use)
+        return per_calls[len(seen) - 1], None
+
+    monkeypatch.setattr(bench, "runner_round", runner_round, raising=False)
+    monkeypatch.setattr(rounds.timing, "host_window_cycles", lambda per_call: per_call)
+    bench.calibrate(None, None)
+    assert len(seen) == len(per_calls) and bench.use == use and bench.window == min(per_calls)
