@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_kopt.kernels.reference.mla import check_paged, gather_sequence, mla_paged_eager_bf16, mla_paged_reference
+from pytest_kopt.kernels.reference.mla import check_paged, gather_sequence, length_groups, mla_paged_eager_bf16, mla_paged_reference
 from pytest_kopt import KERNELS_DIR
 from pytest_kopt.problems import get_problem
 from pytest_kopt.problems import mla as mla_problem
@@ -53,10 +53,11 @@ def test_reference_matches_the_definition(case, seed):
     assert rel_rms(o, want_o) < 1e-12 and rel_rms(lse, want_lse) < 1e-6
 
 
-@pytest.mark.parametrize("lengths", [[5, 9, 5, 9, 2], [7, 7, 7], [3, 12, 12, 3, 12]])
-def test_reference_batches_sequences_of_one_length_right(lengths):
-    """Sequences of one length go through the reference in one batch, interleaved with others: each
-    still gets its own pages, queries and causal limit (against the definition, in float64)."""
+@pytest.mark.parametrize("lengths", [[5, 9, 5, 9, 2], [7, 7, 7], [3, 12, 12, 3, 12], [40, 37, 44, 2, 39, 41], [9, 10, 11, 12]])
+def test_reference_batches_sequences_of_near_lengths_right(lengths):
+    """Sequences of one length, or of near lengths, go through the reference in one batch, interleaved with others
+    (a shorter one padded with zero rows): each still gets its own pages, queries and causal limit (against the
+    definition, in float64)."""
     case = {"B": len(lengths), "Sq": 2, "H": 2, "page_size": 4, "lengths": lengths}
     inputs = MLA_PAGED.make_inputs(case, device="cpu", seed=len(lengths))
     o, lse = MLA_PAGED.reference(**inputs)
@@ -308,3 +309,14 @@ def test_flashmla_that_cannot_run_is_skipped_with_a_reason(monkeypatch, module):
         assert [b.name for b in MLA.baselines("cuda")] == ["torch-eager-bf16", "torch-fp32-reference"]
     finally:
         mla_problem.flashmla_status.cache_clear()
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(1, 5000), min_size=1, max_size=200), ratio=st.sampled_from([1.0, 1.25, 2.0]))
+def test_length_groups_cover_every_sequence_once_within_the_padding_bound(lengths, ratio):
+    groups = length_groups(lengths, ratio)
+    assert sorted(b for g in groups for b in g) == list(range(len(lengths)))
+    for g in groups:
+        assert len(g) * max(lengths[b] for b in g) <= ratio * sum(lengths[b] for b in g) + 1e-9
+    for value in set(lengths):  # one length, one batch
+        assert len({i for i, g in enumerate(groups) for b in g if lengths[b] == value}) == 1
