@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             profile(get_problem(name), case, {"best": load_kernel(KERNELS_DIR / "best" / f"{name}.py")})
         return 0
     paged = get_problem("mla-paged")
-    impls = {"best": load_kernel(args.file or KERNELS_DIR / "best" / "mla-paged.py")}
+    impls = {"file": load_kernel(args.file)} if args.file else {"best": load_kernel(KERNELS_DIR / "best" / "mla-paged.py")}
     flashmla, reason = flashmla_status()
     if flashmla is None:
         print(f"FlashMLA skipped: {reason}")

@@ -210,9 +210,9 @@ class CaseBench:
     def calibrate(self, client: RunnerClient, slots: CaseSlots) -> None:
         """Warm-up eager rounds (not counted) set how many slots a round uses, aiming at ROUND_TARGET_S
         per round, and the device mode's host window, from the least per-call time seen: a round's first
-        use of slots pays one-off costs (on the H200, B32 Sq4's first round of 13 slots took 89 ms where
-        the next took 4 ms, and sizing by it left 2 slots a round, whose fixed cost then doubled the
-        per-call figure). A third round runs when the second changed the size."""
+        use of slots pays one-off costs that can make it many times slower than its calls, and a size set
+        by it leaves rounds so short that their fixed cost dominates the per-call figure. A third round
+        runs when the second changed the size (its slots are then warm before the timed rounds)."""
         if not self.cuda:
             return
         fastest = math.inf
