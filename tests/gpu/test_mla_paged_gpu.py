@@ -18,9 +18,9 @@ FAMILY = load_family("mla_paged")
 ENGINES = ["gluon"]
 EDGE_CASES = [
     {"B": 1, "Sq": 1, "H": 64, "lengths": [64]},  # one tile
-    {"B": 1, "Sq": 4, "H": 64, "lengths": [130]},  # three tiles, the last partial and warpgroup 0's
+    {"B": 1, "Sq": 4, "H": 64, "lengths": [130]},  # three tiles, the last partial
     {"B": 2, "Sq": 2, "H": 64, "lengths": [2, 191]},  # a length of Sq; three tiles
-    {"B": 3, "Sq": 4, "H": 64, "lengths": [256, 4, 255]},  # four tiles (the last warpgroup 1's), one of Sq
+    {"B": 3, "Sq": 4, "H": 64, "lengths": [256, 4, 255]},  # four tiles and a partial one; a length of Sq
     {"B": 5, "Sq": 1, "H": 64, "lengths": [8192, 1, 63, 65, 4097]},  # split and merged
     {"B": 32, "Sq": 4, "H": 64, "Skv": 1000},  # equal lengths, packed
     {"B": 4, "Sq": 2, "H": 64, "Skv": 3000, "page_size": 128, "q_scale": 32.0},
