@@ -2,7 +2,7 @@
 applies (H 64, pages of 64 or 128 tokens; B1 Sq1 over a short cache stays on the Triton tiles), on the shapes that stress
 its hand-offs between the loader and the two warpgroups: a piece of one tile, odd and even tile counts, partial last
 tiles, lengths equal to Sq, unequal lengths that split and merge, equal lengths packed in equal pieces, and softmaxes
-made nearly one-hot or flat. ENGINES lists every engine to check (session 30's ENGINE "seesaw" was checked here)."""
+made nearly one-hot or flat. ENGINES lists the engines to check (a new engine joins it)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ EDGE_CASES = [
     {"B": 1, "Sq": 1, "H": 64, "lengths": [64]},  # one tile
     {"B": 1, "Sq": 4, "H": 64, "lengths": [130]},  # three tiles, the last partial
     {"B": 2, "Sq": 2, "H": 64, "lengths": [2, 191]},  # a length of Sq; three tiles
-    {"B": 3, "Sq": 4, "H": 64, "lengths": [256, 4, 255]},  # four tiles and a partial one; a length of Sq
+    {"B": 3, "Sq": 4, "H": 64, "lengths": [256, 4, 255]},  # four whole tiles; a length of Sq; four, the last partial
     {"B": 5, "Sq": 1, "H": 64, "lengths": [8192, 1, 63, 65, 4097]},  # split and merged
     {"B": 32, "Sq": 4, "H": 64, "Skv": 1000},  # equal lengths, packed
     {"B": 4, "Sq": 2, "H": 64, "Skv": 3000, "page_size": 128, "q_scale": 32.0},
