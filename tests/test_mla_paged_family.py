@@ -195,6 +195,23 @@ def test_split_sequences_merge_right(tmp_dir, case, seed, merge, overhead, n_sms
     assert not counters.any()
 
 
+def test_the_merge_kernel_folds_pieces_over_several_chunks(tmp_dir):
+    """A sequence in more pieces than the merge kernel loads at once: its chunks are folded with a running max (the
+    lse and partials of one chunk loaded together), and the result is the reference's."""
+    module = with_sms(render({**SMALL, "MERGE": "kernel", "OVERHEAD": 0}, tmp_dir), 12)
+    kept = module.MERGE_ELEMS
+    module.MERGE_ELEMS = 128  # two pieces a chunk (the fewest it loads)
+    try:
+        case = {"B": 2, "Sq": 1, "H": 2, "page_size": 16, "lengths": [400, 37]}  # 25 + 3 tiles over 12 parts
+        check(module.kernel, case, seed=5)
+        plan = next(iter(module._PLANS.values()))
+        meta = next(iter(plan["scratch"].values()))[0][3].view(-1, 4)
+        assert meta[0, 1] > plan["merge_constexprs"]["CHUNK"]
+    finally:
+        module.MERGE_ELEMS = kept
+        module._PLANS.clear()
+
+
 def test_the_kernel_schedules_as_written_out(tmp_dir):
     """MERGE "kernel" records each sequence's first part and piece count: they are the mirror's."""
     module = with_sms(render({**SMALL, "MERGE": "kernel", "OVERHEAD": 2}, tmp_dir), 12)
@@ -560,7 +577,7 @@ for regime, merge in (("narrow", 2), ("wide", 1)):  # each regime with one of th
                   PAGE_CHUNK=fam.PAGE_CHUNK, MERGE_W=max(16, min(512, fam.FUSED_MERGE_ELEMS // t["BLOCK_H"])), DN=512, DR=64,
                   PDL=1 if merge == 1 else 0)
         out[f"{regime}-merge{merge}"] = build(fam._mla_paged_fwd, ce, t["num_warps"], t["num_stages"])
-out["merge-kernel"] = build(fam._mla_paged_merge, dict(BLOCK_V=64, CHUNK=fam.MERGE_SPLIT_CHUNK, DN=512, PDL=1), fam.MERGE_WARPS, 2)
+out["merge-kernel"] = build(fam._mla_paged_merge, dict(BLOCK_V=64, CHUNK=64, DN=512, PDL=1), fam.MERGE_WARPS, 2)
 print(json.dumps(out))
 """
 
@@ -622,7 +639,8 @@ print(json.dumps({"ptx": ptx, "notes": notes, "shared": kernel.metadata.shared})
 """
 
 
-@pytest.mark.parametrize("fn, sq, desc", [("_mla_paged_ws", 1, "host"), ("_mla_paged_ws", 4, "host"), ("_mla_paged_ws", 4, "device")])
+@pytest.mark.parametrize("fn, sq, desc", [("_mla_paged_ws", 1, "host"), ("_mla_paged_ws", 4, "host"), ("_mla_paged_ws", 4, "device"),
+                                          ("_mla_paged_ws_defer", 4, "host")])
 def test_gluon_engine_compiles_for_hopper(tmp_path, fn, sq, desc):
     """ENGINE "gluon"'s kernel compiled for sm_90 as launched at B64 Sq1 and Sq4 (no GPU): three
     partitions with their register budgets (the warpgroups 232, the loader 40), scores [64 x 64] and P V [64 x 256] on
@@ -639,9 +657,12 @@ def test_gluon_engine_compiles_for_hopper(tmp_path, fn, sq, desc):
     assert {"232", "40"} <= set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") > 0
     # P V: warpgroup 0's half takes P from registers (A as four registers), warpgroup 1's from shared memory (A as a
-    # descriptor), four k-steps of 16 keys each
+    # descriptor), four k-steps of 16 keys each. PV_DEFER: warpgroup 0's from shared memory too, in the tile loop and
+    # after it (P from registers there made ptxas serialise the products in flight: C7513)
     a_operands = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16\s*\{[^}]*\},\s*(\{|%rd)", ptx)
-    assert a_operands.count("{") == 4 and a_operands.count("%rd") == 4, a_operands
+    expected = (0, 12) if fn.endswith("_defer") else (4, 4)
+    assert (a_operands.count("{"), a_operands.count("%rd")) == expected, a_operands
+    assert "C7513" not in notes, notes
     assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global") >= 6  # q's three boxes, each tile's three
     assert 200_000 < out["shared"] <= 232448 and "C7515" not in notes and "Used " in notes
     # a partial tile's rows are zeroed eight at a time: the whole [64, 256] tile at once held 128 values a thread in

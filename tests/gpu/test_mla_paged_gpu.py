@@ -2,7 +2,7 @@
 applies (H 64, pages of 64 or 128 tokens; B1 Sq1 over a short cache stays on the Triton tiles), on the shapes that stress
 its hand-offs between the loader and the two warpgroups: a piece of one tile, odd and even tile counts, partial last
 tiles, lengths equal to Sq, unequal lengths that split and merge, equal lengths packed in equal pieces, and softmaxes
-made nearly one-hot or flat. ENGINES lists the engines to check (a new engine joins it)."""
+made nearly one-hot or flat. ENGINES names the knob settings to check (a new engine or form joins it)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pytest_kopt.families import load_family
 from pytest_kopt.problems.mla_paged import MLA_PAGED
 
 FAMILY = load_family("mla_paged")
-ENGINES = ["gluon"]
+ENGINES = {"gluon": {"ENGINE": "gluon"}, "gluon-defer": {"ENGINE": "gluon", "PV_DEFER": 1}}
 EDGE_CASES = [
     {"B": 1, "Sq": 1, "H": 64, "lengths": [64]},  # one tile
     {"B": 1, "Sq": 4, "H": 64, "lengths": [130]},  # three tiles, the last partial
@@ -33,7 +33,7 @@ def kernels(tmp_path_factory):
     from family_modules import import_rendered
 
     folder = tmp_path_factory.mktemp("mla_paged_gpu")
-    return {engine: import_rendered(FAMILY, {"ENGINE": engine}, folder).kernel for engine in ENGINES}
+    return {engine: import_rendered(FAMILY, knobs, folder).kernel for engine, knobs in ENGINES.items()}
 
 
 def check(kernel, case: dict, seed: int) -> None:

@@ -49,7 +49,9 @@ scheduler, except that equal lengths at 2 <= B <= parts are packed as FlashMLA p
 pieces, one a part: B32 Sq4 needs no merge), and the merge kernel. A loader warp brings a piece's q once and each 64-key tile's three TMA boxes into a ring
 of two; warpgroup 0 computes the whole score tile, the online softmax, P and the rows' factor into shared memory and
 O[:, :256] (P from registers); warpgroup 1 O[:, 256:]. No score reduction crosses warpgroups (QK_SPLIT's does, every tile), and
-warpgroup 1's product of a tile runs while warpgroup 0 scores the next (kernels/notes/mla-paged/README.md).
+warpgroup 1's product of a tile runs while warpgroup 0 scores the next (kernels/notes/mla-paged/README.md). PV_DEFER 1
+(``_mla_paged_ws_defer``): warpgroup 0's half of P V for a tile is issued behind the next tile's scores, so it runs
+during that tile's softmax; each box of a stage then has its own barriers.
 
 Lengths. Shapes, dtypes and devices are checked on every call; the lengths on the host when they
 are there (the CPU), on a GPU on the first call of each shape (one synchronisation). A later call
@@ -64,5 +66,5 @@ argument binding and specialisation (most of a launch's host time) and the launc
 aligned (the compiled kernel assumes what the first call's were) goes through the JIT again.
 """
 
-from . import knobs, tiles, gluon_ws, host, entry  # noqa: F401
+from . import knobs, tiles, gluon_ws, gluon_defer, host, entry  # noqa: F401
 from .entry import kernel  # noqa: F401

@@ -261,7 +261,9 @@ def _mla_paged_merge(
     BLOCK_V: tl.constexpr, CHUNK: tl.constexpr, DN: tl.constexpr, PDL: tl.constexpr,
 ):
     """MERGE "kernel": one program per (row, value slice, sequence); sequences in one piece were
-    written by the main kernel and are skipped."""
+    written by the main kernel and are skipped. One pass over the pieces, CHUNK at a time: a
+    chunk's lse and partial rows are loaded together and folded in with a running max, so a
+    sequence in up to CHUNK pieces costs one round trip to L2, not two per chunk."""
     if PDL >= 1:  # launched before the main kernel finished: wait for it (and its memory) here
         tl.extra.cuda.gdc_wait()
     row = tl.program_id(0)
@@ -273,22 +275,21 @@ def _mla_paged_merge(
         first_odd = tl.load(meta + 4 * b + 2)
         poison = tl.where(tl.load(meta + 4 * b + 3) != 0, float("nan"), 0.0)
         offs_k = tl.arange(0, CHUNK)
-        mx = tl.max(tl.full([CHUNK], float("-inf"), dtype=tl.float32), 0)
-        for k0 in range(0, n_pieces, CHUNK):
-            k = k0 + offs_k
-            slot = 2 * (first_part + k) + tl.where(k == 0, first_odd, 0)
-            mx = tl.maximum(mx, tl.max(tl.load(part_lse + slot.to(tl.int64) * R + row, mask=k < n_pieces, other=float("-inf")), 0))
         offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+        mx = tl.max(tl.full([CHUNK], -3.0e38, dtype=tl.float32), 0)  # finite: a partial's lse is finite (log2)
         tot = tl.sum(tl.zeros([CHUNK], dtype=tl.float32), 0)
         acc = tl.zeros([BLOCK_V], dtype=tl.float32)
         for k0 in range(0, n_pieces, CHUNK):
             k = k0 + offs_k
             slot = (2 * (first_part + k) + tl.where(k == 0, first_odd, 0)).to(tl.int64)
-            w = tl.exp2(tl.load(part_lse + slot * R + row, mask=k < n_pieces, other=float("-inf")) - mx)
+            lk = tl.load(part_lse + slot * R + row, mask=k < n_pieces, other=float("-inf"))
             po = tl.load(part_o + (slot * R + row)[:, None] * DN + offs_v[None, :], mask=(k < n_pieces)[:, None], other=0.0)
-            tot += tl.sum(w, 0)
-            acc += tl.sum(w[:, None] * po.to(tl.float32), 0)
+            m_new = tl.maximum(mx, tl.max(lk, 0))
+            fold = tl.exp2(mx - m_new)
+            w = tl.exp2(lk - m_new)
+            tot = tot * fold + tl.sum(w, 0)
+            acc = acc * fold + tl.sum(w[:, None] * po.to(tl.float32), 0)
+            mx = m_new
         tl.store(o + (b * R + row) * DN + offs_v, (acc / tot + poison).to(o.dtype.element_ty))
         if tl.program_id(1) == 0:
             tl.store(lse + b * R + (row % H) * Sq + row // H, (mx + tl.log2(tot)) * 0.6931471805599453 + poison)
-
