@@ -36,7 +36,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # constants the kernels and the host share.
 
 # kopt:knobs-begin
-KNOBS = {'CONFIG': 'auto', 'BLOCK_H': 64, 'BLOCK_N': 64, 'KEYS_AS_M': False, 'VALUES_AS_M': False, 'QK_SPLIT': True, 'num_warps': 8, 'num_stages': 2, 'KV_LOAD': 'tma', 'OVERHEAD': 5, 'WAVES': 1, 'MERGE': 'auto', 'PARTIAL_DTYPE': 'float32', 'PDL': 1, 'LAUNCH': 'direct', 'ENGINE': 'gluon', 'TMA_DESC': 'host'}
+KNOBS = {'CONFIG': 'auto', 'BLOCK_H': 64, 'BLOCK_N': 64, 'KEYS_AS_M': False, 'VALUES_AS_M': False, 'QK_SPLIT': True, 'num_warps': 8, 'num_stages': 2, 'KV_LOAD': 'tma', 'OVERHEAD': 5, 'WAVES': 1, 'MERGE': 'auto', 'PARTIAL_DTYPE': 'float32', 'PDL': 1, 'LAUNCH': 'direct', 'ENGINE': 'gluon', 'TMA_DESC': 'host', 'PV_DEFER': 0}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the tile config of the shape's regime (REGIMES); knobs: the knobs below
@@ -56,6 +56,7 @@ SPACE = {
     "LAUNCH": ["jit", "direct"],  # direct: later calls of a plan launch the cached compiled kernel (less host time)
     "ENGINE": ["triton", "gluon"],  # the warp-specialised Hopper kernels where they apply (module doc)
     "TMA_DESC": ["host", "device"],  # ENGINE "gluon"'s four TMA descriptors: encoded by the launcher every launch, or made in the kernel
+    "PV_DEFER": [0, 1],  # ENGINE "gluon": 1 warpgroup 0's half of P V one tile late, beside the next tile's softmax (gluon_defer.py)
 }
 TRY_EARLY = [
     {"ENGINE": "gluon"},  # on the H200 (session 25): 0.87-0.96x FlashMLA's device time, B1 Sq1 1.14x; the Triton tiles 0.60x
@@ -65,7 +66,8 @@ TRY_EARLY = [
     {"PARTIAL_DTYPE": "bfloat16"},
     {"CONFIG": "knobs"},  # BLOCK_H 64 / TMA / QK_SPLIT at every shape, B1 Sq1 included
     {"PDL": 2},
-    {"ENGINE": "gluon", "TMA_DESC": "device"},  # H200 (session 28): 9-15 us less host time a call at B1 Sq2/Sq4, 2-4 us more device time
+    {"ENGINE": "gluon", "TMA_DESC": "device"},
+    {"ENGINE": "gluon", "PV_DEFER": 1},  # H200 (session 28): 9-15 us less host time a call at B1 Sq2/Sq4, 2-4 us more device time
 ]
 
 # CONFIG "auto": a tile config per regime, from the dense family's measurements (mla_decode.py's
@@ -87,7 +89,7 @@ D_NOPE = 512
 D_ROPE = 64
 LOG2E = 1.4426950408889634
 FUSED_MERGE_ELEMS = 8192  # fused merge: partial elements per [rows, columns] step
-MERGE_SPLIT_CHUNK = 16  # merge kernel: pieces loaded at once
+MERGE_ELEMS = 4096  # merge kernel: partial elements a program loads at once (pieces x value columns)
 PAGE_CHUNK = 32  # tiles whose page numbers are loaded at once (a tile loop restarts its pipeline every PAGE_CHUNK tiles)
 MERGE_WARPS = 4
 MAX_BATCH = 8192  # the scheduler holds the lengths in one block of registers
@@ -354,7 +356,9 @@ def _mla_paged_merge(
     BLOCK_V: tl.constexpr, CHUNK: tl.constexpr, DN: tl.constexpr, PDL: tl.constexpr,
 ):
     """MERGE "kernel": one program per (row, value slice, sequence); sequences in one piece were
-    written by the main kernel and are skipped."""
+    written by the main kernel and are skipped. One pass over the pieces, CHUNK at a time: a
+    chunk's lse and partial rows are loaded together and folded in with a running max, so a
+    sequence in up to CHUNK pieces costs one round trip to L2, not two per chunk."""
     if PDL >= 1:  # launched before the main kernel finished: wait for it (and its memory) here
         tl.extra.cuda.gdc_wait()
     row = tl.program_id(0)
@@ -366,21 +370,21 @@ def _mla_paged_merge(
         first_odd = tl.load(meta + 4 * b + 2)
         poison = tl.where(tl.load(meta + 4 * b + 3) != 0, float("nan"), 0.0)
         offs_k = tl.arange(0, CHUNK)
-        mx = tl.max(tl.full([CHUNK], float("-inf"), dtype=tl.float32), 0)
-        for k0 in range(0, n_pieces, CHUNK):
-            k = k0 + offs_k
-            slot = 2 * (first_part + k) + tl.where(k == 0, first_odd, 0)
-            mx = tl.maximum(mx, tl.max(tl.load(part_lse + slot.to(tl.int64) * R + row, mask=k < n_pieces, other=float("-inf")), 0))
         offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+        mx = tl.max(tl.full([CHUNK], -3.0e38, dtype=tl.float32), 0)  # finite: a partial's lse is finite (log2)
         tot = tl.sum(tl.zeros([CHUNK], dtype=tl.float32), 0)
         acc = tl.zeros([BLOCK_V], dtype=tl.float32)
         for k0 in range(0, n_pieces, CHUNK):
             k = k0 + offs_k
             slot = (2 * (first_part + k) + tl.where(k == 0, first_odd, 0)).to(tl.int64)
-            w = tl.exp2(tl.load(part_lse + slot * R + row, mask=k < n_pieces, other=float("-inf")) - mx)
+            lk = tl.load(part_lse + slot * R + row, mask=k < n_pieces, other=float("-inf"))
             po = tl.load(part_o + (slot * R + row)[:, None] * DN + offs_v[None, :], mask=(k < n_pieces)[:, None], other=0.0)
-            tot += tl.sum(w, 0)
-            acc += tl.sum(w[:, None] * po.to(tl.float32), 0)
+            m_new = tl.maximum(mx, tl.max(lk, 0))
+            fold = tl.exp2(mx - m_new)
+            w = tl.exp2(lk - m_new)
+            tot = tot * fold + tl.sum(w, 0)
+            acc = acc * fold + tl.sum(w[:, None] * po.to(tl.float32), 0)
+            mx = m_new
         tl.store(o + (b * R + row) * DN + offs_v, (acc / tot + poison).to(o.dtype.element_ty))
         if tl.program_id(1) == 0:
             tl.store(lse + b * R + (row % H) * Sq + row // H, (mx + tl.log2(tot)) * 0.6931471805599453 + poison)
@@ -671,6 +675,19 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
     ], [4, 1], [232, 40])
 
 
+# -- mla_paged/gluon_defer.py ------------------------------------------------------------------------------------------
+# ENGINE "gluon" with PV_DEFER 1 (``_mla_paged_ws_defer``): warpgroup 0 issues its half of P V for tile t after
+# tile t + 1's score product, so the product runs on the tensor cores during tile t + 1's softmax (the overlap
+# FlashAttention-3 gets within a warpgroup). Warpgroup 1 is as in ``gluon_ws``.
+#
+# Deferring that product holds tile t's first value box half a tile longer, and the ring has two stages (q's 72 KB
+# and two 72 KB tiles fill shared memory). So each of a stage's three boxes has its own ready and empty barrier:
+# the rope box is handed back once the tile is scored, the second value box once warpgroup 1 has folded it in, the
+# first after the deferred product. The loader refills them in that order, and the score product takes them in the
+# same order (rope, second half, first half), so it starts on the boxes that came back first while the last one is
+# still on its way.
+
+
 # -- mla_paged/host.py -------------------------------------------------------------------------------------------------
 # The host: input checks, a plan per shape (tile config, grid, constexprs, scratch, descriptors), and the launches.
 
@@ -723,11 +740,17 @@ def _tiles(knobs, B, R, capacity):
     return tiles
 
 
+def _merge_chunk(parts, block_v):
+    """Pieces the merge kernel loads at once: every piece a sequence can have (one a part) in one round trip, up to
+    MERGE_ELEMS values a program."""
+    return max(2, min(triton.next_power_of_2(parts), MERGE_ELEMS // block_v))
+
+
 def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
-                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)),
                           ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
@@ -768,7 +791,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     constexprs = dict(BLOCK_H=block_h, BLOCK_N=block_n, PAGE=page, KEYS_AS_M=bool(tiles["KEYS_AS_M"]), VALUES_AS_M=bool(tiles["VALUES_AS_M"]),
                       QK_SPLIT=qk_split, TMA=tma, MERGE=2 if merge == "fused" else 1, OVERHEAD=overhead,
                       B_P2=triton.next_power_of_2(B), PAGE_CHUNK=PAGE_CHUNK, MERGE_W=max(16, min(D_NOPE, FUSED_MERGE_ELEMS // block_h)), DN=D_NOPE, DR=D_ROPE, PDL=pdl)
-    merge_constexprs = dict(BLOCK_V=merge_bv, CHUNK=MERGE_SPLIT_CHUNK, DN=D_NOPE, PDL=pdl)
+    merge_constexprs = dict(BLOCK_V=merge_bv, CHUNK=_merge_chunk(parts, merge_bv), DN=D_NOPE, PDL=pdl)
     plan = dict(
         engine="triton", descs=None, device_descs=False, host_descs=False,  # ENGINE "gluon"'s TMA descriptors (TMA_DESC)
         grid=(n_rb, parts, 1), merge_grid=(R, D_NOPE // merge_bv, B), fused=merge == "fused", tma=tma,
@@ -792,7 +815,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
         fn = _mla_paged_ws
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
         g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device")
-        m_constexprs = dict(merge_constexprs, PDL=0)  # a plain launch (gluon_ws.py says why)
+        m_constexprs = dict(merge_constexprs, CHUNK=_merge_chunk(parts, merge_bv), PDL=0)  # a plain launch (gluon_ws.py says why)
         plan.update(
             engine="gluon", gluon_fn=fn, device_descs=g_constexprs["DEVICE_DESC"], host_descs=not g_constexprs["DEVICE_DESC"], grid=(n_rb, parts, 1), fused=False, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
             constexpr_values=[g_constexprs[n] for n in fn.arg_names if n in g_constexprs],
