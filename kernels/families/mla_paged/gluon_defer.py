@@ -13,7 +13,7 @@ import triton.experimental.gluon as gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_ws import HALF_G, KEYS_G, RING_G, ROWS_G, _g_piece, _g_schedule, _g_store_half, _g_zero_rows_past
+from .gluon_ws import HALF_G, KEYS_G, RING_G, ROWS_G, _g_grid_merge, _g_piece, _g_schedule, _g_store_half, _g_zero_rows_past
 
 
 @gluon.jit
@@ -90,8 +90,8 @@ def _d_hand_over(p16, alpha, p_s, a_s, p_free, p_ready, it):
 
 
 @gluon.jit
-def _d_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R,
-           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr):
+def _d_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr):
     """Warpgroup 0: scores, the online softmax (log2), P and the rows' factor for warpgroup 1, and its half of P V one
     tile late: the product for tile t - 1 is issued behind tile t's scores and waited for after tile t's softmax. It
     reads P from shared memory, where the hand-over left it (and where nothing overwrites it before that wait): with P
@@ -151,11 +151,13 @@ def _d_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
             pc += 1
             _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO, 0, b, bad, R, Sq, H, first_part, n_pieces, first_odd,
                           True, DN)
+    if GRID:
+        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, 0, True, DN, B_P2)
 
 
 @gluon.jit
-def _d_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R,
-           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr):
+def _d_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr):
     """Warpgroup 1: the other half of P V, with warpgroup 0's P and factor; it hands the second value box back."""
     p_ready, p_free, l_ready, l_free = bars.index(2), bars.index(3), bars.index(4), bars.index(5)
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
@@ -185,12 +187,14 @@ def _d_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
             pc += 1
             _g_store_half(o, lse, part_o, part_lse, acc, l_i, l_i, LO, HALF_G, b, bad, R, Sq, H, first_part, n_pieces,
                           first_odd, False, DN)
+    if GRID:
+        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, HALF_G, False, DN, B_P2)
 
 
 @gluon.jit
-def _mla_paged_ws_defer(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, meta, stride_tb, B, Sq, H, capacity,
+def _mla_paged_ws_defer(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, meta, sync, stride_tb, B, Sq, H, capacity,
                         qk_scale, n_q_rows, n_kv_rows, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr,
-                        DN: gl.constexpr, DEVICE_DESC: gl.constexpr):
+                        DN: gl.constexpr, DEVICE_DESC: gl.constexpr, GRID_MERGE: gl.constexpr):
     """PV_DEFER 1: ``_mla_paged_ws``'s grid, shared memory and merge, with a ready and an empty barrier per box."""
     if DEVICE_DESC:
         wide: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS_G, HALF_G], gl.bfloat16)
@@ -217,10 +221,10 @@ def _mla_paged_ws_defer(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_
         mbarrier.init(bars.index(i), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (_d_wg0, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R, capacity,
-                  qk_scale, OVH, B_P2, DN)),
-        (_d_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R, capacity,
-                  qk_scale, OVH, B_P2, DN)),
+        (_d_wg0, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+                  capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
+        (_d_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+                  capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
         (_d_loader, (q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, bars.index(0), bars.index(1), ready, empty, table, lens, stride_tb,
                      B, Sq, R, capacity, PAGE, OVH, B_P2)),
     ], [4, 1], [232, 40])

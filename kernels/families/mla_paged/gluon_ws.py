@@ -5,6 +5,8 @@ import triton.experimental.gluon as gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from .gluon_merge import _g_grid_sync, _g_merge_split
+
 ROWS_G = gl.constexpr(64)  # (query, head) rows per program
 KEYS_G = gl.constexpr(64)  # keys per tile
 HALF_G = gl.constexpr(256)  # value columns per warpgroup, and the width of a latent box
@@ -139,8 +141,19 @@ def _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO: gl.constexpr, col
 
 
 @gluon.jit
-def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R,
-           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr):
+def _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, col0, WRITE_LSE: gl.constexpr, DN: gl.constexpr,
+                  B_P2: gl.constexpr):
+    """GRID_MERGE: once both warpgroups of every program have stored their pieces, this program's units of split rows,
+    this warpgroup's value columns."""
+    n_prog = gl.num_programs(0) * gl.num_programs(1)
+    _g_grid_sync(sync, 2 * n_prog)
+    _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, gl.program_id(1) * gl.num_programs(0) + gl.program_id(0),
+                   n_prog, WRITE_LSE, DN, B_P2)
+
+
+@gluon.jit
+def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr):
     """Warpgroup 0: scores, the online softmax (log2), P and the rows' factor for warpgroup 1, its half of P V. Only
     tiles that reach the causal edge or the length are masked; this half of P V takes P from registers and is issued
     before P is handed over, so the hand-over runs beside it (H200: B1 Sq4 33.4 against 36.1 us, B1 Skv 131072 69.7
@@ -206,11 +219,13 @@ def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
             pc += 1
             _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO, 0, b, bad, R, Sq, H, first_part, n_pieces, first_odd,
                           True, DN)
+    if GRID:  # the split rows, merged here (gluon_merge.py)
+        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, 0, True, DN, B_P2)
 
 
 @gluon.jit
-def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R,
-           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr):
+def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr):
     """Warpgroup 1: the other half of P V, with warpgroup 0's P and factor."""
     p_ready, p_free, l_ready, l_free = bars.index(2), bars.index(3), bars.index(4), bars.index(5)
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
@@ -240,12 +255,14 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
             pc += 1
             _g_store_half(o, lse, part_o, part_lse, acc, l_i, l_i, LO, HALF_G, b, bad, R, Sq, H, first_part, n_pieces,
                           first_odd, False, DN)
+    if GRID:
+        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, HALF_G, False, DN, B_P2)
 
 
 @gluon.jit
-def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, meta, stride_tb, B, Sq, H, capacity,
+def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, meta, sync, stride_tb, B, Sq, H, capacity,
                   qk_scale, n_q_rows, n_kv_rows, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr,
-                  DEVICE_DESC: gl.constexpr):
+                  DEVICE_DESC: gl.constexpr, GRID_MERGE: gl.constexpr):
     """ENGINE "gluon": grid (row blocks, parts); warpgroup 0 (here), warpgroup 1 and the loader warp. The merge
     kernel follows it as a plain launch: as its programmatic dependent, triggered at this kernel's start, B1 Skv
     131072 took 105.9 against 88.1 us on the H200 (kernels/notes/mla-paged/README.md, session 26). DEVICE_DESC:
@@ -277,10 +294,10 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
     fence_async_shared()
     # the partitions' argument tuples are written out here: a tuple held in a variable turns constexprs into tensors
     gl.warp_specialize([
-        (_g_wg0, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R, capacity,
-                  qk_scale, OVH, B_P2, DN)),
-        (_g_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R, capacity,
-                  qk_scale, OVH, B_P2, DN)),
+        (_g_wg0, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+                  capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
+        (_g_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+                  capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
         (_g_loader, (q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, bars.index(0), bars.index(1), ready, empty, table, lens, stride_tb,
                      B, Sq, R, capacity, PAGE, OVH, B_P2)),
     ], [4, 1], [232, 40])

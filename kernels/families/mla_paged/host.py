@@ -9,7 +9,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .knobs import KNOBS, REGIMES, WIDE_FROM_PAIRS, WIDE_FROM_ROWS, WIDE_FROM_TOKENS, D_NOPE, D_ROPE, LOG2E, FUSED_MERGE_ELEMS, \
-    MERGE_ELEMS, PAGE_CHUNK, MERGE_WARPS, MAX_BATCH, SMEM_LIMIT, PLANS_KEPT
+    MERGE_ELEMS, PAGE_CHUNK, MERGE_WARPS, MAX_BATCH, SMEM_LIMIT, PLANS_KEPT, GRID_MERGE_ROWS
 from .tiles import _mla_paged_fwd, _mla_paged_merge
 from .gluon_ws import _mla_paged_ws
 from .gluon_defer import _mla_paged_ws_defer
@@ -74,7 +74,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
-                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)),
                           ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
@@ -126,7 +126,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
         merge_constexpr_values=[merge_constexprs[n] for n in _mla_paged_merge.arg_names if n in merge_constexprs],
         options=dict(num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl >= 2 else {})),
         merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if pdl else {})),
-        scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=part_dtype,
+        scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (max(B * n_rb, 2),), (4 * B,)), part_dtype=part_dtype,
         direct=knobs["LAUNCH"] == "direct" and dev_index is not None, compiled=None, scratch={},
         o_shape=(B, Sq, H, D_NOPE), lse_shape=(B, H, Sq), merge_sizes=(Sq, H),
     )
@@ -138,14 +138,17 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     if gluon_fits:  # ENGINE "gluon": one 64-row block per program, the merge kernel for split sequences
         fn = _mla_paged_ws_defer if knobs["PV_DEFER"] else _mla_paged_ws
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
-        g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device")
+        # GRID_MERGE: the main kernel merges (a cooperative launch: every program resident, or no launch at all)
+        grid_merge = knobs["GRID_MERGE"] == 2 or (knobs["GRID_MERGE"] == 1 and B * R <= GRID_MERGE_ROWS)
+        g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device",
+                            GRID_MERGE=grid_merge)
         m_constexprs = dict(merge_constexprs, CHUNK=_merge_chunk(parts, merge_bv), PDL=0)  # a plain launch (gluon_ws.py says why)
         plan.update(
-            engine="gluon", gluon_fn=fn, device_descs=g_constexprs["DEVICE_DESC"], host_descs=not g_constexprs["DEVICE_DESC"], grid=(n_rb, parts, 1), fused=False, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
+            engine="gluon", gluon_fn=fn, device_descs=g_constexprs["DEVICE_DESC"], host_descs=not g_constexprs["DEVICE_DESC"], grid=(n_rb, parts, 1), fused=grid_merge, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
             constexpr_values=[g_constexprs[n] for n in fn.arg_names if n in g_constexprs],
             merge_constexpr_values=[m_constexprs[n] for n in _mla_paged_merge.arg_names if n in m_constexprs],
-            options=dict(num_warps=4), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2),
-            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=part_dtype,
+            options=dict(num_warps=4, **({"launch_cooperative_grid": True} if grid_merge else {})), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2),
+            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (max(B * n_rb, 2),), (4 * B,)), part_dtype=part_dtype,
             gluon_values=(block_table.stride(0), B, Sq, H, block_table.shape[1] * page), q_rows=B * R, kv_rows=num_pages * page,
         )
     return plan
@@ -182,7 +185,7 @@ def _gluon_args(plan, q, kv_cache, block_table, cache_seqlens, o, lse, scratch, 
     descriptors pointed at this call's q and cache (the launcher encodes each in every launch; the caller clears their
     bases after the launch); "device": the pointers themselves, the kernel makes the descriptors in the global scratch
     Triton asks the allocator for."""
-    part_o, part_lse, _, meta = scratch
+    part_o, part_lse, counters, meta = scratch
     if plan["constexprs"]["DEVICE_DESC"]:
         plan["descs"] = ()
         q_n = q_r = q
@@ -193,7 +196,7 @@ def _gluon_args(plan, q, kv_cache, block_table, cache_seqlens, o, lse, scratch, 
         q_n, q_r, kv_n, kv_r = plan["descs"]
         q_n.base = q_r.base = q
         kv_n.base = kv_r.base = kv_cache
-    return (q_n, q_r, kv_n, kv_r, block_table, cache_seqlens, o, lse, part_o, part_lse, meta, *plan["gluon_values"], qk_scale,
+    return (q_n, q_r, kv_n, kv_r, block_table, cache_seqlens, o, lse, part_o, part_lse, meta, counters, *plan["gluon_values"], qk_scale,
             plan["q_rows"], plan["kv_rows"])
 
 
@@ -244,7 +247,7 @@ def _launch_direct(plan, ptrs, o_ptr, lse_ptr, scratch_ptrs, qk_scale, stream_id
             kv_n.base = kv_r.base = descs_from[1]
         try:
             _direct(main, plan["grid"], stream_id, q_n, q_r, kv_n, kv_r, bt_ptr, cs_ptr, o_ptr, lse_ptr, part_o, part_lse, meta,
-                    *plan["gluon_values"], qk_scale, plan["q_rows"], plan["kv_rows"], *plan["constexpr_values"])
+                    counters, *plan["gluon_values"], qk_scale, plan["q_rows"], plan["kv_rows"], *plan["constexpr_values"])
         finally:
             if descs_from is not None:
                 for d in plan["descs"]:
