@@ -627,7 +627,7 @@ i32 = lambda n: torch.empty(n, dtype=torch.int32)
 args = dict(q_n=q_n, q_r=q_r, kv_n=kv_n, kv_r=kv_r, table=i32(B * 128), lens=i32(B), o=torch.empty(16, dtype=torch.bfloat16),
             lse=torch.empty(16), part_o=torch.empty(16), part_lse=torch.empty(16), meta=i32(16), sync=i32(2), stride_tb=128, B=B,
             Sq=Sq, H=H, capacity=8192, qk_scale=0.1, n_q_rows=B * Sq * H, n_kv_rows=pages * 64, PAGE=64, OVH=5, B_P2=64, DN=512,
-            DEVICE_DESC=device_desc, GRID_MERGE=grid_merge)
+            DEVICE_DESC=device_desc, GRID_MERGE=grid_merge, PDL=not grid_merge)
 options = dict(num_warps=4, **({"launch_cooperative_grid": True} if grid_merge else {}))
 kernel, _ = tool.compile_launch(types.SimpleNamespace(fn=fn, args=args, options=options))
 ptx = kernel.asm["ptx"]
@@ -659,6 +659,7 @@ def test_gluon_engine_compiles_for_hopper(tmp_path, fn, sq, desc, merge):
     # GRID_MERGE: a cooperative launch, one thread of each warpgroup arriving (acq_rel) and waiting (acquire loads)
     assert out["cooperative"] == (merge == "grid")
     assert ("atom.global.gpu.acq_rel.add" in ptx and "ld.global.gpu.acquire" in ptx) == (merge == "grid")
+    assert ("griddepcontrol.launch_dependents" in ptx) == (merge == "kernel")  # GLUON_PDL: the merge kernel let go early
     assert ("tensormap.replace" in ptx or "fence.proxy.tensormap" in ptx) == (desc == "device")
     assert {"232", "40"} <= set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") > 0

@@ -18,7 +18,7 @@ from .gluon_ws import HALF_G, KEYS_G, RING_G, ROWS_G, _g_grid_merge, _g_piece, _
 
 @gluon.jit
 def _d_loader(q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, q_ready, q_free, ready, empty, table, lens, stride_tb, B, Sq, R,
-              capacity, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr):
+              capacity, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr, PDL: gl.constexpr):
     """One warp: a piece's q by TMA once the last piece's is free, then each tile's boxes (rope, second value half,
     first value half: the order they are handed back in) into the ring, each as soon as its slot is empty."""
     idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 1)
@@ -50,6 +50,8 @@ def _d_loader(q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, q_ready, q_free, ready, empty
                 mbarrier.expect(ready.index(3 * st), kv_n.block_type.nbytes)
                 tma.async_copy_global_to_shared(kv_n, [kv_row, 0], ready.index(3 * st), k_s.index(2 * st))
                 it += 1
+    if PDL:  # as _g_loader
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -194,7 +196,7 @@ def _d_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
 @gluon.jit
 def _mla_paged_ws_defer(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, meta, sync, stride_tb, B, Sq, H, capacity,
                         qk_scale, n_q_rows, n_kv_rows, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr,
-                        DN: gl.constexpr, DEVICE_DESC: gl.constexpr, GRID_MERGE: gl.constexpr):
+                        DN: gl.constexpr, DEVICE_DESC: gl.constexpr, GRID_MERGE: gl.constexpr, PDL: gl.constexpr):
     """PV_DEFER 1: ``_mla_paged_ws``'s grid, shared memory and merge, with a ready and an empty barrier per box."""
     if DEVICE_DESC:
         wide: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS_G, HALF_G], gl.bfloat16)
@@ -226,5 +228,5 @@ def _mla_paged_ws_defer(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_
         (_d_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
                   capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
         (_d_loader, (q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, bars.index(0), bars.index(1), ready, empty, table, lens, stride_tb,
-                     B, Sq, R, capacity, PAGE, OVH, B_P2)),
+                     B, Sq, R, capacity, PAGE, OVH, B_P2, PDL)),
     ], [4, 1], [232, 40])

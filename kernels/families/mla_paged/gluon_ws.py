@@ -75,8 +75,9 @@ def _g_piece(lens, idx, cost, per, u0, u1, k, b, Sq, capacity, OVH: gl.constexpr
 
 @gluon.jit
 def _g_loader(q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, q_ready, q_free, ready, empty, table, lens, stride_tb, B, Sq, R,
-              capacity, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr):
-    """One warp: a piece's q by TMA once the last piece's is free, then each tile's three boxes into the ring."""
+              capacity, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr, PDL: gl.constexpr):
+    """One warp: a piece's q by TMA once the last piece's is free, then each tile's three boxes into the ring. PDL: its
+    last load issued, the program lets the merge kernel launch (which waits for this grid's end before it reads)."""
     idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 1)
     q_bytes: gl.constexpr = 2 * q_n.block_type.nbytes + q_r.block_type.nbytes
     kv_bytes: gl.constexpr = 2 * kv_n.block_type.nbytes + kv_r.block_type.nbytes
@@ -102,6 +103,8 @@ def _g_loader(q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, q_ready, q_free, ready, empty
                 tma.async_copy_global_to_shared(kv_n, [kv_row, HALF_G], ready.index(st), k_s.index(2 * st + 1))
                 tma.async_copy_global_to_shared(kv_r, [kv_row, 2 * HALF_G], ready.index(st), r_s.index(st))
                 it += 1
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -262,10 +265,11 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
 @gluon.jit
 def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, meta, sync, stride_tb, B, Sq, H, capacity,
                   qk_scale, n_q_rows, n_kv_rows, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr,
-                  DEVICE_DESC: gl.constexpr, GRID_MERGE: gl.constexpr):
-    """ENGINE "gluon": grid (row blocks, parts); warpgroup 0 (here), warpgroup 1 and the loader warp. The merge
-    kernel follows it as a plain launch: as its programmatic dependent, triggered at this kernel's start, B1 Skv
-    131072 took 105.9 against 88.1 us on the H200 (kernels/notes/mla-paged/README.md, session 26). DEVICE_DESC:
+                  DEVICE_DESC: gl.constexpr, GRID_MERGE: gl.constexpr, PDL: gl.constexpr):
+    """ENGINE "gluon": grid (row blocks, parts); warpgroup 0 (here), warpgroup 1 and the loader warp. GRID_MERGE: the
+    split rows merged here after a grid barrier (gluon_merge.py); else the merge kernel follows, PDL (knob GLUON_PDL)
+    as this kernel's programmatic dependent let go once the loader has issued its last load (let go at this kernel's
+    start, B1 Skv 131072 took 105.9 against 88.1 us on the H200: kernels/notes/mla-paged/README.md, session 26). DEVICE_DESC:
     q_n and q_r are q's pointer, kv_n and kv_r the cache's, and the four descriptors are made here (TMA_DESC "device":
     no descriptor for the launcher to encode on the host in every launch)."""
     if DEVICE_DESC:
@@ -299,5 +303,5 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
         (_g_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
                   capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
         (_g_loader, (q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, bars.index(0), bars.index(1), ready, empty, table, lens, stride_tb,
-                     B, Sq, R, capacity, PAGE, OVH, B_P2)),
+                     B, Sq, R, capacity, PAGE, OVH, B_P2, PDL)),
     ], [4, 1], [232, 40])
