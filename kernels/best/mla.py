@@ -36,7 +36,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # constants the kernels and the host share.
 
 # kopt:knobs-begin
-KNOBS = {'CONFIG': 'auto', 'BLOCK_H': 64, 'BLOCK_N': 64, 'KEYS_AS_M': False, 'VALUES_AS_M': False, 'QK_SPLIT': True, 'num_warps': 8, 'num_stages': 2, 'KV_LOAD': 'tma', 'OVERHEAD': 5, 'WAVES': 1, 'MERGE': 'auto', 'PARTIAL_DTYPE': 'float32', 'PDL': 1, 'LAUNCH': 'direct', 'ENGINE': 'gluon', 'TMA_DESC': 'host', 'PV_DEFER': 0}
+KNOBS = {'CONFIG': 'auto', 'BLOCK_H': 64, 'BLOCK_N': 64, 'KEYS_AS_M': False, 'VALUES_AS_M': False, 'QK_SPLIT': True, 'num_warps': 8, 'num_stages': 2, 'KV_LOAD': 'tma', 'OVERHEAD': 5, 'WAVES': 1, 'MERGE': 'auto', 'PARTIAL_DTYPE': 'float32', 'PDL': 1, 'LAUNCH': 'direct', 'ENGINE': 'gluon', 'TMA_DESC': 'host', 'PV_DEFER': 0, 'GRID_MERGE': 1, 'GLUON_PDL': 1}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the tile config of the shape's regime (REGIMES); knobs: the knobs below
@@ -57,6 +57,8 @@ SPACE = {
     "ENGINE": ["triton", "gluon"],  # the warp-specialised Hopper kernels where they apply (module doc)
     "TMA_DESC": ["host", "device"],  # ENGINE "gluon"'s four TMA descriptors: encoded by the launcher every launch, or made in the kernel
     "PV_DEFER": [0, 1],  # ENGINE "gluon": 1 warpgroup 0's half of P V one tile late, beside the next tile's softmax (gluon_defer.py)
+    "GRID_MERGE": [0, 1, 2],  # ENGINE "gluon": split rows merged in the main kernel (gluon_merge.py), 1 where the batch has at most GRID_MERGE_ROWS rows, 2 always; 0 the merge kernel
+    "GLUON_PDL": [0, 1],  # ENGINE "gluon" with the merge kernel: 1 it is the main kernel's programmatic dependent, let go once the loader's last load is issued
 }
 TRY_EARLY = [
     {"ENGINE": "gluon"},  # on the H200 (session 25): 0.87-0.96x FlashMLA's device time, B1 Sq1 1.14x; the Triton tiles 0.60x
@@ -66,8 +68,10 @@ TRY_EARLY = [
     {"PARTIAL_DTYPE": "bfloat16"},
     {"CONFIG": "knobs"},  # BLOCK_H 64 / TMA / QK_SPLIT at every shape, B1 Sq1 included
     {"PDL": 2},
-    {"ENGINE": "gluon", "TMA_DESC": "device"},
-    {"ENGINE": "gluon", "PV_DEFER": 1},  # H200 (session 28): 9-15 us less host time a call at B1 Sq2/Sq4, 2-4 us more device time
+    {"ENGINE": "gluon", "TMA_DESC": "device"},  # H200 (session 28): 9-15 us less host time a call at B1 Sq2/Sq4, 2-4 us more device time
+    {"ENGINE": "gluon", "PV_DEFER": 1},
+    {"ENGINE": "gluon", "GRID_MERGE": 1},
+    {"ENGINE": "gluon", "GRID_MERGE": 1, "GLUON_PDL": 1},
 ]
 
 # CONFIG "auto": a tile config per regime, from the dense family's measurements (mla_decode.py's
@@ -92,6 +96,7 @@ FUSED_MERGE_ELEMS = 8192  # fused merge: partial elements per [rows, columns] st
 MERGE_ELEMS = 4096  # merge kernel: partial elements a program loads at once (pieces x value columns)
 PAGE_CHUNK = 32  # tiles whose page numbers are loaded at once (a tile loop restarts its pipeline every PAGE_CHUNK tiles)
 MERGE_WARPS = 4
+GRID_MERGE_ROWS = 256  # GRID_MERGE 1: the most rows (B * Sq * H) a batch may have for the main kernel to merge them
 MAX_BATCH = 8192  # the scheduler holds the lengths in one block of registers
 PLANS_KEPT = 16  # plans (each with its scratch) kept at once, the oldest dropped first
 SMEM_LIMIT = 232448  # bytes of shared memory a block may opt into on sm_90
@@ -390,6 +395,107 @@ def _mla_paged_merge(
             tl.store(lse + b * R + (row % H) * Sq + row // H, (mx + tl.log2(tot)) * 0.6931471805599453 + poison)
 
 
+# -- mla_paged/gluon_merge.py ------------------------------------------------------------------------------------------
+# GRID_MERGE (ENGINE "gluon"): split sequences merged at the end of the main kernel, after a barrier across the
+# grid, instead of by the merge kernel.
+#
+# The merge kernel is a second launch: at B1 its launch and ramp cost more than its work (H200, Nsight Compute, B1 Sq4:
+# main kernel 20.1 us, merge kernel 9.9 us, where FlashMLA's combine overlaps its main kernel). Every program of the
+# Gluon kernel is resident at once (one a multiprocessor, at most one per multiprocessor: the host launches it as a
+# cooperative grid, which the driver refuses rather than run it partly), so each warpgroup can wait for all the others'
+# partials and then merge a share of the split rows from L2. The barrier resets itself (the last arrival sets the
+# count back to zero and bumps a generation the others wait on), so a CUDA graph can replay it.
+
+MERGE_RB = gl.constexpr(2)  # rows a warpgroup merges at once (one per pair of warps)
+MERGE_PC = gl.constexpr(16)  # pieces a thread folds per load (in its registers: no cross-thread reduction)
+
+
+@gluon.jit
+def _gm_add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _g_grid_sync(sync, n_arrivals):
+    """Return once every warpgroup of the grid has called this (``n_arrivals`` of them), with their stores visible.
+    sync[0] counts the arrivals, sync[1] is the generation the last arrival bumps once it has set the count back
+    to zero."""
+    gen = gl.atomic_add(sync + 1, 0, sem="acquire", scope="gpu")
+    gl.thread_barrier()  # every thread of this warpgroup has stored its part before the arrival releases them
+    if gl.atomic_add(sync, 1, sem="acq_rel", scope="gpu") == n_arrivals - 1:
+        gl.atomic_xchg(sync, 0, sem="relaxed", scope="gpu")
+        gl.atomic_add(sync + 1, 1, sem="release", scope="gpu")
+    else:
+        seen = gen
+        while seen == gen:
+            seen = gl.atomic_add(sync + 1, 0, sem="acquire", scope="gpu")
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, slot0, n_slots, WRITE_LSE: gl.constexpr,
+                   DN: gl.constexpr, B_P2: gl.constexpr):
+    """This warpgroup's share of the split sequences' rows, value columns [col0, col0 + 256): units of MERGE_RB rows,
+    unit u to warpgroup slot u % n_slots (``slot0``: this one), every piece folded with a running max (as the merge
+    kernel does), MERGE_PC pieces a load, the next load issued before the last is folded."""
+    L3: gl.constexpr = gl.BlockedLayout([1, MERGE_PC, 4], [1, 1, 32], [2, 1, 2], [2, 1, 0])  # [RB, PC, 256]
+    LRP: gl.constexpr = gl.SliceLayout(2, L3)
+    LRC: gl.constexpr = gl.SliceLayout(1, L3)
+    LB: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    idx = gl.arange(0, B_P2, layout=LB)
+    in_b = idx < B
+    np_all = gl.load(meta + 4 * idx + 1, mask=in_b, other=1, cache_modifier=".cg")
+    fp_all = gl.load(meta + 4 * idx, mask=in_b, other=0, cache_modifier=".cg")
+    fo_all = gl.load(meta + 4 * idx + 2, mask=in_b, other=0, cache_modifier=".cg")
+    bad_all = gl.load(meta + 4 * idx + 3, mask=in_b, other=0, cache_modifier=".cg")
+    split = (np_all > 1).to(gl.int32)
+    cum = gl.associative_scan(split, 0, _gm_add)
+    blocks = (R + MERGE_RB - 1) // MERGE_RB
+    pcs = gl.arange(0, MERGE_PC, layout=gl.SliceLayout(0, LRP))
+    cols = col0 + gl.arange(0, 256, layout=gl.SliceLayout(0, LRC))
+    for u in range(slot0, gl.sum(split, 0) * blocks, n_slots):
+        j = u // blocks
+        this = (cum == j + 1) & (split > 0)
+        b = gl.min(gl.where(this, idx, B_P2), 0)
+        first_part = gl.sum(gl.where(this, fp_all, 0), 0)
+        n_pieces = gl.sum(gl.where(this, np_all, 0), 0)
+        first_odd = gl.sum(gl.where(this, fo_all, 0), 0)
+        poison = gl.where(gl.sum(gl.where(this, bad_all, 0), 0) != 0, float("nan"), 0.0)
+        rows = (u % blocks) * MERGE_RB + gl.arange(0, MERGE_RB, layout=gl.SliceLayout(1, LRP))
+        m = gl.full([MERGE_RB], -3.0e38, gl.float32, layout=gl.SliceLayout(1, LRP))  # finite: a partial's lse is finite
+        tot = gl.zeros([MERGE_RB], gl.float32, layout=gl.SliceLayout(1, LRP))
+        acc = gl.zeros([MERGE_RB, 256], gl.float32, layout=LRC)
+        k = pcs
+        ok = (rows[:, None] < R) & (k[None, :] < n_pieces)
+        srow = (2 * (first_part + k) + gl.where(k == 0, first_odd, 0))[None, :] * R + rows[:, None]
+        lk_next = gl.load(part_lse + srow, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        po_next = gl.load(part_o + (srow.to(gl.int64) * DN)[:, :, None] + cols[None, None, :], mask=ok[:, :, None],
+                          other=0.0, cache_modifier=".cg")
+        for c0 in range(0, n_pieces, MERGE_PC):
+            lk = lk_next
+            po = po_next
+            k = c0 + MERGE_PC + pcs  # the next chunk's loads go out before this one is folded
+            ok = (rows[:, None] < R) & (k[None, :] < n_pieces)
+            srow = (2 * (first_part + k))[None, :] * R + rows[:, None]
+            lk_next = gl.load(part_lse + srow, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            po_next = gl.load(part_o + (srow.to(gl.int64) * DN)[:, :, None] + cols[None, None, :], mask=ok[:, :, None],
+                              other=0.0, cache_modifier=".cg")
+            m_new = gl.maximum(m, gl.max(lk, 1))
+            fold = gl.exp2(m - m_new)
+            w = gl.exp2(lk - m_new[:, None])
+            tot = tot * fold + gl.sum(w, 1)
+            fold_c = gl.convert_layout(fold, gl.SliceLayout(1, LRC))
+            acc = acc * fold_c[:, None] + gl.sum(w[:, :, None] * po, 1)
+            m = m_new
+        rows_c = gl.convert_layout(rows, gl.SliceLayout(1, LRC))
+        out = acc / gl.convert_layout(tot, gl.SliceLayout(1, LRC))[:, None] + poison
+        gl.store(o + ((b * R + rows_c).to(gl.int64) * DN)[:, None] + cols[None, :], out.to(o.dtype.element_ty),
+                 mask=(rows_c < R)[:, None])
+        if WRITE_LSE:
+            gl.store(lse + b * R + (rows % H) * Sq + rows // H, (m + gl.log2(tot)) * 0.6931471805599453 + poison,
+                     mask=rows < R)
+
+
 # -- mla_paged/gluon_ws.py ---------------------------------------------------------------------------------------------
 # ENGINE "gluon": FlashMLA's split of the work, warp-specialised for Hopper (``_mla_paged_ws``), on the Triton
 # kernel's scheduler and merge kernel.
@@ -462,8 +568,9 @@ def _g_piece(lens, idx, cost, per, u0, u1, k, b, Sq, capacity, OVH: gl.constexpr
 
 @gluon.jit
 def _g_loader(q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, q_ready, q_free, ready, empty, table, lens, stride_tb, B, Sq, R,
-              capacity, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr):
-    """One warp: a piece's q by TMA once the last piece's is free, then each tile's three boxes into the ring."""
+              capacity, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr, PDL: gl.constexpr):
+    """One warp: a piece's q by TMA once the last piece's is free, then each tile's three boxes into the ring. PDL: its
+    last load issued, the program lets the merge kernel launch (which waits for this grid's end before it reads)."""
     idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 1)
     q_bytes: gl.constexpr = 2 * q_n.block_type.nbytes + q_r.block_type.nbytes
     kv_bytes: gl.constexpr = 2 * kv_n.block_type.nbytes + kv_r.block_type.nbytes
@@ -489,6 +596,8 @@ def _g_loader(q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, q_ready, q_free, ready, empty
                 tma.async_copy_global_to_shared(kv_n, [kv_row, HALF_G], ready.index(st), k_s.index(2 * st + 1))
                 tma.async_copy_global_to_shared(kv_r, [kv_row, 2 * HALF_G], ready.index(st), r_s.index(st))
                 it += 1
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -528,8 +637,19 @@ def _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO: gl.constexpr, col
 
 
 @gluon.jit
-def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R,
-           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr):
+def _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, col0, WRITE_LSE: gl.constexpr, DN: gl.constexpr,
+                  B_P2: gl.constexpr):
+    """GRID_MERGE: once both warpgroups of every program have stored their pieces, this program's units of split rows,
+    this warpgroup's value columns."""
+    n_prog = gl.num_programs(0) * gl.num_programs(1)
+    _g_grid_sync(sync, 2 * n_prog)
+    _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, gl.program_id(1) * gl.num_programs(0) + gl.program_id(0),
+                   n_prog, WRITE_LSE, DN, B_P2)
+
+
+@gluon.jit
+def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr):
     """Warpgroup 0: scores, the online softmax (log2), P and the rows' factor for warpgroup 1, its half of P V. Only
     tiles that reach the causal edge or the length are masked; this half of P V takes P from registers and is issued
     before P is handed over, so the hand-over runs beside it (H200: B1 Sq4 33.4 against 36.1 us, B1 Skv 131072 69.7
@@ -595,11 +715,13 @@ def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
             pc += 1
             _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO, 0, b, bad, R, Sq, H, first_part, n_pieces, first_odd,
                           True, DN)
+    if GRID:  # the split rows, merged here (gluon_merge.py)
+        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, 0, True, DN, B_P2)
 
 
 @gluon.jit
-def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R,
-           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr):
+def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr):
     """Warpgroup 1: the other half of P V, with warpgroup 0's P and factor."""
     p_ready, p_free, l_ready, l_free = bars.index(2), bars.index(3), bars.index(4), bars.index(5)
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
@@ -629,15 +751,18 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
             pc += 1
             _g_store_half(o, lse, part_o, part_lse, acc, l_i, l_i, LO, HALF_G, b, bad, R, Sq, H, first_part, n_pieces,
                           first_odd, False, DN)
+    if GRID:
+        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, HALF_G, False, DN, B_P2)
 
 
 @gluon.jit
-def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, meta, stride_tb, B, Sq, H, capacity,
+def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, meta, sync, stride_tb, B, Sq, H, capacity,
                   qk_scale, n_q_rows, n_kv_rows, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr,
-                  DEVICE_DESC: gl.constexpr):
-    """ENGINE "gluon": grid (row blocks, parts); warpgroup 0 (here), warpgroup 1 and the loader warp. The merge
-    kernel follows it as a plain launch: as its programmatic dependent, triggered at this kernel's start, B1 Skv
-    131072 took 105.9 against 88.1 us on the H200 (kernels/notes/mla-paged/README.md, session 26). DEVICE_DESC:
+                  DEVICE_DESC: gl.constexpr, GRID_MERGE: gl.constexpr, PDL: gl.constexpr):
+    """ENGINE "gluon": grid (row blocks, parts); warpgroup 0 (here), warpgroup 1 and the loader warp. GRID_MERGE: the
+    split rows merged here after a grid barrier (gluon_merge.py); else the merge kernel follows, PDL (knob GLUON_PDL)
+    as this kernel's programmatic dependent let go once the loader has issued its last load (let go at this kernel's
+    start, B1 Skv 131072 took 105.9 against 88.1 us on the H200: kernels/notes/mla-paged/README.md, session 26). DEVICE_DESC:
     q_n and q_r are q's pointer, kv_n and kv_r the cache's, and the four descriptors are made here (TMA_DESC "device":
     no descriptor for the launcher to encode on the host in every launch)."""
     if DEVICE_DESC:
@@ -666,12 +791,12 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
     fence_async_shared()
     # the partitions' argument tuples are written out here: a tuple held in a variable turns constexprs into tensors
     gl.warp_specialize([
-        (_g_wg0, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R, capacity,
-                  qk_scale, OVH, B_P2, DN)),
-        (_g_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, lens, B, Sq, H, R, capacity,
-                  qk_scale, OVH, B_P2, DN)),
+        (_g_wg0, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+                  capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
+        (_g_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+                  capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
         (_g_loader, (q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, bars.index(0), bars.index(1), ready, empty, table, lens, stride_tb,
-                     B, Sq, R, capacity, PAGE, OVH, B_P2)),
+                     B, Sq, R, capacity, PAGE, OVH, B_P2, PDL)),
     ], [4, 1], [232, 40])
 
 
@@ -750,7 +875,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
-                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)),
                           ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
@@ -802,7 +927,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
         merge_constexpr_values=[merge_constexprs[n] for n in _mla_paged_merge.arg_names if n in merge_constexprs],
         options=dict(num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl >= 2 else {})),
         merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if pdl else {})),
-        scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=part_dtype,
+        scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (max(B * n_rb, 2),), (4 * B,)), part_dtype=part_dtype,
         direct=knobs["LAUNCH"] == "direct" and dev_index is not None, compiled=None, scratch={},
         o_shape=(B, Sq, H, D_NOPE), lse_shape=(B, H, Sq), merge_sizes=(Sq, H),
     )
@@ -814,14 +939,18 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     if gluon_fits:  # ENGINE "gluon": one 64-row block per program, the merge kernel for split sequences
         fn = _mla_paged_ws
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
-        g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device")
-        m_constexprs = dict(merge_constexprs, CHUNK=_merge_chunk(parts, merge_bv), PDL=0)  # a plain launch (gluon_ws.py says why)
+        # GRID_MERGE: the main kernel merges (a cooperative launch: every program resident, or no launch at all)
+        grid_merge = knobs["GRID_MERGE"] == 2 or (knobs["GRID_MERGE"] == 1 and B * R <= GRID_MERGE_ROWS)
+        g_pdl = int(knobs["GLUON_PDL"]) if not grid_merge else 0  # the merge kernel launched once the main kernel's loads are issued
+        g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device",
+                            GRID_MERGE=grid_merge, PDL=g_pdl)
+        m_constexprs = dict(merge_constexprs, CHUNK=_merge_chunk(parts, merge_bv), PDL=g_pdl)
         plan.update(
-            engine="gluon", gluon_fn=fn, device_descs=g_constexprs["DEVICE_DESC"], host_descs=not g_constexprs["DEVICE_DESC"], grid=(n_rb, parts, 1), fused=False, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
+            engine="gluon", gluon_fn=fn, device_descs=g_constexprs["DEVICE_DESC"], host_descs=not g_constexprs["DEVICE_DESC"], grid=(n_rb, parts, 1), fused=grid_merge, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
             constexpr_values=[g_constexprs[n] for n in fn.arg_names if n in g_constexprs],
             merge_constexpr_values=[m_constexprs[n] for n in _mla_paged_merge.arg_names if n in m_constexprs],
-            options=dict(num_warps=4), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2),
-            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=part_dtype,
+            options=dict(num_warps=4, **({"launch_cooperative_grid": True} if grid_merge else {})), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if g_pdl else {})),
+            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (max(B * n_rb, 2),), (4 * B,)), part_dtype=part_dtype,
             gluon_values=(block_table.stride(0), B, Sq, H, block_table.shape[1] * page), q_rows=B * R, kv_rows=num_pages * page,
         )
     return plan
@@ -858,7 +987,7 @@ def _gluon_args(plan, q, kv_cache, block_table, cache_seqlens, o, lse, scratch, 
     descriptors pointed at this call's q and cache (the launcher encodes each in every launch; the caller clears their
     bases after the launch); "device": the pointers themselves, the kernel makes the descriptors in the global scratch
     Triton asks the allocator for."""
-    part_o, part_lse, _, meta = scratch
+    part_o, part_lse, counters, meta = scratch
     if plan["constexprs"]["DEVICE_DESC"]:
         plan["descs"] = ()
         q_n = q_r = q
@@ -869,7 +998,7 @@ def _gluon_args(plan, q, kv_cache, block_table, cache_seqlens, o, lse, scratch, 
         q_n, q_r, kv_n, kv_r = plan["descs"]
         q_n.base = q_r.base = q
         kv_n.base = kv_r.base = kv_cache
-    return (q_n, q_r, kv_n, kv_r, block_table, cache_seqlens, o, lse, part_o, part_lse, meta, *plan["gluon_values"], qk_scale,
+    return (q_n, q_r, kv_n, kv_r, block_table, cache_seqlens, o, lse, part_o, part_lse, meta, counters, *plan["gluon_values"], qk_scale,
             plan["q_rows"], plan["kv_rows"])
 
 
@@ -920,7 +1049,7 @@ def _launch_direct(plan, ptrs, o_ptr, lse_ptr, scratch_ptrs, qk_scale, stream_id
             kv_n.base = kv_r.base = descs_from[1]
         try:
             _direct(main, plan["grid"], stream_id, q_n, q_r, kv_n, kv_r, bt_ptr, cs_ptr, o_ptr, lse_ptr, part_o, part_lse, meta,
-                    *plan["gluon_values"], qk_scale, plan["q_rows"], plan["kv_rows"], *plan["constexpr_values"])
+                    counters, *plan["gluon_values"], qk_scale, plan["q_rows"], plan["kv_rows"], *plan["constexpr_values"])
         finally:
             if descs_from is not None:
                 for d in plan["descs"]:
