@@ -81,3 +81,70 @@ def test_ieee_overflow_is_silent_as_on_a_gpu_and_still_visible_in_the_output():
         warnings.simplefilter("error")  # any RuntimeWarning fails the test
         _overflow_kernel[(1,)](x, out, N=16)
     assert torch.isnan(out).all()
+
+
+@triton.jit
+def _scaled(x, factor):  # a device function of this module (it sees ``tl``)
+    return x * factor
+
+
+@triton.jit
+def _pick_max(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _nested_calls_kernel(x_ptr, out_ptr, N: tl.constexpr, STEPS: tl.constexpr):
+    """Device calls inside a loop: tl.sum, tl.max, tl.cumsum, tl.zeros, tl.reduce with a combine function of this
+    module, and a helper of this module."""
+    row = tl.program_id(0)
+    r = tl.arange(0, N)
+    acc = tl.zeros([N], dtype=tl.float32)
+    for step in range(STEPS):
+        x = tl.load(x_ptr + (row * STEPS + step) * N + r)
+        acc += _scaled(x, 0.5) + tl.sum(x, axis=0) - tl.max(x, axis=0) + tl.reduce(x, 0, _pick_max)
+        acc += tl.cumsum(x, axis=0)
+    tl.store(out_ptr + row * N + r, acc)
+
+
+def test_the_tests_interpreter_patches_the_language_once_per_launch_with_the_same_results(monkeypatch):
+    """The repository conftest's ``skip_repeated_lang_patches`` (the tests' interpreter only, not the judge's)
+    leaves out only the repeated patches of a launch: the same outputs, bit for bit, as Triton's own interpreter,
+    with one ``_patch_lang`` per launch and per set of language modules instead of one per device call."""
+    from triton.runtime import interpreter
+
+    assert getattr(interpreter._patch_lang, "_kopt_once_per_launch", False), "the repository conftest installs it"
+    fast_patch, fast_launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    patches = []  # one entry per _patch_lang that does the work: each ends with the tensor descriptors' builtins
+    patch_builtin = interpreter._patch_builtin
+
+    def counted(pkg, builder, scope):
+        if pkg is tl.core.tensor_descriptor_base:
+            patches.append(pkg)
+        return patch_builtin(pkg, builder, scope)
+
+    x = torch.randn(3, 4, 16)
+    want = sum(0.5 * x[:, s].double() + x[:, s].double().sum(-1, keepdim=True) + x[:, s].double().cumsum(-1) for s in range(4))
+
+    def run() -> tuple[torch.Tensor, int]:
+        patches.clear()
+        out = torch.empty(3, 16)
+        with monkeypatch.context() as m:
+            m.setattr(interpreter, "_patch_builtin", counted)
+            _nested_calls_kernel[(3,)](x, out, N=16, STEPS=4)
+            _nested_calls_kernel[(3,)](x, out, N=16, STEPS=4)  # a second launch starts afresh
+        return out, len(patches)
+
+    with monkeypatch.context() as m:  # Triton's own interpreter
+        m.setattr(interpreter, "_patch_lang", fast_patch.__wrapped__)
+        m.setattr(interpreter.GridExecutor, "__call__", fast_launch.__wrapped__)
+        theirs, their_patches = run()
+    assert interpreter._patch_lang is fast_patch and interpreter.GridExecutor.__call__ is fast_launch
+    ours, our_patches = run()
+    assert torch.equal(theirs, ours)
+    assert ((ours.double() - want).norm() / want.norm()).item() < 1e-5
+    # Triton: a patch per launch and per device call (3 programs x 4 steps x tl.sum, tl.max, tl.cumsum, ...)
+    assert their_patches > 2 * 3 * 4 * 3, their_patches
+    # once per launch: the launch's own, and one for the first device call of Triton's standard library (it sees
+    # tl.core, not tl)
+    assert our_patches == 2 * 2, (our_patches, their_patches)
