@@ -92,14 +92,15 @@ EXPECT = {
     # the runner is limited: first for the out-of-memory killer, no core files, files under 1 GiB,
     # processes capped for a dedicated user (it computes honestly only then)
     "limits_probe_runtime": hostile("limits_probe", "correctness", static_policy=False),
-    # class 5: a sweep that runs out of time fails
+    # class 5: a sweep that runs out of time fails (its budget ends 30 s before the evaluation's deadline: about
+    # 20 s here, so one or two of the candidate's 10 s stalls)
     "stalls_unseen_runtime": hostile("stalls_unseen", "correctness", "random-shape sweep judged only", "at least 4 are required",
-                                     static_policy=False, timeout_s=90.0),
+                                     static_policy=False, timeout_s=55.0),
     # class 6 and 7: numerics on stress inputs, and sequences longer than a chunk, on the CPU
     "mla_no_max": Expect(HOSTILE / "mla_no_max.py", "correctness", ("contains NaN or Inf",), "mla"),
     "kda_first_48": Expect(HOSTILE / "kda_first_48.py", "correctness", ("T200", "relative RMS error"), "kda"),
     # faults: the harness carries on
-    "hangs": hostile("hangs", "compile", "timed out", timeout_s=45.0),
+    "hangs": hostile("hangs", "compile", "timed out", timeout_s=25.0),
     # a wild load: the interpreter segfaults, a GPU reports an illegal address
     "crashes": hostile("crashes", "compile", *(("CUDA error",) if ON_GPU else ("SIGSEGV", "candidate line 12"))),
     "raises": hostile("raises", "compile", "KeyError: 'BLOCKS'", "candidate line 15"),
