@@ -48,12 +48,19 @@ def test_kopt_eval_passes_an_honest_candidate_and_saves_both_jsons(tmp_path: Pat
     assert any("] timed " in line for line in lines) and any("] checked call " in line for line in lines)
 
 
-def test_quick_mode_stops_before_the_profile_unless_the_profile_is_asked_for(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """The loop's profile calls judge in quick mode with upto="profile": they must get a profile
-    (quick trims shapes and rounds, not stages); ``kopt eval --quick`` alone stops at benchmark."""
+@pytest.fixture(scope="module")
+def quick_profile() -> dict:
+    """One quick evaluation up to the profile, read by two tests."""
     from pytest_kopt.judge import evaluate
 
-    asked = evaluate(TOY_REF, HOSTILE / "good_axpy.py", quick=True, upto="profile")
+    return evaluate(TOY_REF, HOSTILE / "good_axpy.py", quick=True, upto="profile")
+
+
+def test_quick_mode_stops_before_the_profile_unless_the_profile_is_asked_for(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                               quick_profile: dict) -> None:
+    """The loop's profile calls judge in quick mode with upto="profile": they must get a profile
+    (quick trims shapes and rounds, not stages); ``kopt eval --quick`` alone stops at benchmark."""
+    asked = quick_profile
     assert asked["verdict"] == "pass" and asked["stage"] == "profile" and asked["profile"]["kernels"]
     out = tmp_path / "quick.json"
     assert main(["eval", "--problem", TOY_REF, str(HOSTILE / "good_axpy.py"), "--quick", "--json", str(out)]) == 0
@@ -61,12 +68,10 @@ def test_quick_mode_stops_before_the_profile_unless_the_profile_is_asked_for(tmp
     assert default["stage"] == "benchmark" and default["profile"] is None
 
 
-def test_the_result_says_where_the_childs_time_went() -> None:
+def test_the_result_says_where_the_childs_time_went(quick_profile: dict) -> None:
     """Per stage and per kind of work, so a slow loop can be read off its evals (session 4: ~30 s
     per judge call on the H200 with no breakdown)."""
-    from pytest_kopt.judge import evaluate
-
-    result = evaluate(TOY_REF, HOSTILE / "good_axpy.py", quick=True, upto="profile")
+    result = quick_profile
     seconds = result["seconds"]
     stages = {key for key in seconds if key.startswith("stage:")}
     assert stages == {"stage:compile", "stage:correctness", "stage:benchmark", "stage:profile"}
