@@ -238,7 +238,9 @@ def test_ctrl_c_or_sigterm_stops_cleanly_and_resumes(tmp_path, reference, sig, w
 
 def test_a_second_process_cannot_open_a_locked_run(tmp_path):
     run_dir = tmp_path / "run"
-    proc = launch(run_dir, delay=0.3)
+    # slow evaluations (killed below): the run must outlast a second process's start-up on a loaded machine (at
+    # 0.3 s it could finish first, and nothing was locked any more)
+    proc = launch(run_dir, delay=1.0)
     try:
         wait_for(lambda: (e := last_event(run_dir)) is not None and e["kind"] == "tool_call")
         other = launch(run_dir, delay=0.0)
