@@ -107,13 +107,13 @@ def _nested_calls_kernel(x_ptr, out_ptr, N: tl.constexpr, STEPS: tl.constexpr):
     tl.store(out_ptr + row * N + r, acc)
 
 
-def test_the_tests_interpreter_patches_the_language_once_per_launch_with_the_same_results(monkeypatch):
-    """The repository conftest's ``skip_repeated_lang_patches`` (the tests' interpreter only, not the judge's)
-    leaves out only the repeated patches of a launch: the same outputs, bit for bit, as Triton's own interpreter,
-    with one ``_patch_lang`` per launch and per set of language modules instead of one per device call."""
+def test_the_interpreter_patches_the_language_once_per_launch_with_the_same_results(monkeypatch):
+    """``interpret.patch_lang_once_per_launch`` (installed by ``configure``) leaves out only the repeated patches of
+    a launch: the same outputs, bit for bit, as Triton's own interpreter, with one ``_patch_lang`` per launch and
+    per set of language modules instead of one per device call."""
     from triton.runtime import interpreter
 
-    assert getattr(interpreter._patch_lang, "_kopt_once_per_launch", False), "the repository conftest installs it"
+    assert interpret.patch_lang_once_per_launch() and getattr(interpreter._patch_lang, "_kopt_once_per_launch", False)
     fast_patch, fast_launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
     patches = []  # one entry per _patch_lang that does the work: each ends with the tensor descriptors' builtins
     patch_builtin = interpreter._patch_builtin
