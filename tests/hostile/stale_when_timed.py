@@ -1,6 +1,8 @@
-"""Hostile (class: stale outputs while timed): honest for the first two calls of a shape (the
-checks), then serves a view of the first output it computed for that shape, as if the timed
-calls saw the same inputs again. Every timed call has fresh inputs and its output is checked."""
+"""Hostile (class: stale outputs while timed): honest for the first three calls of a shape (the
+checks make two; the random-shape sweep may draw the same shape once more: with two honest calls
+it was then caught there, not where this file means to cheat), then serves a view of the first
+output it computed for that shape, as if the timed calls saw the same inputs again. Every timed
+call has fresh inputs and its output is checked."""
 
 import torch
 import triton
@@ -28,7 +30,7 @@ def _noop(x_ptr):
 def kernel(x, y, alpha):
     shape = tuple(x.shape)
     _SEEN[shape] = _SEEN.get(shape, 0) + 1
-    if _SEEN[shape] > 2 and shape in _FIRST:
+    if _SEEN[shape] > 3 and shape in _FIRST:
         _noop[(1,)](x)
         return (_FIRST[shape].view(shape),)
     B, N = shape
