@@ -1,6 +1,7 @@
 """tools/dev_mla_paged.py, the H200 script for the paged and dense MLA decode beside FlashMLA, runs
 end to end on the CPU interpreter (--smoke): every row checked against the reference, the three
-timings present where the CPU has them, FlashMLA's absence recorded with the reason, JSON written."""
+timings present where the CPU has them, FlashMLA's absence recorded with the reason, JSON written.
+tools/probe_mla_host.py interleaves its implementations in orders that give none a fixed predecessor."""
 
 from __future__ import annotations
 
@@ -58,3 +59,21 @@ def test_a_file_is_timed_beside_the_variants(tool, tmp_path):
     assert set(rows) == {"paged", "mine", "wrong", "torch-eager"}
     assert rows["mine"]["ok"] and rows["mine"]["rel_rms_o"] == rows["paged"]["rel_rms_o"]
     assert not rows["wrong"]["ok"] and rows["wrong"]["rel_rms_o"] > 0.5
+
+
+def test_the_host_probe_gives_no_implementation_a_fixed_predecessor():
+    """Every round is a permutation, the same seed gives the same rounds, and each implementation follows more than
+    one other over the rounds (a rotated fixed order left each the same predecessor, and the one after FlashMLA paid
+    for it)."""
+    spec = importlib.util.spec_from_file_location("probe_mla_host", TOOL.with_name("probe_mla_host.py"))
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    names = ["new", "old", "copy", "baseline:flashmla"]
+    rounds = probe.round_orders(names, 40, seed=3)
+    assert len(rounds) == 40 and all(sorted(r) == sorted(names) for r in rounds)
+    assert rounds == probe.round_orders(names, 40, seed=3)
+    flat = [name for r in rounds for name in r]
+    before = {name: {a for a, b in zip(flat, flat[1:]) if b == name} for name in names}
+    assert all(len(before[name]) >= 2 for name in names), before
+    assert len({r[0] for r in rounds}) == len(names)  # each one first in some round
+

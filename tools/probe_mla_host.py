@@ -3,9 +3,9 @@
     python3 tools/probe_mla_host.py OUT_DIR [--file PROBLEM:NAME=PATH ..] [--rounds 60] [--cases B1]
 
 Host time at B1 moved by tens of microseconds between machines and between one pytest-benchmark test and the next,
-so two figures from different tests are not side by side. Here every round times each implementation once, in turn
-(a different one first in each round), on the same case: one round is ``EAGER_SETS`` calls back to back on as many input sets (benchmarks/test_headline.py's
-eager round), timed to the last call's return (``host``: the caller's thread per call) and to the GPU's end
+so two figures from different tests are not side by side. Here every round times each implementation once, in an
+order shuffled every round (``round_orders``), on the same case: one round is ``EAGER_SETS`` calls back to back on as
+many input sets (benchmarks/test_headline.py's eager round), timed to the last call's return (``host``: the caller's thread per call) and to the GPU's end
 (``eager``: per call, host included). Medians over ``--rounds`` rounds, and ours over FlashMLA's per round (the
 median of the ratios: > 1 means FlashMLA is faster).
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -35,6 +36,15 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.test_headline import EAGER_SETS  # noqa: E402
 from pytest_kopt.gate import load_module  # noqa: E402
 from pytest_kopt.problems import get_problem  # noqa: E402
+
+
+def round_orders(names, rounds, seed=0):
+    """The order of the implementations in each round: a seeded shuffle, so no implementation always runs right
+    after the same other one. Rotating a fixed order (each one first in turn) left every implementation the same
+    predecessor, and the one timed right after FlashMLA read 1-5 us more host time a call at every B1 case, whichever
+    file it was (H200, results/h200-2026-12-03d calls 4 and 5: one file listed first, then second)."""
+    rng = random.Random(seed)
+    return [rng.sample(names, len(names)) for _ in range(rounds)]
 
 
 def eager_round(fn, sets):
@@ -108,11 +118,8 @@ def main():
                     for inputs in sets:  # warm: compile, plan, scratch
                         fn(**inputs)
             samples = {name: [] for name in live}
-            order = list(live)
-            for r in range(args.rounds):
-                # each implementation first in turn: the one timed first in a round paid 1-5 us more host time (H200,
-                # results/h200-2026-12-02h calls 4 and 5), whichever it was
-                for name in order[r % len(order):] + order[:r % len(order)]:
+            for order in round_orders(list(live), args.rounds, seed=len(report["cases"])):
+                for name in order:
                     samples[name].append(eager_round(live[name], sets))
             flash = next((n for n in live if n.startswith("baseline:")), None)
             for name, got in samples.items():

@@ -1,19 +1,20 @@
 """ENGINE "gluon" with PV_DEFER 1 (``_mla_paged_ws_defer``): warpgroup 0 issues its half of P V for tile t after
 tile t + 1's score product, so the product runs on the tensor cores during tile t + 1's softmax (the overlap
-FlashAttention-3 gets within a warpgroup). Warpgroup 1 is as in ``gluon_ws``.
+FlashAttention-3 gets within a warpgroup).
 
 Deferring that product holds tile t's first value box half a tile longer, and the ring has two stages (q's 72 KB
 and two 72 KB tiles fill shared memory). So each of a stage's three boxes has its own ready and empty barrier:
 the rope box is handed back once the tile is scored, the second value box once warpgroup 1 has folded it in, the
 first after the deferred product. The loader refills them in that order, and the score product takes them in the
 same order (rope, second half, first half), so it starts on the boxes that came back first while the last one is
-still on its way."""
+still on its way. Warpgroup 1 is ``gluon_ws._g_wg1`` with three boxes a stage."""
 
 import triton.experimental.gluon as gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_ws import HALF_G, KEYS_G, RING_G, ROWS_G, _g_grid_merge, _g_piece, _g_schedule, _g_store_half, _g_zero_rows_past
+from .gluon_merge import _g_grid_merge
+from .gluon_ws import HALF_G, KEYS_G, RING_G, ROWS_G, _g_device_descriptors, _g_piece, _g_schedule, _g_store_half, _g_wg1, _g_zero_rows_past
 
 
 @gluon.jit
@@ -158,53 +159,12 @@ def _d_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
 
 
 @gluon.jit
-def _d_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
-           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr):
-    """Warpgroup 1: the other half of P V, with warpgroup 0's P and factor; it hands the second value box back."""
-    p_ready, p_free, l_ready, l_free = bars.index(2), bars.index(3), bars.index(4), bars.index(5)
-    LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
-    idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
-    it = 0
-    pc = 0
-    for b in range(b_first, b_stop):
-        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, k, b, Sq, capacity, OVH)
-        if t1 > t0:
-            acc = gl.zeros([ROWS_G, HALF_G], gl.float32, layout=LO)
-            for t in range(t0, t1):
-                st = it % RING_G
-                k1 = k_s.index(2 * st + 1)
-                mbarrier.wait(ready.index(3 * st + 1), (it // RING_G) & 1)
-                mbarrier.wait(p_ready, it & 1)  # the scores are done: k1 may be cleaned
-                if (t + 1) * KEYS_G > n_b:
-                    _g_zero_rows_past(k1, n_b - t * KEYS_G)
-                acc = acc * a_s.load(gl.SliceLayout(1, LO))[:, None]
-                acc = warpgroup_mma(p_s, k1, acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                mbarrier.arrive(p_free, count=1)
-                mbarrier.arrive(empty.index(3 * st + 1), count=1)
-                it += 1
-            mbarrier.wait(l_ready, pc & 1)
-            l_i = l_s.load(gl.SliceLayout(1, LO))
-            mbarrier.arrive(l_free, count=1)
-            pc += 1
-            _g_store_half(o, lse, part_o, part_lse, acc, l_i, l_i, LO, HALF_G, b, bad, R, Sq, H, first_part, n_pieces,
-                          first_odd, False, DN)
-    if GRID:
-        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, HALF_G, False, DN, B_P2)
-
-
-@gluon.jit
 def _mla_paged_ws_defer(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, meta, sync, stride_tb, B, Sq, H, capacity,
                         qk_scale, n_q_rows, n_kv_rows, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr,
                         DN: gl.constexpr, DEVICE_DESC: gl.constexpr, GRID_MERGE: gl.constexpr, PDL: gl.constexpr):
     """PV_DEFER 1: ``_mla_paged_ws``'s grid, shared memory and merge, with a ready and an empty barrier per box."""
     if DEVICE_DESC:
-        wide: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS_G, HALF_G], gl.bfloat16)
-        rope: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS_G, 64], gl.bfloat16)
-        q_n = tma.make_tensor_descriptor(q_n, [n_q_rows, DN + 64], [DN + 64, 1], [ROWS_G, HALF_G], wide)
-        q_r = tma.make_tensor_descriptor(q_r, [n_q_rows, DN + 64], [DN + 64, 1], [ROWS_G, 64], rope)
-        kv_n = tma.make_tensor_descriptor(kv_n, [n_kv_rows, DN + 64], [DN + 64, 1], [KEYS_G, HALF_G], wide)
-        kv_r = tma.make_tensor_descriptor(kv_r, [n_kv_rows, DN + 64], [DN + 64, 1], [KEYS_G, 64], rope)
+        q_n, q_r, kv_n, kv_r = _g_device_descriptors(q_n, q_r, kv_n, kv_r, n_q_rows, n_kv_rows, DN)
     R = Sq * H
     q_s = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS_G, HALF_G], q_n.layout)
     k_s = gl.allocate_shared_memory(gl.bfloat16, [2 * RING_G, KEYS_G, HALF_G], kv_n.layout)
@@ -225,8 +185,8 @@ def _mla_paged_ws_defer(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_
     gl.warp_specialize([
         (_d_wg0, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
                   capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
-        (_d_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
-                  capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
+        (_g_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+                  capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE, 3)),
         (_d_loader, (q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, bars.index(0), bars.index(1), ready, empty, table, lens, stride_tb,
                      B, Sq, R, capacity, PAGE, OVH, B_P2, PDL)),
     ], [4, 1], [232, 40])

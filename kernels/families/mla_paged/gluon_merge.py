@@ -16,7 +16,7 @@ MERGE_PC = gl.constexpr(16)  # pieces a thread folds per load (in its registers:
 
 
 @gluon.jit
-def _gm_add(a, b):
+def _g_add(a, b):
     return a + b
 
 
@@ -54,7 +54,7 @@ def _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, slot0, n_s
     fo_all = gl.load(meta + 4 * idx + 2, mask=in_b, other=0, cache_modifier=".cg")
     bad_all = gl.load(meta + 4 * idx + 3, mask=in_b, other=0, cache_modifier=".cg")
     split = (np_all > 1).to(gl.int32)
-    cum = gl.associative_scan(split, 0, _gm_add)
+    cum = gl.associative_scan(split, 0, _g_add)
     blocks = (R + MERGE_RB - 1) // MERGE_RB
     pcs = gl.arange(0, MERGE_PC, layout=gl.SliceLayout(0, LRP))
     cols = col0 + gl.arange(0, 256, layout=gl.SliceLayout(0, LRC))
@@ -99,3 +99,14 @@ def _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, slot0, n_s
         if WRITE_LSE:
             gl.store(lse + b * R + (rows % H) * Sq + rows // H, (m + gl.log2(tot)) * 0.6931471805599453 + poison,
                      mask=rows < R)
+
+
+@gluon.jit
+def _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, col0, WRITE_LSE: gl.constexpr, DN: gl.constexpr,
+                  B_P2: gl.constexpr):
+    """GRID_MERGE: once both warpgroups of every program have stored their pieces, this program's units of split rows,
+    this warpgroup's value columns."""
+    n_prog = gl.num_programs(0) * gl.num_programs(1)
+    _g_grid_sync(sync, 2 * n_prog)
+    _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, gl.program_id(1) * gl.num_programs(0) + gl.program_id(0),
+                   n_prog, WRITE_LSE, DN, B_P2)

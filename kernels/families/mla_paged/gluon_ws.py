@@ -5,17 +5,12 @@ import triton.experimental.gluon as gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_merge import _g_grid_sync, _g_merge_split
+from .gluon_merge import _g_add, _g_grid_merge
 
 ROWS_G = gl.constexpr(64)  # (query, head) rows per program
 KEYS_G = gl.constexpr(64)  # keys per tile
 HALF_G = gl.constexpr(256)  # value columns per warpgroup, and the width of a latent box
 RING_G = gl.constexpr(2)  # tiles in the ring (with q's 72 KB, shared memory is full)
-
-
-@gluon.jit
-def _g_add(a, b):
-    return a + b
 
 
 @gluon.jit
@@ -144,17 +139,6 @@ def _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO: gl.constexpr, col
 
 
 @gluon.jit
-def _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, col0, WRITE_LSE: gl.constexpr, DN: gl.constexpr,
-                  B_P2: gl.constexpr):
-    """GRID_MERGE: once both warpgroups of every program have stored their pieces, this program's units of split rows,
-    this warpgroup's value columns."""
-    n_prog = gl.num_programs(0) * gl.num_programs(1)
-    _g_grid_sync(sync, 2 * n_prog)
-    _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, gl.program_id(1) * gl.num_programs(0) + gl.program_id(0),
-                   n_prog, WRITE_LSE, DN, B_P2)
-
-
-@gluon.jit
 def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
            capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr):
     """Warpgroup 0: scores, the online softmax (log2), P and the rows' factor for warpgroup 1, its half of P V. Only
@@ -228,8 +212,11 @@ def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
 
 @gluon.jit
 def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
-           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr):
-    """Warpgroup 1: the other half of P V, with warpgroup 0's P and factor."""
+           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr,
+           BOXES: gl.constexpr):
+    """Warpgroup 1: the other half of P V, with warpgroup 0's P and factor. BOXES 1: a stage's boxes share one ready
+    and one empty barrier (handed back by both warpgroups); 3: each box has its own (PV_DEFER, gluon_defer.py), and
+    this warpgroup waits for and hands back the second value box's."""
     p_ready, p_free, l_ready, l_free = bars.index(2), bars.index(3), bars.index(4), bars.index(5)
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
@@ -241,8 +228,9 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
             acc = gl.zeros([ROWS_G, HALF_G], gl.float32, layout=LO)
             for t in range(t0, t1):
                 st = it % RING_G
+                box = BOXES * st + BOXES // 3  # the stage's barrier, or its second value box's
                 k1 = k_s.index(2 * st + 1)
-                mbarrier.wait(ready.index(st), (it // RING_G) & 1)
+                mbarrier.wait(ready.index(box), (it // RING_G) & 1)
                 mbarrier.wait(p_ready, it & 1)  # the scores are done: k1 may be cleaned
                 if (t + 1) * KEYS_G > n_b:
                     _g_zero_rows_past(k1, n_b - t * KEYS_G)
@@ -250,7 +238,7 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
                 acc = warpgroup_mma(p_s, k1, acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 mbarrier.arrive(p_free, count=1)
-                mbarrier.arrive(empty.index(st), count=1)
+                mbarrier.arrive(empty.index(box), count=1)
                 it += 1
             mbarrier.wait(l_ready, pc & 1)
             l_i = l_s.load(gl.SliceLayout(1, LO))
@@ -260,6 +248,18 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
                           first_odd, False, DN)
     if GRID:
         _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, HALF_G, False, DN, B_P2)
+
+
+@gluon.jit
+def _g_device_descriptors(q_n, q_r, kv_n, kv_r, n_q_rows, n_kv_rows, DN: gl.constexpr):
+    """TMA_DESC "device": the four descriptors (q and the cache, each in 256-column latent and 64-column rope boxes)
+    made from the two pointers the host passed, so the launcher encodes none on the host."""
+    wide: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS_G, HALF_G], gl.bfloat16)
+    rope: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS_G, 64], gl.bfloat16)
+    return (tma.make_tensor_descriptor(q_n, [n_q_rows, DN + 64], [DN + 64, 1], [ROWS_G, HALF_G], wide),
+            tma.make_tensor_descriptor(q_r, [n_q_rows, DN + 64], [DN + 64, 1], [ROWS_G, 64], rope),
+            tma.make_tensor_descriptor(kv_n, [n_kv_rows, DN + 64], [DN + 64, 1], [KEYS_G, HALF_G], wide),
+            tma.make_tensor_descriptor(kv_r, [n_kv_rows, DN + 64], [DN + 64, 1], [KEYS_G, 64], rope))
 
 
 @gluon.jit
@@ -273,12 +273,7 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
     q_n and q_r are q's pointer, kv_n and kv_r the cache's, and the four descriptors are made here (TMA_DESC "device":
     no descriptor for the launcher to encode on the host in every launch)."""
     if DEVICE_DESC:
-        wide: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS_G, HALF_G], gl.bfloat16)
-        rope: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS_G, 64], gl.bfloat16)
-        q_n = tma.make_tensor_descriptor(q_n, [n_q_rows, DN + 64], [DN + 64, 1], [ROWS_G, HALF_G], wide)
-        q_r = tma.make_tensor_descriptor(q_r, [n_q_rows, DN + 64], [DN + 64, 1], [ROWS_G, 64], rope)
-        kv_n = tma.make_tensor_descriptor(kv_n, [n_kv_rows, DN + 64], [DN + 64, 1], [KEYS_G, HALF_G], wide)
-        kv_r = tma.make_tensor_descriptor(kv_r, [n_kv_rows, DN + 64], [DN + 64, 1], [KEYS_G, 64], rope)
+        q_n, q_r, kv_n, kv_r = _g_device_descriptors(q_n, q_r, kv_n, kv_r, n_q_rows, n_kv_rows, DN)
     R = Sq * H
     q_s = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS_G, HALF_G], q_n.layout)
     k_s = gl.allocate_shared_memory(gl.bfloat16, [2 * RING_G, KEYS_G, HALF_G], kv_n.layout)
@@ -301,7 +296,7 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
         (_g_wg0, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
                   capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
         (_g_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
-                  capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
+                  capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE, 1)),
         (_g_loader, (q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, bars.index(0), bars.index(1), ready, empty, table, lens, stride_tb,
                      B, Sq, R, capacity, PAGE, OVH, B_P2, PDL)),
     ], [4, 1], [232, 40])

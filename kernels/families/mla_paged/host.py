@@ -126,7 +126,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
         merge_constexpr_values=[merge_constexprs[n] for n in _mla_paged_merge.arg_names if n in merge_constexprs],
         options=dict(num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl >= 2 else {})),
         merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if pdl else {})),
-        scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (max(B * n_rb, 2),), (4 * B,)), part_dtype=part_dtype,
+        scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=part_dtype,
         direct=knobs["LAUNCH"] == "direct" and dev_index is not None, compiled=None, scratch={},
         o_shape=(B, Sq, H, D_NOPE), lse_shape=(B, H, Sq), merge_sizes=(Sq, H),
     )
@@ -149,7 +149,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
             constexpr_values=[g_constexprs[n] for n in fn.arg_names if n in g_constexprs],
             merge_constexpr_values=[m_constexprs[n] for n in _mla_paged_merge.arg_names if n in m_constexprs],
             options=dict(num_warps=4, **({"launch_cooperative_grid": True} if grid_merge else {})), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if g_pdl else {})),
-            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (max(B * n_rb, 2),), (4 * B,)), part_dtype=part_dtype,
+            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (max(B * n_rb, 2),), (4 * B,)), part_dtype=part_dtype,  # GRID_MERGE: two barrier words
             gluon_values=(block_table.stride(0), B, Sq, H, block_table.shape[1] * page), q_rows=B * R, kv_rows=num_pages * page,
         )
     return plan
@@ -275,8 +275,9 @@ def _descriptor_scratch(size, alignment, stream):
 
 
 def _scratch(plan, device, stream_id):
-    """(tensors, their addresses): partials, lse partials, merge counters (zero; every fused merge leaves them at zero)
-    and the merge kernel's per-sequence record, reused by every call of a plan on one stream (calls on one stream are
+    """(tensors, their addresses): partials, lse partials, counters (the fused merge's tickets, which every merge
+    leaves at zero; under GRID_MERGE counters[0:2] are the grid barrier's count, back at zero after every launch, and
+    its generation, which only grows) and the merge kernel's per-sequence record, reused by every call of a plan on one stream (calls on one stream are
     ordered); a call on another stream than the last gets fresh ones."""
     scratch = plan["scratch"].get(stream_id)
     if scratch is None:
