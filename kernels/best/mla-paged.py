@@ -465,7 +465,7 @@ MERGE_PC = gl.constexpr(16)  # pieces a thread folds per load (in its registers:
 
 
 @gluon.jit
-def _gm_add(a, b):
+def _g_add(a, b):
     return a + b
 
 
@@ -503,7 +503,7 @@ def _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, slot0, n_s
     fo_all = gl.load(meta + 4 * idx + 2, mask=in_b, other=0, cache_modifier=".cg")
     bad_all = gl.load(meta + 4 * idx + 3, mask=in_b, other=0, cache_modifier=".cg")
     split = (np_all > 1).to(gl.int32)
-    cum = gl.associative_scan(split, 0, _gm_add)
+    cum = gl.associative_scan(split, 0, _g_add)
     blocks = (R + MERGE_RB - 1) // MERGE_RB
     pcs = gl.arange(0, MERGE_PC, layout=gl.SliceLayout(0, LRP))
     cols = col0 + gl.arange(0, 256, layout=gl.SliceLayout(0, LRC))
@@ -550,6 +550,17 @@ def _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, slot0, n_s
                      mask=rows < R)
 
 
+@gluon.jit
+def _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, col0, WRITE_LSE: gl.constexpr, DN: gl.constexpr,
+                  B_P2: gl.constexpr):
+    """GRID_MERGE: once both warpgroups of every program have stored their pieces, this program's units of split rows,
+    this warpgroup's value columns."""
+    n_prog = gl.num_programs(0) * gl.num_programs(1)
+    _g_grid_sync(sync, 2 * n_prog)
+    _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, gl.program_id(1) * gl.num_programs(0) + gl.program_id(0),
+                   n_prog, WRITE_LSE, DN, B_P2)
+
+
 # -- gluon_ws.py -------------------------------------------------------------------------------------------------------
 # ENGINE "gluon": FlashMLA's split of the work, warp-specialised for Hopper (``_mla_paged_ws``), on the Triton
 # kernel's scheduler and merge kernel.
@@ -558,11 +569,6 @@ ROWS_G = gl.constexpr(64)  # (query, head) rows per program
 KEYS_G = gl.constexpr(64)  # keys per tile
 HALF_G = gl.constexpr(256)  # value columns per warpgroup, and the width of a latent box
 RING_G = gl.constexpr(2)  # tiles in the ring (with q's 72 KB, shared memory is full)
-
-
-@gluon.jit
-def _g_add(a, b):
-    return a + b
 
 
 @gluon.jit
@@ -691,17 +697,6 @@ def _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO: gl.constexpr, col
 
 
 @gluon.jit
-def _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, col0, WRITE_LSE: gl.constexpr, DN: gl.constexpr,
-                  B_P2: gl.constexpr):
-    """GRID_MERGE: once both warpgroups of every program have stored their pieces, this program's units of split rows,
-    this warpgroup's value columns."""
-    n_prog = gl.num_programs(0) * gl.num_programs(1)
-    _g_grid_sync(sync, 2 * n_prog)
-    _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, gl.program_id(1) * gl.num_programs(0) + gl.program_id(0),
-                   n_prog, WRITE_LSE, DN, B_P2)
-
-
-@gluon.jit
 def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
            capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr):
     """Warpgroup 0: scores, the online softmax (log2), P and the rows' factor for warpgroup 1, its half of P V. Only
@@ -775,8 +770,11 @@ def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
 
 @gluon.jit
 def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
-           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr):
-    """Warpgroup 1: the other half of P V, with warpgroup 0's P and factor."""
+           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr,
+           BOXES: gl.constexpr):
+    """Warpgroup 1: the other half of P V, with warpgroup 0's P and factor. BOXES 1: a stage's boxes share one ready
+    and one empty barrier (handed back by both warpgroups); 3: each box has its own (PV_DEFER, gluon_defer.py), and
+    this warpgroup waits for and hands back the second value box's."""
     p_ready, p_free, l_ready, l_free = bars.index(2), bars.index(3), bars.index(4), bars.index(5)
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
@@ -788,8 +786,9 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
             acc = gl.zeros([ROWS_G, HALF_G], gl.float32, layout=LO)
             for t in range(t0, t1):
                 st = it % RING_G
+                box = BOXES * st + BOXES // 3  # the stage's barrier, or its second value box's
                 k1 = k_s.index(2 * st + 1)
-                mbarrier.wait(ready.index(st), (it // RING_G) & 1)
+                mbarrier.wait(ready.index(box), (it // RING_G) & 1)
                 mbarrier.wait(p_ready, it & 1)  # the scores are done: k1 may be cleaned
                 if (t + 1) * KEYS_G > n_b:
                     _g_zero_rows_past(k1, n_b - t * KEYS_G)
@@ -797,7 +796,7 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
                 acc = warpgroup_mma(p_s, k1, acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 mbarrier.arrive(p_free, count=1)
-                mbarrier.arrive(empty.index(st), count=1)
+                mbarrier.arrive(empty.index(box), count=1)
                 it += 1
             mbarrier.wait(l_ready, pc & 1)
             l_i = l_s.load(gl.SliceLayout(1, LO))
@@ -807,6 +806,18 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
                           first_odd, False, DN)
     if GRID:
         _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, HALF_G, False, DN, B_P2)
+
+
+@gluon.jit
+def _g_device_descriptors(q_n, q_r, kv_n, kv_r, n_q_rows, n_kv_rows, DN: gl.constexpr):
+    """TMA_DESC "device": the four descriptors (q and the cache, each in 256-column latent and 64-column rope boxes)
+    made from the two pointers the host passed, so the launcher encodes none on the host."""
+    wide: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS_G, HALF_G], gl.bfloat16)
+    rope: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS_G, 64], gl.bfloat16)
+    return (tma.make_tensor_descriptor(q_n, [n_q_rows, DN + 64], [DN + 64, 1], [ROWS_G, HALF_G], wide),
+            tma.make_tensor_descriptor(q_r, [n_q_rows, DN + 64], [DN + 64, 1], [ROWS_G, 64], rope),
+            tma.make_tensor_descriptor(kv_n, [n_kv_rows, DN + 64], [DN + 64, 1], [KEYS_G, HALF_G], wide),
+            tma.make_tensor_descriptor(kv_r, [n_kv_rows, DN + 64], [DN + 64, 1], [KEYS_G, 64], rope))
 
 
 @gluon.jit
@@ -820,12 +831,7 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
     q_n and q_r are q's pointer, kv_n and kv_r the cache's, and the four descriptors are made here (TMA_DESC "device":
     no descriptor for the launcher to encode on the host in every launch)."""
     if DEVICE_DESC:
-        wide: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS_G, HALF_G], gl.bfloat16)
-        rope: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS_G, 64], gl.bfloat16)
-        q_n = tma.make_tensor_descriptor(q_n, [n_q_rows, DN + 64], [DN + 64, 1], [ROWS_G, HALF_G], wide)
-        q_r = tma.make_tensor_descriptor(q_r, [n_q_rows, DN + 64], [DN + 64, 1], [ROWS_G, 64], rope)
-        kv_n = tma.make_tensor_descriptor(kv_n, [n_kv_rows, DN + 64], [DN + 64, 1], [KEYS_G, HALF_G], wide)
-        kv_r = tma.make_tensor_descriptor(kv_r, [n_kv_rows, DN + 64], [DN + 64, 1], [KEYS_G, 64], rope)
+        q_n, q_r, kv_n, kv_r = _g_device_descriptors(q_n, q_r, kv_n, kv_r, n_q_rows, n_kv_rows, DN)
     R = Sq * H
     q_s = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS_G, HALF_G], q_n.layout)
     k_s = gl.allocate_shared_memory(gl.bfloat16, [2 * RING_G, KEYS_G, HALF_G], kv_n.layout)
@@ -848,7 +854,7 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
         (_g_wg0, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
                   capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
         (_g_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
-                  capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
+                  capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE, 1)),
         (_g_loader, (q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, bars.index(0), bars.index(1), ready, empty, table, lens, stride_tb,
                      B, Sq, R, capacity, PAGE, OVH, B_P2, PDL)),
     ], [4, 1], [232, 40])
@@ -857,14 +863,14 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
 # -- gluon_defer.py ----------------------------------------------------------------------------------------------------
 # ENGINE "gluon" with PV_DEFER 1 (``_mla_paged_ws_defer``): warpgroup 0 issues its half of P V for tile t after
 # tile t + 1's score product, so the product runs on the tensor cores during tile t + 1's softmax (the overlap
-# FlashAttention-3 gets within a warpgroup). Warpgroup 1 is as in ``gluon_ws``.
+# FlashAttention-3 gets within a warpgroup).
 #
 # Deferring that product holds tile t's first value box half a tile longer, and the ring has two stages (q's 72 KB
 # and two 72 KB tiles fill shared memory). So each of a stage's three boxes has its own ready and empty barrier:
 # the rope box is handed back once the tile is scored, the second value box once warpgroup 1 has folded it in, the
 # first after the deferred product. The loader refills them in that order, and the score product takes them in the
 # same order (rope, second half, first half), so it starts on the boxes that came back first while the last one is
-# still on its way.
+# still on its way. Warpgroup 1 is ``gluon_ws._g_wg1`` with three boxes a stage.
 
 
 # -- host.py -----------------------------------------------------------------------------------------------------------
@@ -981,7 +987,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
         merge_constexpr_values=[merge_constexprs[n] for n in _mla_paged_merge.arg_names if n in merge_constexprs],
         options=dict(num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl >= 2 else {})),
         merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if pdl else {})),
-        scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (max(B * n_rb, 2),), (4 * B,)), part_dtype=part_dtype,
+        scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=part_dtype,
         direct=knobs["LAUNCH"] == "direct" and dev_index is not None, compiled=None, scratch={},
         o_shape=(B, Sq, H, D_NOPE), lse_shape=(B, H, Sq), merge_sizes=(Sq, H),
     )
@@ -1004,7 +1010,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
             constexpr_values=[g_constexprs[n] for n in fn.arg_names if n in g_constexprs],
             merge_constexpr_values=[m_constexprs[n] for n in _mla_paged_merge.arg_names if n in m_constexprs],
             options=dict(num_warps=4, **({"launch_cooperative_grid": True} if grid_merge else {})), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if g_pdl else {})),
-            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (max(B * n_rb, 2),), (4 * B,)), part_dtype=part_dtype,
+            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (max(B * n_rb, 2),), (4 * B,)), part_dtype=part_dtype,  # GRID_MERGE: two barrier words
             gluon_values=(block_table.stride(0), B, Sq, H, block_table.shape[1] * page), q_rows=B * R, kv_rows=num_pages * page,
         )
     return plan
@@ -1130,8 +1136,9 @@ def _descriptor_scratch(size, alignment, stream):
 
 
 def _scratch(plan, device, stream_id):
-    """(tensors, their addresses): partials, lse partials, merge counters (zero; every fused merge leaves them at zero)
-    and the merge kernel's per-sequence record, reused by every call of a plan on one stream (calls on one stream are
+    """(tensors, their addresses): partials, lse partials, counters (the fused merge's tickets, which every merge
+    leaves at zero; under GRID_MERGE counters[0:2] are the grid barrier's count, back at zero after every launch, and
+    its generation, which only grows) and the merge kernel's per-sequence record, reused by every call of a plan on one stream (calls on one stream are
     ordered); a call on another stream than the last gets fresh ones."""
     scratch = plan["scratch"].get(stream_id)
     if scratch is None:
