@@ -76,4 +76,3 @@ def test_the_host_probe_gives_no_implementation_a_fixed_predecessor():
     before = {name: {a for a, b in zip(flat, flat[1:]) if b == name} for name in names}
     assert all(len(before[name]) >= 2 for name in names), before
     assert len({r[0] for r in rounds}) == len(names)  # each one first in some round
-

@@ -5,9 +5,9 @@
 Host time at B1 moved by tens of microseconds between machines and between one pytest-benchmark test and the next,
 so two figures from different tests are not side by side. Here every round times each implementation once, in an
 order shuffled every round (``round_orders``), on the same case: one round is ``EAGER_SETS`` calls back to back on as
-many input sets (benchmarks/test_headline.py's eager round), timed to the last call's return (``host``: the caller's thread per call) and to the GPU's end
-(``eager``: per call, host included). Medians over ``--rounds`` rounds, and ours over FlashMLA's per round (the
-median of the ratios: > 1 means FlashMLA is faster).
+many input sets (benchmarks/test_headline.py's eager round), timed to the last call's return (``host``: the caller's
+thread per call) and to the GPU's end (``eager``: per call, host included). Medians over ``--rounds`` rounds, and
+ours over FlashMLA's per round (the median of the ratios: > 1 means FlashMLA is faster).
 
 Implementations: each ``--file`` for its problem (default: ``kernels/best/mla.py`` and ``kernels/best/mla-paged.py``),
 and the problem's FlashMLA baseline where ``flash_mla`` imports. Before timing, each is checked against the float32
@@ -41,8 +41,8 @@ from pytest_kopt.problems import get_problem  # noqa: E402
 def round_orders(names, rounds, seed=0):
     """The order of the implementations in each round: a seeded shuffle, so no implementation always runs right
     after the same other one. Rotating a fixed order (each one first in turn) left every implementation the same
-    predecessor, and the one timed right after FlashMLA read 1-5 us more host time a call at every B1 case, whichever
-    file it was (H200, results/h200-2026-12-03d calls 4 and 5: one file listed first, then second)."""
+    predecessor, and the one timed right after FlashMLA read 0.3-6 us more a call at 15 of 16 B1 figures, whichever
+    file it was (H200, results/h200-2026-12-03d calls 4 and 5: the same files in two listing orders)."""
     rng = random.Random(seed)
     return [rng.sample(names, len(names)) for _ in range(rounds)]
 
