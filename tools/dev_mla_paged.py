@@ -6,8 +6,9 @@ cases and the dense decode at B1 Sq1/Sq2/Sq4, B64, B32 and B1 Skv 131072 (develo
                                                [--variants NAME,..] [--file NAME=PATH ..] [--budget-s 1.0]
     PYTHONPATH=. python3 tools/dev_mla_paged.py OUT_DIR --smoke      # CPU interpreter dry run, tiny cases
 
-For every (case, implementation): fresh random inputs, the float32 reference, relative RMS of o and
-lse (NaN never passes), then three timings, each a median:
+For every (case, implementation): random inputs of its own (so an output it leaves unwritten cannot
+inherit another implementation's right answer), the float32 reference, relative RMS of o and lse
+(NaN never passes), then three timings, each a median:
 - ``device``: the judge's timer (pytest_kopt.judge.timing.median_us: L2 flushed before every
   call, the GPU held back long enough for the host to enqueue the call), with the host's time per
   call beside it;
@@ -191,12 +192,14 @@ def measure(problem, case: dict, impls: dict, device: str, budget_s: float, seed
     label = problem.describe(case)
     cost = problem.cost(case)
     rows = {}
-    check_inputs = problem.make_inputs(case, device=device, seed=seed)
-    expected = problem.reference(**check_inputs)
-    sets = input_sets(problem, case, device, seed + 1)
-    for name, fn in impls.items():
+    sets = input_sets(problem, case, device, seed)
+    for i, (name, fn) in enumerate(impls.items()):
         row: dict = {}
         try:
+            # inputs no other implementation has seen: an output this one leaves unwritten then holds memory the
+            # caching allocator handed back from another's call (right for their inputs, wrong for these)
+            check_inputs = problem.make_inputs(case, device=device, seed=seed + 1000 * (i + 1))
+            expected = problem.reference(**check_inputs)
             out = fn(**check_inputs)
             sync(device)
             o, lse = out
@@ -206,7 +209,7 @@ def measure(problem, case: dict, impls: dict, device: str, budget_s: float, seed
                             for k, spec in (("rel_rms_o", problem.outputs[0]), ("rel_rms_lse", problem.outputs[1])))
             if not row["ok"]:
                 row["lse_shape"] = list(lse.shape)
-            del out, o, lse
+            del out, o, lse, check_inputs, expected
             cpu = device == "cpu"
             dev = median_us(lambda: fn(**sets[0]), device, rounds=1 if cpu else 50, warmup_rounds=0 if cpu else 3, with_host=True)
             row["device_us"], row["host_us"] = dev
