@@ -3,8 +3,8 @@
 Per problem with a promoted kernel (``kernels/best/<problem>.py``): the candidate it is (the
 file's id, the first 12 hex digits of its sha256, as the loop names candidates), the run that found
 it and that run's own figure beside the baseline candidate it timed in the same objective, and the
-benchmark of record: the newest pytest-benchmark JSON under ``results/`` whose ``commit_info``
-names this very file (``benchmarks/conftest.py`` records each best file's sha256, and each file timed beside
+benchmark of record: the newest of the pytest-benchmark JSONs under ``results/`` whose ``commit_info``
+names this very file and that timed it at the most shapes (``benchmarks/conftest.py`` records each best file's sha256, and each file timed beside
 the bests: a file promoted after the run that timed it is found as that run's ``file=`` row), with every
 implementation that session timed beside it, per shape, and the timer named. Nothing is typed in
 by hand, so the page changes only when the evidence does; ``--check`` (run by the test suite)
@@ -264,12 +264,19 @@ def _benchmark(data: dict, shown: str, archive: str | None) -> Benchmark:
 
 
 def record_for(problem: str, sha: str, benches: list[Benchmark]) -> Benchmark | None:
-    """The newest JSON that timed this very file (as the best, or beside it before it was promoted); else the newest
-    that timed any best of ``problem``."""
+    """Of the JSONs that timed this very file (as the best, or beside it before it was promoted), the newest of those
+    that timed it at the most shapes; else the same of those that timed any best of ``problem``. A check at a few
+    shapes, newer than the whole benchmark, does not become the record."""
     timed = [b for b in benches if any(BEST_IMPL in impls for impls in b.rows.get(problem, {}).values())]
     exact = [b for b in timed if _timed_as(problem, sha, b)]
     pool = exact or timed
-    return max(pool, key=lambda b: (b.time, b.shown_path)) if pool else None
+    return max(pool, key=lambda b: (_shapes_timed(problem, sha, b), b.time, b.shown_path)) if pool else None
+
+
+def _shapes_timed(problem: str, sha: str, bench: Benchmark) -> int:
+    """How many (shape, timer) rows of ``problem`` in ``bench`` time this file (else its best)."""
+    impl = _timed_as(problem, sha, bench) or BEST_IMPL
+    return sum(impl in impls for impls in bench.rows.get(problem, {}).values())
 
 
 def _timed_as(problem: str, sha: str, bench: Benchmark | None) -> str | None:

@@ -63,7 +63,7 @@ def test_a_file_is_timed_beside_the_variants(tool, tmp_path):
 
 def test_an_output_left_unwritten_does_not_pass_on_another_implementations_answer(tool):
     """An implementation that leaves its output unwritten gets memory the caching allocator handed back, which may hold
-    the implementation before it's answer (H200, session 34: a file that skipped the merge read 1.8e-3 at B64). Here
+    the answer of the implementation before it (H200, session 34: a file skipping the merge read 1.8e-3 at B64). Here
     "lazy" returns exactly that answer: it must fail, because each implementation is checked on inputs of its own."""
     from pytest_kopt.problems.mla_paged import MLA_PAGED
 

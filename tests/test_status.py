@@ -39,16 +39,17 @@ def write_run(folder: Path, best_id: str, *, best_us: float, baseline_us: float)
     (folder / "candidates" / f"{best_id}.py").write_text(BEST_SOURCE)
 
 
-def bench_json(path: Path, file_sha: str, when: str, best_us: float, fla_us: float) -> None:
-    def item(impl: str, order: int, us: float, rel_rms: float) -> dict:
-        return {"params": {"problem_name": "kda", "impl": impl}, "group": "kda B1 T64 H2",
-                "extra_info": {"case": "B1 T64 H2", "order": order, "rel_rms": rel_rms},
+def bench_json(path: Path, file_sha: str, when: str, best_us: float, fla_us: float, cases: tuple[str, ...] = ("B1 T64 H2",)) -> None:
+    def item(impl: str, order: int, us: float, rel_rms: float, case: str) -> dict:
+        return {"params": {"problem_name": "kda", "impl": impl}, "group": f"kda {case}",
+                "extra_info": {"case": case, "order": order, "rel_rms": rel_rms},
                 "options": {"timer": "EventClock"}, "stats": {"median": us * 1e-6}}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
         "machine_info": {"gpu": "NVIDIA H200"}, "datetime": when,
         "commit_info": {"sha256:kernels/best/kda.py": file_sha[:16]},
-        "benchmarks": [item("baseline:fla-chunk_kda", 0, fla_us, 4e-3), item("candidate:best", 20, best_us, 3.2e-3)],
+        "benchmarks": [it for case in cases for it in (item("baseline:fla-chunk_kda", 0, fla_us, 4e-3, case),
+                                                       item("candidate:best", 20, best_us, 3.2e-3, case))],
     }))
 
 
@@ -81,6 +82,22 @@ def test_status_names_the_run_and_the_json_that_timed_this_file(tree: tuple[Path
     assert "Timer: EventClock (the judge's EventClock" in page
     assert "| B1 T64 H2 | 612.0 | 240.0 | **2.55×** | 3.20e-03 |" in page
     assert "earlier" not in page
+
+
+def test_a_newer_check_at_fewer_shapes_is_not_the_record(tmp_path: Path) -> None:
+    """A short run that times the promoted file at a few shapes (a check of the benchmark itself, say) is newer than
+    the whole benchmark, but the record stays the JSON that timed the file at the most shapes."""
+    results, kernels = tmp_path / "results", tmp_path / "kernels"
+    (kernels / "best").mkdir(parents=True)
+    (kernels / "best" / "kda.py").write_text(BEST_SOURCE)
+    bench_json(results / "h200-a" / "bench-whole.json", sha(BEST_SOURCE), "2026-11-30T09:00:00+00:00", 240.0, 612.0,
+               cases=("B1 T64 H2", "B2 T64 H2", "B4 T64 H2"))
+    bench_json(results / "h200-b" / "bench-check.json", sha(BEST_SOURCE), "2026-11-30T12:00:00+00:00", 250.0, 610.0)
+    page = render(results, kernels)
+    assert "`results/h200-a/bench-whole.json`" in page and "bench-check" not in page
+    bench_json(results / "h200-c" / "bench-whole-again.json", sha(BEST_SOURCE), "2026-11-30T13:00:00+00:00", 241.0, 611.0,
+               cases=("B1 T64 H2", "B2 T64 H2", "B4 T64 H2"))
+    assert "`results/h200-c/bench-whole-again.json`" in render(results, kernels)  # of equally whole ones, the newest
 
 
 def test_status_says_when_no_json_has_timed_the_promoted_file(tree: tuple[Path, Path]) -> None:
