@@ -3,10 +3,11 @@
 Per problem with a promoted kernel (``kernels/best/<problem>.py``): the candidate it is (the
 file's id, the first 12 hex digits of its sha256, as the loop names candidates), the run that found
 it and that run's own figure beside the baseline candidate it timed in the same objective, and the
-benchmark of record: the newest of the pytest-benchmark JSONs under ``results/`` whose ``commit_info``
-names this very file and that timed it at the most shapes (``benchmarks/conftest.py`` records each best file's sha256, and each file timed beside
-the bests: a file promoted after the run that timed it is found as that run's ``file=`` row), with every
-implementation that session timed beside it, per shape, and the timer named. Nothing is typed in
+benchmark of record: of the pytest-benchmark JSONs under ``results/`` whose ``commit_info`` names
+this very file, the newest of those that timed it at the most shapes (``benchmarks/conftest.py``
+records each best file's sha256, and each file timed beside the bests: a file promoted after the
+run that timed it is found as that run's ``file=`` row), with every implementation that session
+timed beside it, per shape, and the timer named. Nothing is typed in
 by hand, so the page changes only when the evidence does; ``--check`` (run by the test suite)
 fails when the committed page is not what the evidence says now.
 
