@@ -293,3 +293,42 @@ def _mla_paged_merge(
         tl.store(o + (b * R + row) * DN + offs_v, (acc / tot + poison).to(o.dtype.element_ty))
         if tl.program_id(1) == 0:
             tl.store(lse + b * R + (row % H) * Sq + row // H, (mx + tl.log2(tot)) * 0.6931471805599453 + poison)
+
+
+@triton.jit
+def _mla_paged_merge_rows(
+    part_o, part_lse, o, lse, meta, Sq, H,
+    ROWS: tl.constexpr, DN: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+):
+    """MERGE_ROWS: the merge kernel with one program per (ROWS rows, sequence), every value column. The pieces are
+    folded one at a time, the next pieces' loads in flight (a loop Triton pipelines STAGES deep through shared
+    memory), so a program holds ROWS * DN / threads partial values (16 a thread at 4 rows and 4 warps) and many
+    programs fit an SM: few programs and few waves where many rows are split (B128 long-tail)."""
+    if PDL >= 1:  # launched before the main kernel finished: wait for it (and its memory) here
+        tl.extra.cuda.gdc_wait()
+    b = tl.program_id(2).to(tl.int64)
+    R = Sq * H
+    n_pieces = tl.load(meta + 4 * b + 1)
+    if n_pieces > 1:
+        first_part = tl.load(meta + 4 * b)
+        first_odd = tl.load(meta + 4 * b + 2)
+        poison = tl.where(tl.load(meta + 4 * b + 3) != 0, float("nan"), 0.0)
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < R
+        cols = tl.arange(0, DN)
+        mx = tl.full([ROWS], -3.0e38, dtype=tl.float32)  # finite: a partial's lse is finite (log2)
+        tot = tl.zeros([ROWS], dtype=tl.float32)
+        acc = tl.zeros([ROWS, DN], dtype=tl.float32)
+        for k in tl.range(0, n_pieces, num_stages=STAGES):
+            slot = (2 * (first_part + k) + tl.where(k == 0, first_odd, 0)).to(tl.int64)
+            lk = tl.load(part_lse + slot * R + rows, mask=row_ok, other=0.0)
+            po = tl.load(part_o + (slot * R + rows)[:, None] * DN + cols[None, :], mask=row_ok[:, None], other=0.0)
+            m_new = tl.maximum(mx, lk)
+            fold = tl.exp2(mx - m_new)
+            w = tl.exp2(lk - m_new)
+            tot = tot * fold + w
+            acc = acc * fold[:, None] + w[:, None] * po.to(tl.float32)
+            mx = m_new
+        out = acc / tl.where(tot > 0.0, tot, 1.0)[:, None] + poison
+        tl.store(o + (b * R + rows)[:, None] * DN + cols[None, :], out.to(o.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(lse + b * R + (rows % H) * Sq + rows // H, (mx + tl.log2(tot)) * 0.6931471805599453 + poison, mask=row_ok)
