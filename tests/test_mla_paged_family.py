@@ -212,35 +212,6 @@ def test_the_merge_kernel_folds_pieces_over_several_chunks(tmp_dir):
         module._PLANS.clear()
 
 
-def test_the_rows_merge_kernel_folds_each_rows_pieces(tmp_dir):
-    """MERGE_ROWS 4: where the merge kernel takes every value column, a program merges four rows (the last program's
-    past R masked) of one sequence, piece after piece through a pipelined loop; sequences in more pieces than the
-    loop keeps in flight match the reference, and a length the kernel had to clamp still reads NaN."""
-    module = with_sms(render({**SMALL, "MERGE": "kernel", "OVERHEAD": 0, "MERGE_ROWS": 4}, tmp_dir), 12)
-    case = {"B": 3, "Sq": 3, "H": 3, "page_size": 16, "lengths": [400, 37, 150]}  # 9 rows; 37 tiles over 12 parts
-    try:
-        check(module.kernel, case, seed=6)
-        plan = next(iter(module._PLANS.values()))
-        assert plan["merge_fn"] is module._mla_paged_merge_rows and plan["merge_grid"] == (3, 1, 3)
-        meta = next(iter(plan["scratch"].values()))[0][3].view(-1, 4)
-        assert meta[0, 1] > module.MERGE_ROWS_STAGES  # the pipelined loop goes round more than once
-        inputs = MLA_PAGED.make_inputs(case, device="cpu", seed=7)
-        want_o, want_lse = MLA_PAGED.reference(**inputs)
-        saved = module._check_lengths
-        module._check_lengths = lambda *args: None
-        try:
-            lengths = inputs["cache_seqlens"].clone()
-            lengths[0] = 10_000  # split sequence, clamped: its merged rows are NaN, the others right
-            o, lse = module.kernel(**{**inputs, "cache_seqlens": lengths})
-        finally:
-            module._check_lengths = saved
-        assert o[0].isnan().all() and lse[0].isnan().all()
-        for b in (1, 2):
-            assert rel_rms(o[b], want_o[b]) < 5e-3 and rel_rms(lse[b], want_lse[b]) < 5e-4
-    finally:
-        module._PLANS.clear()
-
-
 def test_the_kernel_schedules_as_written_out(tmp_dir):
     """MERGE "kernel" records each sequence's first part and piece count: they are the mirror's."""
     module = with_sms(render({**SMALL, "MERGE": "kernel", "OVERHEAD": 2}, tmp_dir), 12)
@@ -504,28 +475,6 @@ def test_gluon_engine_plan_descriptors_and_direct_launches(tmp_dir, monkeypatch)
     assert [(fn, how) for fn, how, *_ in log[4:]] == [(name, "jit"), ("merge", "jit")]
 
 
-@pytest.mark.parametrize("scorer, sq, want", [(0, 4, "ws"), (1, 2, "ws"), (1, 4, "scorer"), (2, 2, "scorer")])
-def test_gluon_engine_takes_the_scorer_form_where_asked(tmp_dir, monkeypatch, scorer, sq, want):
-    """SCORER 1: the scorer form where a sequence has SCORER_FROM_ROWS rows or more (B32 Sq4, several row blocks per
-    tile), the pair form below; 2: always; 0: never. Same grid and merge either way."""
-    module = render({"ENGINE": "gluon", "SCORER": scorer}, tmp_dir)
-    module._PLANS.clear()
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 5})())
-    monkeypatch.setattr(module, "_sm_count", lambda index: 132)
-    log = []
-    monkeypatch.setattr(module, "_mla_paged_ws", _FakeJIT(module._mla_paged_ws, log, "ws"))
-    monkeypatch.setattr(module, "_mla_paged_scorer", _FakeJIT(module._mla_paged_scorer, log, "scorer"))
-    monkeypatch.setattr(module, "_mla_paged_merge", _FakeJIT(module._mla_paged_merge, log, "merge"))
-    try:
-        module.kernel(**_fake_cuda_inputs({"B": 3, "Sq": sq, "H": 64, "lengths": [300, 64, 129]}, 0))
-        plan = next(iter(module._PLANS.values()))
-        assert [fn for fn, *_ in log] == [want, "merge"] and plan["grid"] == (sq, 132 // sq, 1)
-    finally:
-        module._PLANS.clear()
-
-
 def test_gluon_engine_with_descriptors_made_on_the_device(tmp_dir, monkeypatch):
     """TMA_DESC "device": the launches get q and the cache where the descriptors were (tensors through the JIT,
     addresses to the compiled kernel), the row counts the kernel makes them with, and Triton's allocator is set for the global scratch they are written to; no host
@@ -727,28 +676,3 @@ def test_gluon_engine_compiles_for_hopper(tmp_path, fn, sq, desc, merge):
     # warpgroup 0's tile loop, which spilled ~43 loads and stores a tile (228 bytes in all); what is left (at most a
     # few words, outside the tile loops) is the per-piece code's
     assert int(re.search(r"(\d+) bytes spill stores", notes).group(1)) <= (64 if merge == "kernel" else 320), notes
-
-
-@pytest.mark.parametrize("merge", ["kernel", "grid"])
-def test_the_scorer_form_compiles_for_hopper(tmp_path, merge):
-    """SCORER's kernel for sm_90 at B64 Sq4 (no GPU): 16 warps (the scorer, two folders, the loader's warpgroup) within
-    the register file (152 + 2 x 168 + 24 a thread), the scores on m64n64 and each folder's P V as two m64n128
-    products with P from shared memory (an m64n256 product needs 154 registers, more than the 128 a thread outside the
-    setmaxnreg regions); no product serialised by ptxas, no spills in the tile loops, shared memory within a block's."""
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    import json
-    import re
-
-    tool = Path(__file__).resolve().parents[1] / "tools" / "compare_kda_ptx.py"
-    out = json.loads(compile_in_child(_GLUON_SM90_SCRIPT, _family_file(tmp_path), str(tool), "_mla_paged_scorer", "4", "host",
-                                      merge, cache_dir=tmp_path).strip().splitlines()[-1])
-    ptx, notes = out["ptx"], out["notes"]
-    assert {"152", "168", "24"} <= set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") > 0
-    assert "m64n256k16" not in ptx
-    a_operands = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16\s*\{[^}]*\},\s*(\{|%rd)", ptx)
-    assert a_operands and set(a_operands) == {"%rd"}  # P from shared memory (its tile's rope box)
-    assert not re.search(r"C75(1[0-9])\) Potential Performance Loss", notes), notes
-    assert out["cooperative"] == (merge == "grid")
-    assert 200_000 < out["shared"] <= 232448 and "Used " in notes
-    assert int(re.search(r"(\d+) bytes spill stores", notes).group(1)) <= (160 if merge == "kernel" else 400), notes

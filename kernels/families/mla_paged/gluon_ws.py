@@ -118,9 +118,9 @@ def _g_zero_rows_past(buf, valid):
 @gluon.jit
 def _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO: gl.constexpr, col0, b, bad, R, Sq, H, first_part,
                   n_pieces, first_odd, WRITE_LSE: gl.constexpr, DN: gl.constexpr):
-    """This warpgroup's columns of the piece's rows (acc's, from col0): to o (NaN for a bad length) or its partial slot."""
+    """This warpgroup's 256 columns of the piece's rows: to o (NaN for a bad length) or its partial slot."""
     rows = gl.program_id(0) * ROWS_G + gl.arange(0, ROWS_G, layout=gl.SliceLayout(1, LO))
-    cols = col0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, LO))
+    cols = col0 + gl.arange(0, HALF_G, layout=gl.SliceLayout(0, LO))
     inv = gl.convert_layout(1.0 / gl.where(l_i > 0.0, l_i, 1.0), gl.SliceLayout(1, LO))
     out = acc * inv[:, None]
     lse2 = m_i + gl.log2(gl.where(l_i > 0.0, l_i, 1.0))

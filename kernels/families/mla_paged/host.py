@@ -9,12 +9,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .knobs import KNOBS, REGIMES, WIDE_FROM_PAIRS, WIDE_FROM_ROWS, WIDE_FROM_TOKENS, D_NOPE, D_ROPE, LOG2E, FUSED_MERGE_ELEMS, \
-    MERGE_ELEMS, PAGE_CHUNK, MERGE_WARPS, MAX_BATCH, SMEM_LIMIT, PLANS_KEPT, GRID_MERGE_ROWS, \
-    SCORER_FROM_ROWS, MERGE_ROWS_STAGES
-from .tiles import _mla_paged_fwd, _mla_paged_merge, _mla_paged_merge_rows
+    MERGE_ELEMS, PAGE_CHUNK, MERGE_WARPS, MAX_BATCH, SMEM_LIMIT, PLANS_KEPT, GRID_MERGE_ROWS
+from .tiles import _mla_paged_fwd, _mla_paged_merge
 from .gluon_ws import _mla_paged_ws
 from .gluon_defer import _mla_paged_ws_defer
-from .gluon_scorer import _mla_paged_scorer
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index):
@@ -72,25 +70,11 @@ def _merge_chunk(parts, block_v):
     return max(2, min(triton.next_power_of_2(parts), MERGE_ELEMS // block_v))
 
 
-def _merge_plan(knobs, B, R, parts, merge_bv, pdl):
-    """The merge kernel's launch: one program per (row, value slice, sequence), or with MERGE_ROWS (where a program
-    takes every value column) one per (MERGE_ROWS rows, sequence)."""
-    if knobs["MERGE_ROWS"] and merge_bv == D_NOPE:
-        fn, grid = _mla_paged_merge_rows, (triton.cdiv(R, knobs["MERGE_ROWS"]), 1, B)
-        constexprs = dict(ROWS=knobs["MERGE_ROWS"], DN=D_NOPE, STAGES=MERGE_ROWS_STAGES, PDL=pdl)
-    else:
-        fn, grid = _mla_paged_merge, (R, D_NOPE // merge_bv, B)
-        constexprs = dict(BLOCK_V=merge_bv, CHUNK=_merge_chunk(parts, merge_bv), DN=D_NOPE, PDL=pdl)
-    return dict(merge_fn=fn, merge_grid=grid, merge_constexprs=constexprs,
-                merge_constexpr_values=[constexprs[n] for n in fn.arg_names if n in constexprs],
-                merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if pdl else {})))
-
-
 def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
-                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)), ("SCORER", (0, 1, 2)), ("MERGE_ROWS", (0, 4)),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)),
                           ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
@@ -131,16 +115,20 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     constexprs = dict(BLOCK_H=block_h, BLOCK_N=block_n, PAGE=page, KEYS_AS_M=bool(tiles["KEYS_AS_M"]), VALUES_AS_M=bool(tiles["VALUES_AS_M"]),
                       QK_SPLIT=qk_split, TMA=tma, MERGE=2 if merge == "fused" else 1, OVERHEAD=overhead,
                       B_P2=triton.next_power_of_2(B), PAGE_CHUNK=PAGE_CHUNK, MERGE_W=max(16, min(D_NOPE, FUSED_MERGE_ELEMS // block_h)), DN=D_NOPE, DR=D_ROPE, PDL=pdl)
+    merge_constexprs = dict(BLOCK_V=merge_bv, CHUNK=_merge_chunk(parts, merge_bv), DN=D_NOPE, PDL=pdl)
     plan = dict(
         engine="triton", descs=None, device_descs=False, host_descs=False,  # ENGINE "gluon"'s TMA descriptors (TMA_DESC)
-        grid=(n_rb, parts, 1), fused=merge == "fused", tma=tma,
+        grid=(n_rb, parts, 1), merge_grid=(R, D_NOPE // merge_bv, B), fused=merge == "fused", tma=tma,
         sizes=(B, Sq, H, num_pages * page, block_table.shape[1]),
         strides=(q.stride(0), q.stride(1), q.stride(2), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0)),
-        constexprs=constexprs, constexpr_values=[constexprs[n] for n in _mla_paged_fwd.arg_names if n in constexprs],
+        constexprs=constexprs, merge_constexprs=merge_constexprs,
+        constexpr_values=[constexprs[n] for n in _mla_paged_fwd.arg_names if n in constexprs],
+        merge_constexpr_values=[merge_constexprs[n] for n in _mla_paged_merge.arg_names if n in merge_constexprs],
         options=dict(num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl >= 2 else {})),
+        merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if pdl else {})),
         scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=part_dtype,
         direct=knobs["LAUNCH"] == "direct" and dev_index is not None, compiled=None, scratch={},
-        o_shape=(B, Sq, H, D_NOPE), lse_shape=(B, H, Sq), merge_sizes=(Sq, H), **_merge_plan(knobs, B, R, parts, merge_bv, pdl),
+        o_shape=(B, Sq, H, D_NOPE), lse_shape=(B, H, Sq), merge_sizes=(Sq, H),
     )
     # the narrow regime (one query, small batch, short cache) stays on the Triton tiles: as fast on the device there
     # and a shorter host path (H200, B1 Sq1: 26.3 against 26.8 us device, 43.3 against 52.8 us eager)
@@ -148,21 +136,21 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
                   and torch.cuda.get_device_capability(dev_index)[0] == 9 and q.dtype == kv_cache.dtype == torch.bfloat16
                   and q.is_contiguous() and kv_cache.is_contiguous())
     if gluon_fits:  # ENGINE "gluon": one 64-row block per program, the merge kernel for split sequences
-        scorer = knobs["SCORER"] == 2 or (knobs["SCORER"] == 1 and R >= SCORER_FROM_ROWS)
-        fn = _mla_paged_scorer if scorer else _mla_paged_ws_defer if knobs["PV_DEFER"] else _mla_paged_ws
+        fn = _mla_paged_ws_defer if knobs["PV_DEFER"] else _mla_paged_ws
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
         # GRID_MERGE: the main kernel merges (a cooperative launch: every program resident, or no launch at all)
         grid_merge = knobs["GRID_MERGE"] == 2 or (knobs["GRID_MERGE"] == 1 and B * R <= GRID_MERGE_ROWS)
         g_pdl = int(knobs["GLUON_PDL"]) if not grid_merge else 0  # the merge kernel launched once the main kernel's loads are issued
         g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device",
                             GRID_MERGE=grid_merge, PDL=g_pdl)
+        m_constexprs = dict(merge_constexprs, CHUNK=_merge_chunk(parts, merge_bv), PDL=g_pdl)
         plan.update(
-            engine="gluon", gluon_fn=fn, device_descs=g_constexprs["DEVICE_DESC"], host_descs=not g_constexprs["DEVICE_DESC"], grid=(n_rb, parts, 1), fused=grid_merge, tma=False, constexprs=g_constexprs,
+            engine="gluon", gluon_fn=fn, device_descs=g_constexprs["DEVICE_DESC"], host_descs=not g_constexprs["DEVICE_DESC"], grid=(n_rb, parts, 1), fused=grid_merge, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
             constexpr_values=[g_constexprs[n] for n in fn.arg_names if n in g_constexprs],
-            options=dict(num_warps=4, **({"launch_cooperative_grid": True} if grid_merge else {})),
+            merge_constexpr_values=[m_constexprs[n] for n in _mla_paged_merge.arg_names if n in m_constexprs],
+            options=dict(num_warps=4, **({"launch_cooperative_grid": True} if grid_merge else {})), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if g_pdl else {})),
             scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (max(B * n_rb, 2),), (4 * B,)), part_dtype=part_dtype,  # GRID_MERGE: two barrier words
             gluon_values=(block_table.stride(0), B, Sq, H, block_table.shape[1] * page), q_rows=B * R, kv_rows=num_pages * page,
-            **_merge_plan(knobs, B, R, parts, merge_bv, g_pdl),
         )
     return plan
 
@@ -229,7 +217,7 @@ def _launch_first(plan, q, kv_cache, block_table, cache_seqlens, o, lse, scratch
             main = _mla_paged_fwd[plan["grid"]](*args, **plan["constexprs"], **plan["options"])
         merge = None
         if not plan["fused"]:
-            merge = plan["merge_fn"][plan["merge_grid"]](*merge_args, **plan["merge_constexprs"], **plan["merge_options"])
+            merge = _mla_paged_merge[plan["merge_grid"]](*merge_args, **plan["merge_constexprs"], **plan["merge_options"])
     except Exception as exc:  # compile-time resource limits are a property of the knobs
         if type(exc).__name__ == "OutOfResources":
             c = plan["constexprs"]

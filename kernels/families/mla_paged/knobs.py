@@ -2,7 +2,7 @@
 constants the kernels and the host share."""
 
 # kopt:knobs-begin
-KNOBS = {"CONFIG": "auto", "BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "VALUES_AS_M": False, "QK_SPLIT": True, "num_warps": 8, "num_stages": 2, "KV_LOAD": "tma", "OVERHEAD": 5, "WAVES": 1, "MERGE": "auto", "PARTIAL_DTYPE": "float32", "PDL": 1, "LAUNCH": "direct", "ENGINE": "triton", "TMA_DESC": "host", "PV_DEFER": 0, "GRID_MERGE": 0, "GLUON_PDL": 0, "SCORER": 0, "MERGE_ROWS": 0}
+KNOBS = {"CONFIG": "auto", "BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "VALUES_AS_M": False, "QK_SPLIT": True, "num_warps": 8, "num_stages": 2, "KV_LOAD": "tma", "OVERHEAD": 5, "WAVES": 1, "MERGE": "auto", "PARTIAL_DTYPE": "float32", "PDL": 1, "LAUNCH": "direct", "ENGINE": "triton", "TMA_DESC": "host", "PV_DEFER": 0, "GRID_MERGE": 0, "GLUON_PDL": 0}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the tile config of the shape's regime (REGIMES); knobs: the knobs below
@@ -25,8 +25,6 @@ SPACE = {
     "PV_DEFER": [0, 1],  # ENGINE "gluon": 1 warpgroup 0's half of P V one tile late, beside the next tile's softmax (gluon_defer.py)
     "GRID_MERGE": [0, 1, 2],  # ENGINE "gluon": split rows merged in the main kernel (gluon_merge.py), 1 where the batch has at most GRID_MERGE_ROWS rows, 2 always; 0 the merge kernel
     "GLUON_PDL": [0, 1],  # ENGINE "gluon" with the merge kernel: 1 it is the main kernel's programmatic dependent, let go once the loader's last load is issued
-    "MERGE_ROWS": [0, 4],  # the merge kernel where it takes every value column: 0 one program a (row, sequence); 4 four rows a program, pieces pipelined (_mla_paged_merge_rows)
-    "SCORER": [0, 1, 2],  # ENGINE "gluon": one warpgroup scores, two fold P V (gluon_scorer.py), 1 where Sq * H >= SCORER_FROM_ROWS, 2 always; 0 the pair form
 }
 TRY_EARLY = [
     {"ENGINE": "gluon"},  # on the H200 (session 25): 0.87-0.96x FlashMLA's device time, B1 Sq1 1.14x; the Triton tiles 0.60x
@@ -40,7 +38,6 @@ TRY_EARLY = [
     {"ENGINE": "gluon", "PV_DEFER": 1},
     {"ENGINE": "gluon", "GRID_MERGE": 1},
     {"ENGINE": "gluon", "GRID_MERGE": 1, "GLUON_PDL": 1},
-    {"ENGINE": "gluon", "GRID_MERGE": 1, "GLUON_PDL": 1, "SCORER": 1},
 ]
 
 # CONFIG "auto": a tile config per regime, from the dense family's measurements (mla_decode.py's
@@ -66,9 +63,7 @@ FUSED_MERGE_ELEMS = 8192  # fused merge: partial elements per [rows, columns] st
 MERGE_ELEMS = 4096  # merge kernel: partial elements a program loads at once (pieces x value columns)
 PAGE_CHUNK = 32  # tiles whose page numbers are loaded at once (a tile loop restarts its pipeline every PAGE_CHUNK tiles)
 MERGE_WARPS = 4
-MERGE_ROWS_STAGES = 3  # MERGE_ROWS: pieces whose loads are in flight at once
-GRID_MERGE_ROWS = 256
-SCORER_FROM_ROWS = 256  # SCORER 1: rows a sequence needs (Sq * H) for the scorer form: several row blocks share each tile  # GRID_MERGE 1: the most rows (B * Sq * H) a batch may have for the main kernel to merge them
+GRID_MERGE_ROWS = 256  # GRID_MERGE 1: the most rows (B * Sq * H) a batch may have for the main kernel to merge them
 MAX_BATCH = 8192  # the scheduler holds the lengths in one block of registers
 PLANS_KEPT = 16  # plans (each with its scratch) kept at once, the oldest dropped first
 SMEM_LIMIT = 232448  # bytes of shared memory a block may opt into on sm_90
