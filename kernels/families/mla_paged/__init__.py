@@ -68,5 +68,5 @@ argument binding and specialisation (most of a launch's host time) and the launc
 aligned (the compiled kernel assumes what the first call's were) goes through the JIT again.
 """
 
-from . import knobs, tiles, gluon_merge, gluon_ws, gluon_defer, host, entry  # noqa: F401
+from . import knobs, tiles, gluon_merge, gluon_ws, gluon_defer, gluon_pair, host, entry  # noqa: F401
 from .entry import kernel  # noqa: F401

@@ -2,7 +2,7 @@
 constants the kernels and the host share."""
 
 # kopt:knobs-begin
-KNOBS = {"CONFIG": "auto", "BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "VALUES_AS_M": False, "QK_SPLIT": True, "num_warps": 8, "num_stages": 2, "KV_LOAD": "tma", "OVERHEAD": 5, "WAVES": 1, "MERGE": "auto", "PARTIAL_DTYPE": "float32", "PDL": 1, "LAUNCH": "direct", "ENGINE": "triton", "TMA_DESC": "host", "PV_DEFER": 0, "GRID_MERGE": 0, "GLUON_PDL": 0}
+KNOBS = {"CONFIG": "auto", "BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "VALUES_AS_M": False, "QK_SPLIT": True, "num_warps": 8, "num_stages": 2, "KV_LOAD": "tma", "OVERHEAD": 5, "WAVES": 1, "MERGE": "auto", "PARTIAL_DTYPE": "float32", "PDL": 1, "LAUNCH": "direct", "ENGINE": "triton", "TMA_DESC": "host", "PV_DEFER": 0, "GRID_MERGE": 0, "GLUON_PDL": 0, "PAIR": 0}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the tile config of the shape's regime (REGIMES); knobs: the knobs below
@@ -25,6 +25,7 @@ SPACE = {
     "PV_DEFER": [0, 1],  # ENGINE "gluon": 1 warpgroup 0's half of P V one tile late, beside the next tile's softmax (gluon_defer.py)
     "GRID_MERGE": [0, 1, 2],  # ENGINE "gluon": split rows merged in the main kernel (gluon_merge.py), 1 where the batch has at most GRID_MERGE_ROWS rows, 2 always; 0 the merge kernel
     "GLUON_PDL": [0, 1],  # ENGINE "gluon" with the merge kernel: 1 it is the main kernel's programmatic dependent, let go once the loader's last load is issued
+    "PAIR": [0, 1],  # ENGINE "gluon": 1 FlashMLA's schedule, both warpgroups scoring a tile of each pair, 64-column boxes (gluon_pair.py)
 }
 TRY_EARLY = [
     {"ENGINE": "gluon"},  # on the H200 (session 25): 0.87-0.96x FlashMLA's device time, B1 Sq1 1.14x; the Triton tiles 0.60x
@@ -38,6 +39,7 @@ TRY_EARLY = [
     {"ENGINE": "gluon", "PV_DEFER": 1},
     {"ENGINE": "gluon", "GRID_MERGE": 1},
     {"ENGINE": "gluon", "GRID_MERGE": 1, "GLUON_PDL": 1},
+    {"ENGINE": "gluon", "GRID_MERGE": 1, "GLUON_PDL": 1, "PAIR": 1},
 ]
 
 # CONFIG "auto": a tile config per regime, from the dense family's measurements (mla_decode.py's
