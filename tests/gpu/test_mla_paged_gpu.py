@@ -17,8 +17,8 @@ from pytest_kopt.problems.mla_paged import MLA_PAGED
 FAMILY = load_family("mla_paged")
 ENGINES = {"gluon": {"ENGINE": "gluon"}, "gluon-defer": {"ENGINE": "gluon", "PV_DEFER": 1},
            "gluon-grid-merge": {"ENGINE": "gluon", "GRID_MERGE": 2}, "gluon-defer-grid-merge": {"ENGINE": "gluon", "PV_DEFER": 1, "GRID_MERGE": 2},
-           "gluon-pdl": {"ENGINE": "gluon", "GLUON_PDL": 1}, "gluon-pair": {"ENGINE": "gluon", "PAIR": 1},
-           "gluon-pair-grid-merge": {"ENGINE": "gluon", "PAIR": 1, "GRID_MERGE": 1, "GLUON_PDL": 1}}
+           "gluon-pdl": {"ENGINE": "gluon", "GLUON_PDL": 1}, "gluon-pair": {"ENGINE": "gluon", "PAIR": 2},
+           "gluon-pair-grid-merge": {"ENGINE": "gluon", "PAIR": 2, "GRID_MERGE": 1, "GLUON_PDL": 1}}
 EDGE_CASES = [
     {"B": 1, "Sq": 1, "H": 64, "lengths": [64]},  # one tile
     {"B": 1, "Sq": 4, "H": 64, "lengths": [130]},  # three tiles, the last partial

@@ -4,19 +4,21 @@ t's running max, and each folds both tiles into its half of O (warpgroup 0 colum
 own P from registers, the other's from shared memory. So one warpgroup's softmax runs while the other's products
 keep the tensor cores busy, which the loader form (``gluon_ws.py``: one warpgroup scores every tile) cannot do.
 
-Why it needs finer boxes than the seesaw forms tried before it (kernels/notes/mla-paged/README.md, sessions 30 and
-36): with two stages, a tile's boxes are refilled while the pair before is still being folded. Here a tile is nine
-64-column boxes (eight latent, the rope), each with its own ready barrier, and each box is refilled by the
-warpgroup that reads it last, the moment its product is done: warpgroup 0 boxes 0-3 (only it folds them), warpgroup
-1 boxes 4-8. The score products take a tile box by box in the order they come back, so the last box of the next
-tile may arrive well after its product has started.
+Each half of a tile has its own ready barrier and is refilled by the warpgroup that reads it last, the moment its
+product is done: warpgroup 0 the first 256 latent columns (only it folds them), warpgroup 1 the other 256 and the
+rope. The score products take a tile half by half, the half that comes back first first. (Nine 64-column boxes, as
+FlashMLA copies them, were slower here: each box's expect and copy carry two barriers across the warpgroup that
+Triton inserts; H200, B32 Sq4 249.2 against 242.5 us.)
 
 Where P goes: warpgroup 0's (tile t, rescaled to t + 1's max) over stage 0's rope box, which nobody reads once t is
 scored; warpgroup 1's in a buffer of its own. Shared memory: q 72 KB, two 72 KB stages, P 8 KB.
 
-Ends of a piece: a pair whose second tile is past the piece's last is run with that tile fully masked (its values
-zeroed), and the tiles one past the end are loaded from the piece's last page, so every barrier completes once per
-pair and no product is branched around (an accumulator in flight across a branch makes ptxas serialise them)."""
+Ends of a piece: a pair whose second tile is past the piece's last runs with that tile masked (no key past the
+piece is seen; values past the sequence's length zeroed), and tiles past the end are loaded from the piece's last
+page, so every barrier completes once a pair and no product is branched around (an accumulator in flight across a
+branch makes ptxas serialise the products). The host uses it only where every program gets one long piece
+(``PAIR_FROM_ROWS``; H200: B32 Sq4 239.7 us against the loader form's 257.8, FlashMLA 215.5; slower at B1 Sq4, B64
+and B128, where pieces are short or memory bounds the loop)."""
 
 import triton.experimental.gluon as gluon
 from triton.experimental.gluon import language as gl
@@ -24,9 +26,6 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from .gluon_merge import _g_grid_merge
 from .gluon_ws import HALF_G, KEYS_G, ROWS_G, _g_device_descriptors, _g_piece, _g_schedule, _g_store_half, _g_zero_rows_past
-
-BOX_G = gl.constexpr(64)  # columns of a box: a tile is eight latent boxes and the rope box
-
 
 @gluon.jit
 def _p_row(table, b, stride_tb, u, t1, PAGE: gl.constexpr):
@@ -37,37 +36,37 @@ def _p_row(table, b, stride_tb, u, t1, PAGE: gl.constexpr):
 
 
 @gluon.jit
-def _p_issue(kv_r, kb, r_s, ready, row, st, C0: gl.constexpr, C1: gl.constexpr):
-    """Boxes C0..C1-1 of the tile at cache row ``row`` into ring stage st, each on its own ready barrier."""
-    for c in gl.static_range(C0, C1):
-        bar = ready.index(9 * st + c)
-        mbarrier.expect(bar, kv_r.block_type.nbytes)
-        if c == 8:
-            tma.async_copy_global_to_shared(kv_r, [row, c * BOX_G], bar, r_s.index(st))
-        else:
-            tma.async_copy_global_to_shared(kv_r, [row, c * BOX_G], bar, kb.index(8 * st + c))
+def _p_issue(kv_n, kv_r, k_s, r_s, ready, row, st, HALF: gl.constexpr):
+    """Half HALF of the tile at cache row ``row`` into ring stage st, on its own ready barrier: 0 the first 256
+    latent columns (warpgroup 0 reads them last), 1 the other 256 and the rope (warpgroup 1 does)."""
+    bar = ready.index(2 * st + HALF)
+    if HALF == 0:
+        mbarrier.expect(bar, kv_n.block_type.nbytes)
+        tma.async_copy_global_to_shared(kv_n, [row, 0], bar, k_s.index(2 * st))
+    else:
+        mbarrier.expect(bar, kv_n.block_type.nbytes + kv_r.block_type.nbytes)
+        tma.async_copy_global_to_shared(kv_n, [row, HALF_G], bar, k_s.index(2 * st + 1))
+        tma.async_copy_global_to_shared(kv_r, [row, 2 * HALF_G], bar, r_s.index(st))
 
 
 @gluon.jit
-def _p_qk(qb, kb, r_s, ready, st, g, s, C0: gl.constexpr, C1: gl.constexpr, FRESH: gl.constexpr):
-    """Issue the score product of stage st's boxes C0..C1-1 for pair g, each once its box has arrived (FRESH: the
-    first of them starts the accumulator)."""
-    ph = g & 1
-    z = g >> 30  # 0, but not known to be: the boxes' descriptors are made where they are used, not all held in
-    # registers across the loop (held, they spilled: 36 k-steps of two 64-bit descriptors)
-    for c in gl.static_range(C0, C1):
-        mbarrier.wait(ready.index(9 * st + c), ph)
-        if c == 8:
-            s = warpgroup_mma(r_s.index(2 + z), r_s.index(st + z).permute((1, 0)), s, use_acc=not (FRESH and c == C0),
-                              is_async=True)
-        else:
-            s = warpgroup_mma(qb.index(c + z), kb.index(8 * st + c + z).permute((1, 0)), s, use_acc=not (FRESH and c == C0),
-                              is_async=True)
+def _p_qk(q_s, k_s, r_s, ready, st, g, s, HALF: gl.constexpr, FRESH: gl.constexpr):
+    """Issue the score product of half HALF of stage st's tile for pair g once it has arrived (FRESH: it starts the
+    accumulator)."""
+    mbarrier.wait(ready.index(2 * st + HALF), g & 1)
+    z = g >> 30  # 0, but not known to be: the operands' descriptors are made where they are used, not all held in
+    # registers across the loop (held, they spilled)
+    if HALF == 0:
+        s = warpgroup_mma(q_s.index(z), k_s.index(2 * st + z).permute((1, 0)), s, use_acc=not FRESH, is_async=True)
+    else:
+        s = warpgroup_mma(q_s.index(1 + z), k_s.index(2 * st + 1 + z).permute((1, 0)), s, use_acc=not FRESH,
+                          is_async=True)
+        s = warpgroup_mma(r_s.index(2 + z), r_s.index(st + z).permute((1, 0)), s, is_async=True)
     return s
 
 
 @gluon.jit
-def _p_pair0(qb, kb, k_s, r_s, p_s, mx_s, ready, bars, kv_r, table, b, stride_tb, s, acc, m_i, l_i, t, t1, n_b, g,
+def _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc, m_i, l_i, t, t1, n_b, g,
              qk_scale, keys, limit, open_below, PAGE: gl.constexpr, NEXT: gl.constexpr):
     """Warpgroup 0's share of the pair (t, t + 1), its scores of t in ``s``: softmax, its own half of P V, P
     rescaled to t + 1's max for warpgroup 1, warpgroup 1's P against its half, and (NEXT) the next pair's loads of
@@ -95,7 +94,7 @@ def _p_pair0(qb, kb, k_s, r_s, p_s, mx_s, ready, bars, kv_r, table, b, stride_tb
     acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), LP), k_s.index(0), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     if NEXT:  # boxes 0-3 of stage 0 are read by nobody else
-        _p_issue(kv_r, kb, r_s, ready, row2, 0, 0, 4)
+        _p_issue(kv_n, kv_r, k_s, r_s, ready, row2, 0, 0)
     mbarrier.wait(m1_bar, ph)
     m_b = mx_s.index(1).load(gl.SliceLayout(1, LS))
     scale = gl.exp2(m_a - m_b)
@@ -109,10 +108,10 @@ def _p_pair0(qb, kb, k_s, r_s, p_s, mx_s, ready, bars, kv_r, table, b, stride_tb
     mbarrier.wait(p1_bar, ph)
     acc = warpgroup_mma(p_s, k_s.index(2), acc, is_async=True)
     if NEXT:
-        s = _p_qk(qb, kb, r_s, ready, 0, g + 1, s, 0, 4, True)
-        acc = warpgroup_mma_wait(num_outstanding=4, deps=(acc,))
-        _p_issue(kv_r, kb, r_s, ready, row3, 1, 0, 4)
-        s = _p_qk(qb, kb, r_s, ready, 0, g + 1, s, 4, 9, False)
+        s = _p_qk(q_s, k_s, r_s, ready, 0, g + 1, s, 0, True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        _p_issue(kv_n, kv_r, k_s, r_s, ready, row3, 1, 0)
+        s = _p_qk(q_s, k_s, r_s, ready, 0, g + 1, s, 1, False)
         s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
     else:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -120,7 +119,7 @@ def _p_pair0(qb, kb, k_s, r_s, p_s, mx_s, ready, bars, kv_r, table, b, stride_tb
 
 
 @gluon.jit
-def _p_pair1(qb, kb, k_s, r_s, p_s, mx_s, ready, bars, kv_r, table, b, stride_tb, s, acc, m_i, l_i, t, t1, n_b, g,
+def _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc, m_i, l_i, t, t1, n_b, g,
              qk_scale, keys, limit, open_below, PAGE: gl.constexpr, NEXT: gl.constexpr):
     """Warpgroup 1's share of the pair (t, t + 1), its scores of t + 1 in ``s``: softmax on t's max, its P for
     warpgroup 0, both tiles against its half of the values, then (NEXT) its boxes of the next pair and the scores of
@@ -157,11 +156,11 @@ def _p_pair1(qb, kb, k_s, r_s, p_s, mx_s, ready, bars, kv_r, table, b, stride_tb
     mbarrier.arrive(p1_bar, count=1)
     if NEXT:
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        _p_issue(kv_r, kb, r_s, ready, row3, 1, 4, 9)
+        _p_issue(kv_n, kv_r, k_s, r_s, ready, row3, 1, 1)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        _p_issue(kv_r, kb, r_s, ready, row2, 0, 4, 9)  # P0 read: the rope box is free
-        s = _p_qk(qb, kb, r_s, ready, 1, g + 1, s, 4, 9, True)
-        s = _p_qk(qb, kb, r_s, ready, 1, g + 1, s, 0, 4, False)
+        _p_issue(kv_n, kv_r, k_s, r_s, ready, row2, 0, 1)  # P0 read: the rope box is free
+        s = _p_qk(q_s, k_s, r_s, ready, 1, g + 1, s, 1, True)
+        s = _p_qk(q_s, k_s, r_s, ready, 1, g + 1, s, 0, False)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     else:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -169,7 +168,7 @@ def _p_pair1(qb, kb, k_s, r_s, p_s, mx_s, ready, bars, kv_r, table, b, stride_tb
 
 
 @gluon.jit
-def _p_wg(ME: gl.constexpr, q_n, q_r, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o,
+def _p_wg(ME: gl.constexpr, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o,
           part_lse, meta, sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE: gl.constexpr, OVH: gl.constexpr,
           B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr, PDL: gl.constexpr):
     """Warpgroup ME over the program's pieces: a piece's first boxes (warpgroup 0 also q), its scores of the first
@@ -178,9 +177,6 @@ def _p_wg(ME: gl.constexpr, q_n, q_r, kv_r, table, stride_tb, q_s, k_s, r_s, p_s
     LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     LR: gl.constexpr = gl.SliceLayout(1, LS)
-    box: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS_G, BOX_G], gl.bfloat16)
-    qb = q_s._reinterpret(gl.bfloat16, [8, ROWS_G, BOX_G], box)  # a [64, 256] box is four 64-column boxes in a row
-    kb = k_s._reinterpret(gl.bfloat16, [16, KEYS_G, BOX_G], box)
     idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
     rows = gl.program_id(0) * ROWS_G + gl.arange(0, ROWS_G, layout=LR)
     keys = gl.arange(0, KEYS_G, layout=gl.SliceLayout(0, LS))
@@ -197,16 +193,16 @@ def _p_wg(ME: gl.constexpr, q_n, q_r, kv_r, table, stride_tb, q_s, k_s, r_s, p_s
                 tma.async_copy_global_to_shared(q_n, [row, 0], q_ready, q_s.index(0))
                 tma.async_copy_global_to_shared(q_n, [row, HALF_G], q_ready, q_s.index(1))
                 tma.async_copy_global_to_shared(q_r, [row, 2 * HALF_G], q_ready, r_s.index(2))
-                _p_issue(kv_r, kb, r_s, ready, _p_row(table, b, stride_tb, t0, t1, PAGE), 0, 0, 4)
-                _p_issue(kv_r, kb, r_s, ready, _p_row(table, b, stride_tb, t0 + 1, t1, PAGE), 1, 0, 4)
+                _p_issue(kv_n, kv_r, k_s, r_s, ready, _p_row(table, b, stride_tb, t0, t1, PAGE), 0, 0)
+                _p_issue(kv_n, kv_r, k_s, r_s, ready, _p_row(table, b, stride_tb, t0 + 1, t1, PAGE), 1, 0)
                 if (gl.program_id(1) == first_part) & (gl.program_id(0) == 0):  # the merge kernel's record of b
                     gl.store(meta + 4 * b, first_part)
                     gl.store(meta + 4 * b + 1, n_pieces)
                     gl.store(meta + 4 * b + 2, first_odd)
                     gl.store(meta + 4 * b + 3, bad.to(gl.int32))
             else:
-                _p_issue(kv_r, kb, r_s, ready, _p_row(table, b, stride_tb, t0, t1, PAGE), 0, 4, 9)
-                _p_issue(kv_r, kb, r_s, ready, _p_row(table, b, stride_tb, t0 + 1, t1, PAGE), 1, 4, 9)
+                _p_issue(kv_n, kv_r, k_s, r_s, ready, _p_row(table, b, stride_tb, t0, t1, PAGE), 0, 1)
+                _p_issue(kv_n, kv_r, k_s, r_s, ready, _p_row(table, b, stride_tb, t0 + 1, t1, PAGE), 1, 1)
             # row (s, h) sees keys j <= s + len - Sq, and none past the piece (a pair's second tile may lie past it)
             limit = gl.minimum(rows // H + n_b - Sq, t1 * KEYS_G - 1)
             open_below = gl.minimum((gl.program_id(0) * ROWS_G) // H + n_b - Sq + 1, t1 * KEYS_G)  # below: no mask
@@ -216,25 +212,26 @@ def _p_wg(ME: gl.constexpr, q_n, q_r, kv_r, table, stride_tb, q_s, k_s, r_s, p_s
             s = gl.zeros([ROWS_G, KEYS_G], gl.float32, layout=LS)
             mbarrier.wait(q_ready, pc & 1)
             if ME == 0:
-                s = _p_qk(qb, kb, r_s, ready, 0, g, s, 0, 9, True)
+                s = _p_qk(q_s, k_s, r_s, ready, 0, g, s, 0, True)
+                s = _p_qk(q_s, k_s, r_s, ready, 0, g, s, 1, False)
             else:
-                s = _p_qk(qb, kb, r_s, ready, 1, g, s, 4, 9, True)
-                s = _p_qk(qb, kb, r_s, ready, 1, g, s, 0, 4, False)
+                s = _p_qk(q_s, k_s, r_s, ready, 1, g, s, 1, True)
+                s = _p_qk(q_s, k_s, r_s, ready, 1, g, s, 0, False)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             for t in range(t0, t1 - 2, 2):
                 if ME == 0:
-                    s, acc, m_i, l_i = _p_pair0(qb, kb, k_s, r_s, p_s, mx_s, ready, bars, kv_r, table, b, stride_tb, s, acc,
+                    s, acc, m_i, l_i = _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc,
                                                 m_i, l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True)
                 else:
-                    s, acc, m_i, l_i = _p_pair1(qb, kb, k_s, r_s, p_s, mx_s, ready, bars, kv_r, table, b, stride_tb, s, acc,
+                    s, acc, m_i, l_i = _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc,
                                                 m_i, l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True)
                 g += 1
             t_last = t0 + 2 * ((t1 - t0 - 1) // 2)
             if ME == 0:
-                s, acc, m_i, l_i = _p_pair0(qb, kb, k_s, r_s, p_s, mx_s, ready, bars, kv_r, table, b, stride_tb, s, acc,
+                s, acc, m_i, l_i = _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc,
                                             m_i, l_i, t_last, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, False)
             else:
-                s, acc, m_i, l_i = _p_pair1(qb, kb, k_s, r_s, p_s, mx_s, ready, bars, kv_r, table, b, stride_tb, s, acc,
+                s, acc, m_i, l_i = _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc,
                                             m_i, l_i, t_last, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, False)
             g += 1
             buf = 2 * (pc % 2)  # both sums are relative to the pair's last max
@@ -257,20 +254,20 @@ def _p_wg(ME: gl.constexpr, q_n, q_r, kv_r, table, stride_tb, q_s, k_s, r_s, p_s
 
 
 @gluon.jit
-def _p_wg1(q_n, q_r, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
+def _p_wg1(q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
            sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr,
            DN: gl.constexpr, GRID: gl.constexpr, PDL: gl.constexpr):
     """Warpgroup 1: ``_p_wg`` with ME 1 (a partition's function takes no constexpr first argument from the list)."""
-    _p_wg(1, q_n, q_r, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
+    _p_wg(1, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
           sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE, OVH, B_P2, DN, GRID, PDL)
 
 
 @gluon.jit
-def _p_wg0(q_n, q_r, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
+def _p_wg0(q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
            sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr,
            DN: gl.constexpr, GRID: gl.constexpr, PDL: gl.constexpr):
     """Warpgroup 0: ``_p_wg`` with ME 0."""
-    _p_wg(0, q_n, q_r, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
+    _p_wg(0, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
           sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE, OVH, B_P2, DN, GRID, PDL)
 
 
@@ -279,27 +276,27 @@ def _mla_paged_pair(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse,
                     qk_scale, n_q_rows, n_kv_rows, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr,
                     DN: gl.constexpr, DEVICE_DESC: gl.constexpr, GRID_MERGE: gl.constexpr, PDL: gl.constexpr):
     """ENGINE "gluon", PAIR 1: grid (row blocks, parts) as ``_mla_paged_ws``, the same arguments; warpgroup 0 (here)
-    and warpgroup 1. The cache's boxes all come through the 64-column (rope) descriptor."""
+    and warpgroup 1."""
     if DEVICE_DESC:
         q_n, q_r, kv_n, kv_r = _g_device_descriptors(q_n, q_r, kv_n, kv_r, n_q_rows, n_kv_rows, DN)
     R = Sq * H
     q_s = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS_G, HALF_G], q_n.layout)
     k_s = gl.allocate_shared_memory(gl.bfloat16, [4, KEYS_G, HALF_G], kv_n.layout)  # stage, then latent half
-    r_s = gl.allocate_shared_memory(gl.bfloat16, [3, KEYS_G, BOX_G], kv_r.layout)  # the stages' rope, then q's
+    r_s = gl.allocate_shared_memory(gl.bfloat16, [3, KEYS_G, 64], kv_r.layout)  # the stages' rope, then q's
     p_s = gl.allocate_shared_memory(gl.bfloat16, [ROWS_G, KEYS_G], kv_r.layout)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     mx_s = gl.allocate_shared_memory(gl.float32, [2, ROWS_G], flat)
     l_s = gl.allocate_shared_memory(gl.float32, [4, ROWS_G], flat)
-    ready = gl.allocate_shared_memory(gl.int64, [18, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # stage, then half
     bars = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(18):
+    for i in gl.static_range(4):
         mbarrier.init(ready.index(i), count=1)
     for i in gl.static_range(7):
         mbarrier.init(bars.index(i), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (_p_wg0, (q_n, q_r, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
+        (_p_wg0, (q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
                   sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE, OVH, B_P2, DN, GRID_MERGE, PDL)),
-        (_p_wg1, (q_n, q_r, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
+        (_p_wg1, (q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
                   sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE, OVH, B_P2, DN, GRID_MERGE, PDL)),
     ], [4], [240])

@@ -9,7 +9,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .knobs import KNOBS, REGIMES, WIDE_FROM_PAIRS, WIDE_FROM_ROWS, WIDE_FROM_TOKENS, D_NOPE, D_ROPE, LOG2E, FUSED_MERGE_ELEMS, \
-    MERGE_ELEMS, PAGE_CHUNK, MERGE_WARPS, MAX_BATCH, SMEM_LIMIT, PLANS_KEPT, GRID_MERGE_ROWS
+    MERGE_ELEMS, PAGE_CHUNK, MERGE_WARPS, MAX_BATCH, SMEM_LIMIT, PLANS_KEPT, GRID_MERGE_ROWS, PAIR_FROM_ROWS
 from .tiles import _mla_paged_fwd, _mla_paged_merge
 from .gluon_ws import _mla_paged_ws
 from .gluon_defer import _mla_paged_ws_defer
@@ -75,7 +75,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
-                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)), ("PAIR", (0, 1)),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)), ("PAIR", (0, 1, 2)),
                           ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
@@ -137,7 +137,10 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
                   and torch.cuda.get_device_capability(dev_index)[0] == 9 and q.dtype == kv_cache.dtype == torch.bfloat16
                   and q.is_contiguous() and kv_cache.is_contiguous())
     if gluon_fits:  # ENGINE "gluon": one 64-row block per program, the merge kernel for split sequences
-        fn = _mla_paged_pair if knobs["PAIR"] else _mla_paged_ws_defer if knobs["PV_DEFER"] else _mla_paged_ws
+        # PAIR: where every program gets one long piece of a sequence with several row blocks (B32 Sq4: 128 programs of
+        # 128 tiles); with short pieces its per-piece start costs more than its overlap gains (H200, B1 Sq4, B64, B128)
+        pair = knobs["PAIR"] == 2 or (knobs["PAIR"] == 1 and R >= PAIR_FROM_ROWS and 2 * B * (R // 64) >= n_sms)
+        fn = _mla_paged_pair if pair else _mla_paged_ws_defer if knobs["PV_DEFER"] else _mla_paged_ws
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
         # GRID_MERGE: the main kernel merges (a cooperative launch: every program resident, or no launch at all)
         grid_merge = knobs["GRID_MERGE"] == 2 or (knobs["GRID_MERGE"] == 1 and B * R <= GRID_MERGE_ROWS)

@@ -25,7 +25,7 @@ SPACE = {
     "PV_DEFER": [0, 1],  # ENGINE "gluon": 1 warpgroup 0's half of P V one tile late, beside the next tile's softmax (gluon_defer.py)
     "GRID_MERGE": [0, 1, 2],  # ENGINE "gluon": split rows merged in the main kernel (gluon_merge.py), 1 where the batch has at most GRID_MERGE_ROWS rows, 2 always; 0 the merge kernel
     "GLUON_PDL": [0, 1],  # ENGINE "gluon" with the merge kernel: 1 it is the main kernel's programmatic dependent, let go once the loader's last load is issued
-    "PAIR": [0, 1],  # ENGINE "gluon": 1 FlashMLA's schedule, both warpgroups scoring a tile of each pair, 64-column boxes (gluon_pair.py)
+    "PAIR": [0, 1, 2],  # ENGINE "gluon": FlashMLA's schedule, both warpgroups scoring a tile of each pair (gluon_pair.py); 1 where every program has one long piece (B32 Sq4), 2 always
 }
 TRY_EARLY = [
     {"ENGINE": "gluon"},  # on the H200 (session 25): 0.87-0.96x FlashMLA's device time, B1 Sq1 1.14x; the Triton tiles 0.60x
@@ -65,6 +65,7 @@ FUSED_MERGE_ELEMS = 8192  # fused merge: partial elements per [rows, columns] st
 MERGE_ELEMS = 2048  # merge kernel: partial elements a program loads at once (pieces x value columns)
 PAGE_CHUNK = 32  # tiles whose page numbers are loaded at once (a tile loop restarts its pipeline every PAGE_CHUNK tiles)
 MERGE_WARPS = 2  # merge kernel: small programs, so that many are resident at once (B128: fewer waves of them)
+PAIR_FROM_ROWS = 256  # PAIR 1: the fewest rows (Sq * H) a sequence needs, beside 2 * B * row blocks >= SMs (host.py)
 GRID_MERGE_ROWS = 256  # GRID_MERGE 1: the most rows (B * Sq * H) a batch may have for the main kernel to merge them
 MAX_BATCH = 8192  # the scheduler holds the lengths in one block of registers
 PLANS_KEPT = 16  # plans (each with its scratch) kept at once, the oldest dropped first
