@@ -423,8 +423,8 @@ class _FakeCompiled:
         self.log.append((self.name, "compiled", (gx, gy, gz), args, {"stream": stream}, bases))
 
 
-def _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, capability=9, engine="gluon"):
-    module = render({"ENGINE": engine}, tmp_dir)
+def _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, capability=9, engine="gluon", **knobs):
+    module = render({"ENGINE": engine, **knobs}, tmp_dir)
     module._PLANS.clear()
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (capability, 0))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -432,6 +432,8 @@ def _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, capability=9, engine="gluon")
     monkeypatch.setattr(module, "_sm_count", lambda index: 132)
     log = []
     monkeypatch.setattr(module, "_mla_paged_ws", _FakeJIT(module._mla_paged_ws, log, "ws"))
+    if hasattr(module, "_mla_paged_pair"):
+        monkeypatch.setattr(module, "_mla_paged_pair", _FakeJIT(module._mla_paged_pair, log, "pair"))
     monkeypatch.setattr(module, "_mla_paged_merge", _FakeJIT(module._mla_paged_merge, log, "merge"))
     monkeypatch.setattr(module, "_mla_paged_fwd", _FakeJIT(module._mla_paged_fwd, log, "triton"))
     return module, log
@@ -520,6 +522,26 @@ def test_direct_launches_pass_addresses_and_plans_are_bounded(tmp_dir, monkeypat
     for extra in range(module.PLANS_KEPT + 2):
         module.kernel(**_fake_cuda_inputs({"B": 1, "Sq": 1, "H": 64, "lengths": [64 * (extra + 1)]}, extra))  # a page more each
     assert len(module._PLANS) == module.PLANS_KEPT and plan not in module._PLANS.values()
+
+
+@pytest.mark.parametrize("pair, case, kernel", [
+    (1, {"B": 32, "Sq": 4, "H": 64, "Skv": 128}, "pair"),  # 128 programs of one piece each: FlashMLA's schedule
+    (1, {"B": 16, "Sq": 4, "H": 64, "Skv": 128}, "ws"),  # 64 programs: the parts split each sequence
+    (1, {"B": 64, "Sq": 1, "H": 64, "Skv": 128}, "ws"),  # one row block a sequence
+    (1, {"B": 1, "Sq": 4, "H": 64, "Skv": 128}, "ws"),
+    (2, {"B": 1, "Sq": 4, "H": 64, "Skv": 128}, "pair"),  # PAIR 2: always (the GPU tests' setting)
+    (0, {"B": 32, "Sq": 4, "H": 64, "Skv": 128}, "ws"),
+])
+def test_pair_schedule_where_every_program_has_one_long_piece(tmp_dir, monkeypatch, pair, case, kernel):
+    """PAIR 1 takes FlashMLA's schedule (gluon_pair.py) only where a sequence has at least PAIR_FROM_ROWS rows and its
+    row blocks over the batch fill half the SMs or more (B32 Sq4 on the H200: 128 programs, one whole sequence
+    each), where it was measured faster; elsewhere the loader form. Same arguments and grid either way."""
+    module, log = _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, PAIR=pair)
+    module.kernel(**_fake_cuda_inputs(case, 0))
+    plan = next(iter(module._PLANS.values()))
+    assert log[0][0] == kernel and plan["engine"] == "gluon"
+    assert plan["grid"] == (case["Sq"] * 64 // 64, 132 // case["Sq"], 1)
+    assert module._mla_paged_pair.arg_names == module._mla_paged_ws.arg_names
 
 
 @pytest.mark.parametrize("capability, case", [
@@ -638,6 +660,32 @@ with tempfile.TemporaryDirectory() as tmp:
                            capture_output=True, text=True).stderr
 print(json.dumps({"ptx": ptx, "notes": notes, "shared": kernel.metadata.shared, "cooperative": kernel.metadata.launch_cooperative_grid}))
 """
+
+
+@pytest.mark.parametrize("sq, merge", [(4, "kernel"), (4, "grid"), (1, "kernel")])
+def test_pair_engine_compiles_for_hopper(tmp_path, sq, merge):
+    """PAIR's kernel (``_mla_paged_pair``) compiled for sm_90 (no GPU): two warpgroups and no loader warp (the
+    worker's budget 240, none of 40); per warpgroup the score product of its first tile and of the next in the loop
+    (two 36-step chains of m64n64k16), and its half of P V four times (its own P from registers, the other's from
+    shared memory, in the loop and after it); no product serialised by ptxas and no spill of the operands'
+    descriptors (held across the loop, 36 of them spilled ~800 bytes)."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    import json
+    import re
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "compare_kda_ptx.py"
+    out = json.loads(compile_in_child(_GLUON_SM90_SCRIPT, _family_file(tmp_path), str(tool), "_mla_paged_pair", str(sq), "host",
+                                      merge, cache_dir=tmp_path).strip().splitlines()[-1])
+    ptx, notes = out["ptx"], out["notes"]
+    assert out["cooperative"] == (merge == "grid")
+    assert "240" in set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
+    assert "40" not in set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 2 * 2 * 36
+    a_operands = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16\s*\{[^}]*\},\s*(\{|%rd)", ptx)
+    assert (a_operands.count("{"), a_operands.count("%rd")) == (16, 16), a_operands
+    assert not re.search(r"C75\d\d", notes), notes
+    assert 200_000 < out["shared"] <= 232448 and "Used " in notes
+    assert int(re.search(r"(\d+) bytes spill stores", notes).group(1)) <= 64, notes
 
 
 @pytest.mark.parametrize("fn, sq, desc, merge", [("_mla_paged_ws", 1, "host", "kernel"), ("_mla_paged_ws", 4, "host", "kernel"),

@@ -139,8 +139,8 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     if gluon_fits:  # ENGINE "gluon": one 64-row block per program, the merge kernel for split sequences
         # PAIR: where every program gets one long piece of a sequence with several row blocks (B32 Sq4: 128 programs of
         # 128 tiles); with short pieces its per-piece start costs more than its overlap gains (H200, B1 Sq4, B64, B128)
-        pair = knobs["PAIR"] == 2 or (knobs["PAIR"] == 1 and R >= PAIR_FROM_ROWS and 2 * B * (R // 64) >= n_sms)
-        fn = _mla_paged_pair if pair else _mla_paged_ws_defer if knobs["PV_DEFER"] else _mla_paged_ws
+        fn = (_mla_paged_pair if knobs["PAIR"] == 2 or (knobs["PAIR"] == 1 and R >= PAIR_FROM_ROWS and 2 * B * (R // 64) >= n_sms)
+              else _mla_paged_ws_defer if knobs["PV_DEFER"] else _mla_paged_ws)
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
         # GRID_MERGE: the main kernel merges (a cooperative launch: every program resident, or no launch at all)
         grid_merge = knobs["GRID_MERGE"] == 2 or (knobs["GRID_MERGE"] == 1 and B * R <= GRID_MERGE_ROWS)
