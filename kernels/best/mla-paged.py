@@ -90,7 +90,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # constants the kernels and the host share.
 
 # kopt:knobs-begin
-KNOBS = {'CONFIG': 'auto', 'BLOCK_H': 64, 'BLOCK_N': 64, 'KEYS_AS_M': False, 'VALUES_AS_M': False, 'QK_SPLIT': True, 'num_warps': 8, 'num_stages': 2, 'KV_LOAD': 'tma', 'OVERHEAD': 5, 'WAVES': 1, 'MERGE': 'auto', 'PARTIAL_DTYPE': 'float32', 'PDL': 1, 'LAUNCH': 'direct', 'ENGINE': 'gluon', 'TMA_DESC': 'host', 'PV_DEFER': 0, 'GRID_MERGE': 1, 'GLUON_PDL': 1}
+KNOBS = {'CONFIG': 'auto', 'BLOCK_H': 64, 'BLOCK_N': 64, 'KEYS_AS_M': False, 'VALUES_AS_M': False, 'QK_SPLIT': True, 'num_warps': 8, 'num_stages': 2, 'KV_LOAD': 'tma', 'OVERHEAD': 5, 'WAVES': 1, 'MERGE': 'auto', 'PARTIAL_DTYPE': 'float32', 'PDL': 1, 'LAUNCH': 'direct', 'ENGINE': 'gluon', 'TMA_DESC': 'host', 'PV_DEFER': 0, 'GRID_MERGE': 1, 'GLUON_PDL': 1, 'PAIR': 1}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the tile config of the shape's regime (REGIMES); knobs: the knobs below
@@ -113,6 +113,7 @@ SPACE = {
     "PV_DEFER": [0, 1],  # ENGINE "gluon": 1 warpgroup 0's half of P V one tile late, beside the next tile's softmax (gluon_defer.py)
     "GRID_MERGE": [0, 1, 2],  # ENGINE "gluon": split rows merged in the main kernel (gluon_merge.py), 1 where the batch has at most GRID_MERGE_ROWS rows, 2 always; 0 the merge kernel
     "GLUON_PDL": [0, 1],  # ENGINE "gluon" with the merge kernel: 1 it is the main kernel's programmatic dependent, let go once the loader's last load is issued
+    "PAIR": [0, 1, 2],  # ENGINE "gluon": FlashMLA's schedule, both warpgroups scoring a tile of each pair (gluon_pair.py); 1 where every program has one long piece (B32 Sq4), 2 always
 }
 TRY_EARLY = [
     {"ENGINE": "gluon"},  # on the H200 (session 25): 0.87-0.96x FlashMLA's device time, B1 Sq1 1.14x; the Triton tiles 0.60x
@@ -126,6 +127,7 @@ TRY_EARLY = [
     {"ENGINE": "gluon", "PV_DEFER": 1},
     {"ENGINE": "gluon", "GRID_MERGE": 1},
     {"ENGINE": "gluon", "GRID_MERGE": 1, "GLUON_PDL": 1},
+    {"ENGINE": "gluon", "GRID_MERGE": 1, "GLUON_PDL": 1, "PAIR": 1},
 ]
 
 # CONFIG "auto": a tile config per regime, from the dense family's measurements (mla_decode.py's
@@ -150,6 +152,7 @@ FUSED_MERGE_ELEMS = 8192  # fused merge: partial elements per [rows, columns] st
 MERGE_ELEMS = 2048  # merge kernel: partial elements a program loads at once (pieces x value columns)
 PAGE_CHUNK = 32  # tiles whose page numbers are loaded at once (a tile loop restarts its pipeline every PAGE_CHUNK tiles)
 MERGE_WARPS = 2  # merge kernel: small programs, so that many are resident at once (B128: fewer waves of them)
+PAIR_FROM_ROWS = 256  # PAIR 1: the fewest rows (Sq * H) a sequence needs, beside 2 * B * row blocks >= SMs (host.py)
 GRID_MERGE_ROWS = 256  # GRID_MERGE 1: the most rows (B * Sq * H) a batch may have for the main kernel to merge them
 MAX_BATCH = 8192  # the scheduler holds the lengths in one block of registers
 PLANS_KEPT = 16  # plans (each with its scratch) kept at once, the oldest dropped first
@@ -873,6 +876,304 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
 # still on its way. Warpgroup 1 is ``gluon_ws._g_wg1`` with three boxes a stage.
 
 
+# -- gluon_pair.py -----------------------------------------------------------------------------------------------------
+# ENGINE "gluon" with PAIR 1 (``_mla_paged_pair``): FlashMLA's sm90 schedule. Two warpgroups, no loader warp; tiles
+# go in pairs (t, t + 1), t in ring stage 0 and t + 1 in stage 1. Warpgroup 0 scores t, warpgroup 1 scores t + 1 on
+# t's running max, and each folds both tiles into its half of O (warpgroup 0 columns 0-255, warpgroup 1 256-511): its
+# own P from registers, the other's from shared memory. So one warpgroup's softmax runs while the other's products
+# keep the tensor cores busy, which the loader form (``gluon_ws.py``: one warpgroup scores every tile) cannot do.
+#
+# Each half of a tile has its own ready barrier and is refilled by the warpgroup that reads it last, the moment its
+# product is done: warpgroup 0 the first 256 latent columns (only it folds them), warpgroup 1 the other 256 and the
+# rope. The score products take a tile half by half, the half that comes back first first. (Nine 64-column boxes, as
+# FlashMLA copies them, were slower here: each box's expect and copy carry two barriers across the warpgroup that
+# Triton inserts; H200, B32 Sq4 249.2 against 242.5 us.)
+#
+# Where P goes: warpgroup 0's (tile t, rescaled to t + 1's max) over stage 0's rope box, which nobody reads once t is
+# scored; warpgroup 1's in a buffer of its own. Shared memory: q 72 KB, two 72 KB stages, P 8 KB.
+#
+# Ends of a piece: a pair whose second tile is past the piece's last runs with that tile masked (no key past the
+# piece is seen; values past the sequence's length zeroed), and tiles past the end are loaded from the piece's last
+# page, so every barrier completes once a pair and no product is branched around (an accumulator in flight across a
+# branch makes ptxas serialise the products). The host uses it only where every program gets one long piece
+# (``PAIR_FROM_ROWS``; H200: B32 Sq4 239.7 us against the loader form's 257.8, FlashMLA 215.5; slower at B1 Sq4, B64
+# and B128, where pieces are short or memory bounds the loop).
+
+@gluon.jit
+def _p_row(table, b, stride_tb, u, t1, PAGE: gl.constexpr):
+    """The cache row where tile u of sequence b starts (the piece's last tile's, where u is past it)."""
+    u = gl.minimum(u, t1 - 1)
+    page = gl.load(table + b * stride_tb + (u * KEYS_G) // PAGE)
+    return page * PAGE + (u * KEYS_G) % PAGE
+
+
+@gluon.jit
+def _p_issue(kv_n, kv_r, k_s, r_s, ready, row, st, HALF: gl.constexpr):
+    """Half HALF of the tile at cache row ``row`` into ring stage st, on its own ready barrier: 0 the first 256
+    latent columns (warpgroup 0 reads them last), 1 the other 256 and the rope (warpgroup 1 does)."""
+    bar = ready.index(2 * st + HALF)
+    if HALF == 0:
+        mbarrier.expect(bar, kv_n.block_type.nbytes)
+        tma.async_copy_global_to_shared(kv_n, [row, 0], bar, k_s.index(2 * st))
+    else:
+        mbarrier.expect(bar, kv_n.block_type.nbytes + kv_r.block_type.nbytes)
+        tma.async_copy_global_to_shared(kv_n, [row, HALF_G], bar, k_s.index(2 * st + 1))
+        tma.async_copy_global_to_shared(kv_r, [row, 2 * HALF_G], bar, r_s.index(st))
+
+
+@gluon.jit
+def _p_qk(q_s, k_s, r_s, ready, st, g, s, HALF: gl.constexpr, FRESH: gl.constexpr):
+    """Issue the score product of half HALF of stage st's tile for pair g once it has arrived (FRESH: it starts the
+    accumulator)."""
+    mbarrier.wait(ready.index(2 * st + HALF), g & 1)
+    z = g >> 30  # 0, but not known to be: the operands' descriptors are made where they are used, not all held in
+    # registers across the loop (held, they spilled)
+    if HALF == 0:
+        s = warpgroup_mma(q_s.index(z), k_s.index(2 * st + z).permute((1, 0)), s, use_acc=not FRESH, is_async=True)
+    else:
+        s = warpgroup_mma(q_s.index(1 + z), k_s.index(2 * st + 1 + z).permute((1, 0)), s, use_acc=not FRESH,
+                          is_async=True)
+        s = warpgroup_mma(r_s.index(2 + z), r_s.index(st + z).permute((1, 0)), s, is_async=True)
+    return s
+
+
+@gluon.jit
+def _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc, m_i, l_i, t, t1, n_b, g,
+             qk_scale, keys, limit, open_below, PAGE: gl.constexpr, NEXT: gl.constexpr):
+    """Warpgroup 0's share of the pair (t, t + 1), its scores of t in ``s``: softmax, its own half of P V, P
+    rescaled to t + 1's max for warpgroup 1, warpgroup 1's P against its half, and (NEXT) the next pair's loads of
+    its boxes and the scores of t + 2. Returns those scores, O, the max and the sum."""
+    m0_bar, m1_bar, p0_bar, p1_bar = bars.index(1), bars.index(2), bars.index(3), bars.index(4)
+    LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    LP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LO, k_width=2)
+    ph = g & 1
+    if NEXT:  # the page numbers first: their loads run beside the softmax
+        row2 = _p_row(table, b, stride_tb, t + 2, t1, PAGE)
+        row3 = _p_row(table, b, stride_tb, t + 3, t1, PAGE)
+    x = s * qk_scale
+    if (t + 1) * KEYS_G > open_below:  # the causal edge or the length: a key some row must not see
+        x = gl.where(t * KEYS_G + keys[None, :] <= limit[:, None], x, float("-inf"))
+    m_a = gl.maximum(m_i, gl.max(x, 1))
+    mx_s.index(0).store(m_a)
+    mbarrier.arrive(m0_bar, count=1)
+    p = gl.exp2(x - m_a[:, None])
+    alpha = gl.exp2(m_i - m_a)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    if (t + 1) * KEYS_G > n_b:  # a partial tile: rows past the length hold anything
+        _g_zero_rows_past(k_s.index(0), n_b - t * KEYS_G)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, LO))[:, None]
+    acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), LP), k_s.index(0), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    if NEXT:  # boxes 0-3 of stage 0 are read by nobody else
+        _p_issue(kv_n, kv_r, k_s, r_s, ready, row2, 0, 0)
+    mbarrier.wait(m1_bar, ph)
+    m_b = mx_s.index(1).load(gl.SliceLayout(1, LS))
+    scale = gl.exp2(m_a - m_b)
+    r_s.index(0).store((p * scale[:, None]).to(gl.bfloat16))  # over t's rope box: t is scored
+    fence_async_shared()
+    mbarrier.arrive(p0_bar, count=1)
+    l_i = l_i * scale
+    if (t + 2) * KEYS_G > n_b:  # t + 1 partial or past the piece: warpgroup 1 has scored it
+        _g_zero_rows_past(k_s.index(2), n_b - (t + 1) * KEYS_G)
+    acc = acc * gl.convert_layout(scale, gl.SliceLayout(1, LO))[:, None]
+    mbarrier.wait(p1_bar, ph)
+    acc = warpgroup_mma(p_s, k_s.index(2), acc, is_async=True)
+    if NEXT:
+        s = _p_qk(q_s, k_s, r_s, ready, 0, g + 1, s, 0, True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        _p_issue(kv_n, kv_r, k_s, r_s, ready, row3, 1, 0)
+        s = _p_qk(q_s, k_s, r_s, ready, 0, g + 1, s, 1, False)
+        s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
+    else:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return s, acc, m_b, l_i
+
+
+@gluon.jit
+def _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc, m_i, l_i, t, t1, n_b, g,
+             qk_scale, keys, limit, open_below, PAGE: gl.constexpr, NEXT: gl.constexpr):
+    """Warpgroup 1's share of the pair (t, t + 1), its scores of t + 1 in ``s``: softmax on t's max, its P for
+    warpgroup 0, both tiles against its half of the values, then (NEXT) its boxes of the next pair and the scores of
+    t + 3."""
+    m0_bar, m1_bar, p0_bar, p1_bar = bars.index(1), bars.index(2), bars.index(3), bars.index(4)
+    LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    LP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LO, k_width=2)
+    ph = g & 1
+    if NEXT:
+        row2 = _p_row(table, b, stride_tb, t + 2, t1, PAGE)
+        row3 = _p_row(table, b, stride_tb, t + 3, t1, PAGE)
+    x = s * qk_scale
+    if (t + 2) * KEYS_G > open_below:
+        x = gl.where((t + 1) * KEYS_G + keys[None, :] <= limit[:, None], x, float("-inf"))
+    mbarrier.wait(m0_bar, ph)
+    m_b = gl.maximum(mx_s.index(0).load(gl.SliceLayout(1, LS)), gl.max(x, 1))
+    mx_s.index(1).store(m_b)
+    mbarrier.arrive(m1_bar, count=1)
+    p = gl.exp2(x - m_b[:, None])
+    alpha = gl.exp2(m_i - m_b)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    p16 = p.to(gl.bfloat16)
+    p_s.store(p16)  # warpgroup 0's product on the last P is done: it passed the last pair before arriving m0
+    if (t + 2) * KEYS_G > n_b:
+        _g_zero_rows_past(k_s.index(3), n_b - (t + 1) * KEYS_G)
+    if (t + 1) * KEYS_G > n_b:  # warpgroup 0 has scored t (it arrived m0)
+        _g_zero_rows_past(k_s.index(1), n_b - t * KEYS_G)
+    fence_async_shared()
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, LO))[:, None]
+    acc = warpgroup_mma(gl.convert_layout(p16, LP), k_s.index(3), acc, is_async=True)
+    mbarrier.wait(p0_bar, ph)
+    acc = warpgroup_mma(r_s.index(0), k_s.index(1), acc, is_async=True)
+    mbarrier.arrive(p1_bar, count=1)
+    if NEXT:
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        _p_issue(kv_n, kv_r, k_s, r_s, ready, row3, 1, 1)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _p_issue(kv_n, kv_r, k_s, r_s, ready, row2, 0, 1)  # P0 read: the rope box is free
+        s = _p_qk(q_s, k_s, r_s, ready, 1, g + 1, s, 1, True)
+        s = _p_qk(q_s, k_s, r_s, ready, 1, g + 1, s, 0, False)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    else:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return s, acc, m_b, l_i
+
+
+@gluon.jit
+def _p_wg(ME: gl.constexpr, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o,
+          part_lse, meta, sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE: gl.constexpr, OVH: gl.constexpr,
+          B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr, PDL: gl.constexpr):
+    """Warpgroup ME over the program's pieces: a piece's first boxes (warpgroup 0 also q), its scores of the first
+    pair, the pairs, then the sums exchanged and its half of the rows written."""
+    q_ready, l0_bar, l1_bar = bars.index(0), bars.index(5), bars.index(6)
+    LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    LR: gl.constexpr = gl.SliceLayout(1, LS)
+    idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
+    rows = gl.program_id(0) * ROWS_G + gl.arange(0, ROWS_G, layout=LR)
+    keys = gl.arange(0, KEYS_G, layout=gl.SliceLayout(0, LS))
+    g = 0  # pairs so far: every barrier of the ring and of the hand-over completes once a pair
+    pc = 0
+    for b in range(b_first, b_stop):
+        n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, u0, u1, k, b, Sq, capacity, OVH)
+        if t1 > t0:
+            # both warpgroups passed the last piece's exchange of sums: every box and q are free
+            if ME == 0:
+                q_bytes: gl.constexpr = 2 * q_n.block_type.nbytes + q_r.block_type.nbytes
+                mbarrier.expect(q_ready, q_bytes)
+                row = b * R + gl.program_id(0) * ROWS_G
+                tma.async_copy_global_to_shared(q_n, [row, 0], q_ready, q_s.index(0))
+                tma.async_copy_global_to_shared(q_n, [row, HALF_G], q_ready, q_s.index(1))
+                tma.async_copy_global_to_shared(q_r, [row, 2 * HALF_G], q_ready, r_s.index(2))
+                _p_issue(kv_n, kv_r, k_s, r_s, ready, _p_row(table, b, stride_tb, t0, t1, PAGE), 0, 0)
+                _p_issue(kv_n, kv_r, k_s, r_s, ready, _p_row(table, b, stride_tb, t0 + 1, t1, PAGE), 1, 0)
+                if (gl.program_id(1) == first_part) & (gl.program_id(0) == 0):  # the merge kernel's record of b
+                    gl.store(meta + 4 * b, first_part)
+                    gl.store(meta + 4 * b + 1, n_pieces)
+                    gl.store(meta + 4 * b + 2, first_odd)
+                    gl.store(meta + 4 * b + 3, bad.to(gl.int32))
+            else:
+                _p_issue(kv_n, kv_r, k_s, r_s, ready, _p_row(table, b, stride_tb, t0, t1, PAGE), 0, 1)
+                _p_issue(kv_n, kv_r, k_s, r_s, ready, _p_row(table, b, stride_tb, t0 + 1, t1, PAGE), 1, 1)
+            # row (s, h) sees keys j <= s + len - Sq, and none past the piece (a pair's second tile may lie past it)
+            limit = gl.minimum(rows // H + n_b - Sq, t1 * KEYS_G - 1)
+            open_below = gl.minimum((gl.program_id(0) * ROWS_G) // H + n_b - Sq + 1, t1 * KEYS_G)  # below: no mask
+            m_i = gl.full([ROWS_G], -1.0e30, gl.float32, layout=LR)  # finite: a masked tile gives p = 0
+            l_i = gl.zeros([ROWS_G], gl.float32, layout=LR)
+            acc = gl.zeros([ROWS_G, HALF_G], gl.float32, layout=LO)
+            s = gl.zeros([ROWS_G, KEYS_G], gl.float32, layout=LS)
+            mbarrier.wait(q_ready, pc & 1)
+            if ME == 0:
+                s = _p_qk(q_s, k_s, r_s, ready, 0, g, s, 0, True)
+                s = _p_qk(q_s, k_s, r_s, ready, 0, g, s, 1, False)
+            else:
+                s = _p_qk(q_s, k_s, r_s, ready, 1, g, s, 1, True)
+                s = _p_qk(q_s, k_s, r_s, ready, 1, g, s, 0, False)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            for t in range(t0, t1 - 2, 2):
+                if ME == 0:
+                    s, acc, m_i, l_i = _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc,
+                                                m_i, l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True)
+                else:
+                    s, acc, m_i, l_i = _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc,
+                                                m_i, l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True)
+                g += 1
+            t_last = t0 + 2 * ((t1 - t0 - 1) // 2)
+            if ME == 0:
+                s, acc, m_i, l_i = _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc,
+                                            m_i, l_i, t_last, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, False)
+            else:
+                s, acc, m_i, l_i = _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc,
+                                            m_i, l_i, t_last, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, False)
+            g += 1
+            buf = 2 * (pc % 2)  # both sums are relative to the pair's last max
+            l_s.index(buf + ME).store(l_i)
+            if ME == 0:
+                mbarrier.arrive(l0_bar, count=1)
+                mbarrier.wait(l1_bar, pc & 1)
+            else:
+                mbarrier.arrive(l1_bar, count=1)
+                mbarrier.wait(l0_bar, pc & 1)
+            l_all = l_i + l_s.index(buf + 1 - ME).load(LR)
+            pc += 1
+            _g_store_half(o, lse, part_o, part_lse, acc, l_all, m_i, LO, ME * HALF_G, b, bad, R, Sq, H, first_part,
+                          n_pieces, first_odd, ME == 0, DN)
+    if PDL:
+        if ME == 0:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    if GRID:  # the split rows, merged here (gluon_merge.py)
+        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, ME * HALF_G, ME == 0, DN, B_P2)
+
+
+@gluon.jit
+def _p_wg1(q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
+           sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr,
+           DN: gl.constexpr, GRID: gl.constexpr, PDL: gl.constexpr):
+    """Warpgroup 1: ``_p_wg`` with ME 1 (a partition's function takes no constexpr first argument from the list)."""
+    _p_wg(1, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
+          sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE, OVH, B_P2, DN, GRID, PDL)
+
+
+@gluon.jit
+def _p_wg0(q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
+           sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr,
+           DN: gl.constexpr, GRID: gl.constexpr, PDL: gl.constexpr):
+    """Warpgroup 0: ``_p_wg`` with ME 0."""
+    _p_wg(0, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
+          sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE, OVH, B_P2, DN, GRID, PDL)
+
+
+@gluon.jit
+def _mla_paged_pair(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, meta, sync, stride_tb, B, Sq, H, capacity,
+                    qk_scale, n_q_rows, n_kv_rows, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr,
+                    DN: gl.constexpr, DEVICE_DESC: gl.constexpr, GRID_MERGE: gl.constexpr, PDL: gl.constexpr):
+    """ENGINE "gluon", PAIR 1: grid (row blocks, parts) as ``_mla_paged_ws``, the same arguments; warpgroup 0 (here)
+    and warpgroup 1."""
+    if DEVICE_DESC:
+        q_n, q_r, kv_n, kv_r = _g_device_descriptors(q_n, q_r, kv_n, kv_r, n_q_rows, n_kv_rows, DN)
+    R = Sq * H
+    q_s = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS_G, HALF_G], q_n.layout)
+    k_s = gl.allocate_shared_memory(gl.bfloat16, [4, KEYS_G, HALF_G], kv_n.layout)  # stage, then latent half
+    r_s = gl.allocate_shared_memory(gl.bfloat16, [3, KEYS_G, 64], kv_r.layout)  # the stages' rope, then q's
+    p_s = gl.allocate_shared_memory(gl.bfloat16, [ROWS_G, KEYS_G], kv_r.layout)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    mx_s = gl.allocate_shared_memory(gl.float32, [2, ROWS_G], flat)
+    l_s = gl.allocate_shared_memory(gl.float32, [4, ROWS_G], flat)
+    ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # stage, then half
+    bars = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(4):
+        mbarrier.init(ready.index(i), count=1)
+    for i in gl.static_range(7):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+    gl.warp_specialize([
+        (_p_wg0, (q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
+                  sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE, OVH, B_P2, DN, GRID_MERGE, PDL)),
+        (_p_wg1, (q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
+                  sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE, OVH, B_P2, DN, GRID_MERGE, PDL)),
+    ], [4], [240])
+
+
 # -- host.py -----------------------------------------------------------------------------------------------------------
 # The host: input checks, a plan per shape (tile config, grid, constexprs, scratch, descriptors), and the launches.
 
@@ -935,7 +1236,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
-                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)), ("PAIR", (0, 1, 2)),
                           ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
@@ -997,7 +1298,10 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
                   and torch.cuda.get_device_capability(dev_index)[0] == 9 and q.dtype == kv_cache.dtype == torch.bfloat16
                   and q.is_contiguous() and kv_cache.is_contiguous())
     if gluon_fits:  # ENGINE "gluon": one 64-row block per program, the merge kernel for split sequences
-        fn = _mla_paged_ws
+        # PAIR: where every program gets one long piece of a sequence with several row blocks (B32 Sq4: 128 programs of
+        # 128 tiles); with short pieces its per-piece start costs more than its overlap gains (H200, B1 Sq4, B64, B128)
+        fn = (_mla_paged_pair if (R >= PAIR_FROM_ROWS and 2 * B * (R // 64) >= n_sms)
+              else _mla_paged_ws)
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
         # GRID_MERGE: the main kernel merges (a cooperative launch: every program resident, or no launch at all)
         grid_merge = knobs["GRID_MERGE"] == 2 or (knobs["GRID_MERGE"] == 1 and B * R <= GRID_MERGE_ROWS)

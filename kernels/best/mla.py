@@ -36,7 +36,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # constants the kernels and the host share.
 
 # kopt:knobs-begin
-KNOBS = {'CONFIG': 'auto', 'BLOCK_H': 64, 'BLOCK_N': 64, 'KEYS_AS_M': False, 'VALUES_AS_M': False, 'QK_SPLIT': True, 'num_warps': 8, 'num_stages': 2, 'KV_LOAD': 'tma', 'OVERHEAD': 5, 'WAVES': 1, 'MERGE': 'auto', 'PARTIAL_DTYPE': 'float32', 'PDL': 1, 'LAUNCH': 'direct', 'ENGINE': 'gluon', 'TMA_DESC': 'host', 'PV_DEFER': 0, 'GRID_MERGE': 1, 'GLUON_PDL': 1}
+KNOBS = {'CONFIG': 'auto', 'BLOCK_H': 64, 'BLOCK_N': 64, 'KEYS_AS_M': False, 'VALUES_AS_M': False, 'QK_SPLIT': True, 'num_warps': 8, 'num_stages': 2, 'KV_LOAD': 'tma', 'OVERHEAD': 5, 'WAVES': 1, 'MERGE': 'auto', 'PARTIAL_DTYPE': 'float32', 'PDL': 1, 'LAUNCH': 'direct', 'ENGINE': 'gluon', 'TMA_DESC': 'host', 'PV_DEFER': 0, 'GRID_MERGE': 1, 'GLUON_PDL': 1, 'PAIR': 0}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the tile config of the shape's regime (REGIMES); knobs: the knobs below
@@ -59,6 +59,7 @@ SPACE = {
     "PV_DEFER": [0, 1],  # ENGINE "gluon": 1 warpgroup 0's half of P V one tile late, beside the next tile's softmax (gluon_defer.py)
     "GRID_MERGE": [0, 1, 2],  # ENGINE "gluon": split rows merged in the main kernel (gluon_merge.py), 1 where the batch has at most GRID_MERGE_ROWS rows, 2 always; 0 the merge kernel
     "GLUON_PDL": [0, 1],  # ENGINE "gluon" with the merge kernel: 1 it is the main kernel's programmatic dependent, let go once the loader's last load is issued
+    "PAIR": [0, 1, 2],  # ENGINE "gluon": FlashMLA's schedule, both warpgroups scoring a tile of each pair (gluon_pair.py); 1 where every program has one long piece (B32 Sq4), 2 always
 }
 TRY_EARLY = [
     {"ENGINE": "gluon"},  # on the H200 (session 25): 0.87-0.96x FlashMLA's device time, B1 Sq1 1.14x; the Triton tiles 0.60x
@@ -72,6 +73,7 @@ TRY_EARLY = [
     {"ENGINE": "gluon", "PV_DEFER": 1},
     {"ENGINE": "gluon", "GRID_MERGE": 1},
     {"ENGINE": "gluon", "GRID_MERGE": 1, "GLUON_PDL": 1},
+    {"ENGINE": "gluon", "GRID_MERGE": 1, "GLUON_PDL": 1, "PAIR": 1},
 ]
 
 # CONFIG "auto": a tile config per regime, from the dense family's measurements (mla_decode.py's
@@ -819,6 +821,30 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
 # still on its way. Warpgroup 1 is ``gluon_ws._g_wg1`` with three boxes a stage.
 
 
+# -- mla_paged/gluon_pair.py -------------------------------------------------------------------------------------------
+# ENGINE "gluon" with PAIR 1 (``_mla_paged_pair``): FlashMLA's sm90 schedule. Two warpgroups, no loader warp; tiles
+# go in pairs (t, t + 1), t in ring stage 0 and t + 1 in stage 1. Warpgroup 0 scores t, warpgroup 1 scores t + 1 on
+# t's running max, and each folds both tiles into its half of O (warpgroup 0 columns 0-255, warpgroup 1 256-511): its
+# own P from registers, the other's from shared memory. So one warpgroup's softmax runs while the other's products
+# keep the tensor cores busy, which the loader form (``gluon_ws.py``: one warpgroup scores every tile) cannot do.
+#
+# Each half of a tile has its own ready barrier and is refilled by the warpgroup that reads it last, the moment its
+# product is done: warpgroup 0 the first 256 latent columns (only it folds them), warpgroup 1 the other 256 and the
+# rope. The score products take a tile half by half, the half that comes back first first. (Nine 64-column boxes, as
+# FlashMLA copies them, were slower here: each box's expect and copy carry two barriers across the warpgroup that
+# Triton inserts; H200, B32 Sq4 249.2 against 242.5 us.)
+#
+# Where P goes: warpgroup 0's (tile t, rescaled to t + 1's max) over stage 0's rope box, which nobody reads once t is
+# scored; warpgroup 1's in a buffer of its own. Shared memory: q 72 KB, two 72 KB stages, P 8 KB.
+#
+# Ends of a piece: a pair whose second tile is past the piece's last runs with that tile masked (no key past the
+# piece is seen; values past the sequence's length zeroed), and tiles past the end are loaded from the piece's last
+# page, so every barrier completes once a pair and no product is branched around (an accumulator in flight across a
+# branch makes ptxas serialise the products). The host uses it only where every program gets one long piece
+# (``PAIR_FROM_ROWS``; H200: B32 Sq4 239.7 us against the loader form's 257.8, FlashMLA 215.5; slower at B1 Sq4, B64
+# and B128, where pieces are short or memory bounds the loop).
+
+
 # -- mla_paged/host.py -------------------------------------------------------------------------------------------------
 # The host: input checks, a plan per shape (tile config, grid, constexprs, scratch, descriptors), and the launches.
 
@@ -881,7 +907,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
-                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)), ("PAIR", (0, 1, 2)),
                           ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
@@ -943,6 +969,8 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
                   and torch.cuda.get_device_capability(dev_index)[0] == 9 and q.dtype == kv_cache.dtype == torch.bfloat16
                   and q.is_contiguous() and kv_cache.is_contiguous())
     if gluon_fits:  # ENGINE "gluon": one 64-row block per program, the merge kernel for split sequences
+        # PAIR: where every program gets one long piece of a sequence with several row blocks (B32 Sq4: 128 programs of
+        # 128 tiles); with short pieces its per-piece start costs more than its overlap gains (H200, B1 Sq4, B64, B128)
         fn = _mla_paged_ws
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
         # GRID_MERGE: the main kernel merges (a cooperative launch: every program resident, or no launch at all)
