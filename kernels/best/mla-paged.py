@@ -1043,8 +1043,8 @@ def _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride
 def _p_wg(ME: gl.constexpr, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o,
           part_lse, meta, sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE: gl.constexpr, OVH: gl.constexpr,
           B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr, PDL: gl.constexpr):
-    """Warpgroup ME over the program's pieces: a piece's first boxes (warpgroup 0 also q), its scores of the first
-    pair, the pairs, then the sums exchanged and its half of the rows written."""
+    """Warpgroup ME (a partition of ``_mla_paged_pair``) over the program's pieces: a piece's first loads (warpgroup 0
+    also q), its scores of the first pair, the pairs, then the sums exchanged and its half of the rows written."""
     q_ready, l0_bar, l1_bar = bars.index(0), bars.index(5), bars.index(6)
     LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
@@ -1126,24 +1126,6 @@ def _p_wg(ME: gl.constexpr, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_
 
 
 @gluon.jit
-def _p_wg1(q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
-           sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr,
-           DN: gl.constexpr, GRID: gl.constexpr, PDL: gl.constexpr):
-    """Warpgroup 1: ``_p_wg`` with ME 1 (a partition's function takes no constexpr first argument from the list)."""
-    _p_wg(1, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
-          sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE, OVH, B_P2, DN, GRID, PDL)
-
-
-@gluon.jit
-def _p_wg0(q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
-           sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr,
-           DN: gl.constexpr, GRID: gl.constexpr, PDL: gl.constexpr):
-    """Warpgroup 0: ``_p_wg`` with ME 0."""
-    _p_wg(0, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
-          sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE, OVH, B_P2, DN, GRID, PDL)
-
-
-@gluon.jit
 def _mla_paged_pair(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, meta, sync, stride_tb, B, Sq, H, capacity,
                     qk_scale, n_q_rows, n_kv_rows, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr,
                     DN: gl.constexpr, DEVICE_DESC: gl.constexpr, GRID_MERGE: gl.constexpr, PDL: gl.constexpr):
@@ -1167,10 +1149,10 @@ def _mla_paged_pair(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse,
         mbarrier.init(bars.index(i), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (_p_wg0, (q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
-                  sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE, OVH, B_P2, DN, GRID_MERGE, PDL)),
-        (_p_wg1, (q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o, part_lse, meta,
-                  sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE, OVH, B_P2, DN, GRID_MERGE, PDL)),
+        (_p_wg, (0, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o,
+                 part_lse, meta, sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE, OVH, B_P2, DN, GRID_MERGE, PDL)),
+        (_p_wg, (1, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o,
+                 part_lse, meta, sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE, OVH, B_P2, DN, GRID_MERGE, PDL)),
     ], [4], [240])
 
 
