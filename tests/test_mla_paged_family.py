@@ -670,8 +670,8 @@ def test_pair_engine_compiles_for_hopper(tmp_path, sq, merge):
     """PAIR's kernel (``_mla_paged_pair``) compiled for sm_90 (no GPU): two warpgroups and no loader warp (the
     worker's budget 240, none of 40); per warpgroup the score product of its first tile and of the next in the loop
     (two 36-step chains of m64n64k16), and its half of P V four times (its own P from registers, the other's from
-    shared memory, in the loop and after it); no product serialised by ptxas and no spill of the operands'
-    descriptors (held across the loop, 36 of them spilled ~800 bytes)."""
+    shared memory, in the loop and after it); no product serialised by ptxas, no spill of the operands'
+    descriptors (held across the loop, 36 of them spilled ~800 bytes), and the hand-overs on named barriers."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     import json
     import re
@@ -689,6 +689,10 @@ def test_pair_engine_compiles_for_hopper(tmp_path, sq, merge):
     assert not re.search(r"C75\d\d", notes), notes
     assert 200_000 < out["shared"] <= 232448 and "Used " in notes
     assert int(re.search(r"(\d+) bytes spill stores", notes).group(1)) <= 64, notes
+    # the hand-overs (each max, each P): named barriers 8-11 of both warpgroups' 256 threads, each published by one
+    # warpgroup (bar.arrive) and awaited by the other (bar.sync), not mbarriers behind a partition barrier
+    handed = set(re.findall(r"bar\.arrive\s+(\d+), 256;", ptx))
+    assert handed == set(re.findall(r"bar\.sync\s+(\d+), 256;", ptx)) == {"8", "9", "10", "11"}, handed
 
 
 @pytest.mark.parametrize("fn, sq, desc, merge", [("_mla_paged_ws", 1, "host", "kernel"), ("_mla_paged_ws", 4, "host", "kernel"),
