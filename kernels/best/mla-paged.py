@@ -887,7 +887,15 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
 # product is done: warpgroup 0 the first 256 latent columns (only it folds them), warpgroup 1 the other 256 and the
 # rope. The score products take a tile half by half, the half that comes back first first. (Nine 64-column boxes, as
 # FlashMLA copies them, were slower here: each box's expect and copy carry two barriers across the warpgroup that
-# Triton inserts; H200, B32 Sq4 249.2 against 242.5 us.)
+# Triton inserts; H200, B32 Sq4 249.2 against 242.5 us. Nor did nine boxes issued by a loader warp help: 238.1
+# against 232.7.)
+#
+# The hand-overs between the warpgroups (t's max, t + 1's max, each P) are named barriers, ``bar.arrive`` by the
+# 128 threads that publish and ``bar.sync`` by the 128 that wait, as FlashMLA's are. An mbarrier arrival is one
+# thread's, so Triton puts a barrier across the warpgroup in front of each; the barriers that remain are the copies'
+# and the waits'. Each mbarrier and each max buffer is an allocation of its own, since Triton's membar pass takes an
+# allocation as one buffer. The softmax's scale is folded into the exponent (one FFMA a score), and only a piece's
+# last pair can hold a partial tile, so only it zeroes rows (H200, B32 Sq4: 232.7 us against 239.5 before these three).
 #
 # Where P goes: warpgroup 0's (tile t, rescaled to t + 1's max) over stage 0's rope box, which nobody reads once t is
 # scored; warpgroup 1's in a buffer of its own. Shared memory: q 72 KB, two 72 KB stages, P 8 KB.
@@ -896,8 +904,17 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
 # piece is seen; values past the sequence's length zeroed), and tiles past the end are loaded from the piece's last
 # page, so every barrier completes once a pair and no product is branched around (an accumulator in flight across a
 # branch makes ptxas serialise the products). The host uses it only where every program gets one long piece
-# (``PAIR_FROM_ROWS``; H200: B32 Sq4 239.7 us against the loader form's 257.8, FlashMLA 215.5; slower at B1 Sq4, B64
-# and B128, where pieces are short or memory bounds the loop).
+# (``PAIR_FROM_ROWS``; H200, session 37: B32 Sq4 239.7 us against the loader form's 257.8, FlashMLA 215.5; slower at
+# B1 Sq4, B64 and B128, where pieces are short or memory bounds the loop).
+
+@gluon.jit
+def _p_named(ASM: gl.constexpr):
+    """A named-barrier instruction of all 128 threads of a warpgroup (bar.arrive / bar.sync ID, 256): the hand-over
+    between the two warpgroups, with no partition barrier in front of it (an mbarrier arrive is one thread's). IDs 8-11
+    (m0, m1, p0, p1); Triton's own take 0-2. Each is used once a pair in a fixed order (m0, m1, p0, p1 each wait on
+    the one before), so a warpgroup never arrives twice on one before the other has waited."""
+    gl.inline_asm_elementwise(ASM + " // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
 
 @gluon.jit
 def _p_row(table, b, stride_tb, u, t1, PAGE: gl.constexpr):
@@ -908,10 +925,10 @@ def _p_row(table, b, stride_tb, u, t1, PAGE: gl.constexpr):
 
 
 @gluon.jit
-def _p_issue(kv_n, kv_r, k_s, r_s, ready, row, st, HALF: gl.constexpr):
+def _p_issue(kv_n, kv_r, k_s, r_s, ready, row, st: gl.constexpr, HALF: gl.constexpr):
     """Half HALF of the tile at cache row ``row`` into ring stage st, on its own ready barrier: 0 the first 256
     latent columns (warpgroup 0 reads them last), 1 the other 256 and the rope (warpgroup 1 does)."""
-    bar = ready.index(2 * st + HALF)
+    bar = ready[2 * st + HALF]
     if HALF == 0:
         mbarrier.expect(bar, kv_n.block_type.nbytes)
         tma.async_copy_global_to_shared(kv_n, [row, 0], bar, k_s.index(2 * st))
@@ -922,10 +939,10 @@ def _p_issue(kv_n, kv_r, k_s, r_s, ready, row, st, HALF: gl.constexpr):
 
 
 @gluon.jit
-def _p_qk(q_s, k_s, r_s, ready, st, g, s, HALF: gl.constexpr, FRESH: gl.constexpr):
+def _p_qk(q_s, k_s, r_s, ready, st: gl.constexpr, g, s, HALF: gl.constexpr, FRESH: gl.constexpr):
     """Issue the score product of half HALF of stage st's tile for pair g once it has arrived (FRESH: it starts the
     accumulator)."""
-    mbarrier.wait(ready.index(2 * st + HALF), g & 1)
+    mbarrier.wait(ready[2 * st + HALF], g & 1)
     z = g >> 30  # 0, but not known to be: the operands' descriptors are made where they are used, not all held in
     # registers across the loop (held, they spilled)
     if HALF == 0:
@@ -938,46 +955,44 @@ def _p_qk(q_s, k_s, r_s, ready, st, g, s, HALF: gl.constexpr, FRESH: gl.constexp
 
 
 @gluon.jit
-def _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc, m_i, l_i, t, t1, n_b, g,
+def _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc, m_i, l_i, t, t1, n_b, g,
              qk_scale, keys, limit, open_below, PAGE: gl.constexpr, NEXT: gl.constexpr):
     """Warpgroup 0's share of the pair (t, t + 1), its scores of t in ``s``: softmax, its own half of P V, P
     rescaled to t + 1's max for warpgroup 1, warpgroup 1's P against its half, and (NEXT) the next pair's loads of
     its boxes and the scores of t + 2. Returns those scores, O, the max and the sum."""
-    m0_bar, m1_bar, p0_bar, p1_bar = bars.index(1), bars.index(2), bars.index(3), bars.index(4)
     LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     LP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LO, k_width=2)
-    ph = g & 1
     if NEXT:  # the page numbers first: their loads run beside the softmax
         row2 = _p_row(table, b, stride_tb, t + 2, t1, PAGE)
         row3 = _p_row(table, b, stride_tb, t + 3, t1, PAGE)
-    x = s * qk_scale
+    x = s
     if (t + 1) * KEYS_G > open_below:  # the causal edge or the length: a key some row must not see
         x = gl.where(t * KEYS_G + keys[None, :] <= limit[:, None], x, float("-inf"))
-    m_a = gl.maximum(m_i, gl.max(x, 1))
-    mx_s.index(0).store(m_a)
-    mbarrier.arrive(m0_bar, count=1)
-    p = gl.exp2(x - m_a[:, None])
+    m_a = gl.maximum(m_i, gl.max(x, 1) * qk_scale)  # qk_scale > 0
+    mx_s[0].store(m_a)
+    _p_named("bar.arrive 8, 256;")  # m0
+    p = gl.exp2(x * qk_scale - m_a[:, None])
     alpha = gl.exp2(m_i - m_a)
     l_i = l_i * alpha + gl.sum(p, 1)
-    if (t + 1) * KEYS_G > n_b:  # a partial tile: rows past the length hold anything
+    if not NEXT and (t + 1) * KEYS_G > n_b:  # a partial tile: rows past the length hold anything
         _g_zero_rows_past(k_s.index(0), n_b - t * KEYS_G)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, LO))[:, None]
     acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), LP), k_s.index(0), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     if NEXT:  # boxes 0-3 of stage 0 are read by nobody else
         _p_issue(kv_n, kv_r, k_s, r_s, ready, row2, 0, 0)
-    mbarrier.wait(m1_bar, ph)
-    m_b = mx_s.index(1).load(gl.SliceLayout(1, LS))
+    _p_named("bar.sync 9, 256;")  # m1
+    m_b = mx_s[1].load(gl.SliceLayout(1, LS))
     scale = gl.exp2(m_a - m_b)
     r_s.index(0).store((p * scale[:, None]).to(gl.bfloat16))  # over t's rope box: t is scored
     fence_async_shared()
-    mbarrier.arrive(p0_bar, count=1)
+    _p_named("bar.arrive 10, 256;")  # p0
     l_i = l_i * scale
-    if (t + 2) * KEYS_G > n_b:  # t + 1 partial or past the piece: warpgroup 1 has scored it
+    if not NEXT and (t + 2) * KEYS_G > n_b:  # t + 1 partial or past the piece: warpgroup 1 has scored it
         _g_zero_rows_past(k_s.index(2), n_b - (t + 1) * KEYS_G)
     acc = acc * gl.convert_layout(scale, gl.SliceLayout(1, LO))[:, None]
-    mbarrier.wait(p1_bar, ph)
+    _p_named("bar.sync 11, 256;")  # p1
     acc = warpgroup_mma(p_s, k_s.index(2), acc, is_async=True)
     if NEXT:
         s = _p_qk(q_s, k_s, r_s, ready, 0, g + 1, s, 0, True)
@@ -991,41 +1006,39 @@ def _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride
 
 
 @gluon.jit
-def _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc, m_i, l_i, t, t1, n_b, g,
+def _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc, m_i, l_i, t, t1, n_b, g,
              qk_scale, keys, limit, open_below, PAGE: gl.constexpr, NEXT: gl.constexpr):
     """Warpgroup 1's share of the pair (t, t + 1), its scores of t + 1 in ``s``: softmax on t's max, its P for
     warpgroup 0, both tiles against its half of the values, then (NEXT) its boxes of the next pair and the scores of
     t + 3."""
-    m0_bar, m1_bar, p0_bar, p1_bar = bars.index(1), bars.index(2), bars.index(3), bars.index(4)
     LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     LP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LO, k_width=2)
-    ph = g & 1
     if NEXT:
         row2 = _p_row(table, b, stride_tb, t + 2, t1, PAGE)
         row3 = _p_row(table, b, stride_tb, t + 3, t1, PAGE)
-    x = s * qk_scale
+    x = s
     if (t + 2) * KEYS_G > open_below:
         x = gl.where((t + 1) * KEYS_G + keys[None, :] <= limit[:, None], x, float("-inf"))
-    mbarrier.wait(m0_bar, ph)
-    m_b = gl.maximum(mx_s.index(0).load(gl.SliceLayout(1, LS)), gl.max(x, 1))
-    mx_s.index(1).store(m_b)
-    mbarrier.arrive(m1_bar, count=1)
-    p = gl.exp2(x - m_b[:, None])
+    _p_named("bar.sync 8, 256;")  # m0
+    m_b = gl.maximum(mx_s[0].load(gl.SliceLayout(1, LS)), gl.max(x, 1) * qk_scale)
+    mx_s[1].store(m_b)
+    _p_named("bar.arrive 9, 256;")  # m1
+    p = gl.exp2(x * qk_scale - m_b[:, None])
     alpha = gl.exp2(m_i - m_b)
     l_i = l_i * alpha + gl.sum(p, 1)
     p16 = p.to(gl.bfloat16)
     p_s.store(p16)  # warpgroup 0's product on the last P is done: it passed the last pair before arriving m0
-    if (t + 2) * KEYS_G > n_b:
+    if not NEXT and (t + 2) * KEYS_G > n_b:
         _g_zero_rows_past(k_s.index(3), n_b - (t + 1) * KEYS_G)
-    if (t + 1) * KEYS_G > n_b:  # warpgroup 0 has scored t (it arrived m0)
+    if not NEXT and (t + 1) * KEYS_G > n_b:  # warpgroup 0 has scored t (it arrived m0)
         _g_zero_rows_past(k_s.index(1), n_b - t * KEYS_G)
     fence_async_shared()
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, LO))[:, None]
     acc = warpgroup_mma(gl.convert_layout(p16, LP), k_s.index(3), acc, is_async=True)
-    mbarrier.wait(p0_bar, ph)
+    _p_named("bar.sync 10, 256;")  # p0
     acc = warpgroup_mma(r_s.index(0), k_s.index(1), acc, is_async=True)
-    mbarrier.arrive(p1_bar, count=1)
+    _p_named("bar.arrive 11, 256;")  # p1
     if NEXT:
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         _p_issue(kv_n, kv_r, k_s, r_s, ready, row3, 1, 1)
@@ -1045,7 +1058,7 @@ def _p_wg(ME: gl.constexpr, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_
           B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr, PDL: gl.constexpr):
     """Warpgroup ME (a partition of ``_mla_paged_pair``) over the program's pieces: a piece's first loads (warpgroup 0
     also q), its scores of the first pair, the pairs, then the sums exchanged and its half of the rows written."""
-    q_ready, l0_bar, l1_bar = bars.index(0), bars.index(5), bars.index(6)
+    q_ready, l0_bar, l1_bar = bars
     LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     LR: gl.constexpr = gl.SliceLayout(1, LS)
@@ -1092,18 +1105,18 @@ def _p_wg(ME: gl.constexpr, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             for t in range(t0, t1 - 2, 2):
                 if ME == 0:
-                    s, acc, m_i, l_i = _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc,
+                    s, acc, m_i, l_i = _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc,
                                                 m_i, l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True)
                 else:
-                    s, acc, m_i, l_i = _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc,
+                    s, acc, m_i, l_i = _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc,
                                                 m_i, l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True)
                 g += 1
             t_last = t0 + 2 * ((t1 - t0 - 1) // 2)
             if ME == 0:
-                s, acc, m_i, l_i = _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc,
+                s, acc, m_i, l_i = _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc,
                                             m_i, l_i, t_last, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, False)
             else:
-                s, acc, m_i, l_i = _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, bars, kv_n, kv_r, table, b, stride_tb, s, acc,
+                s, acc, m_i, l_i = _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc,
                                             m_i, l_i, t_last, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, False)
             g += 1
             buf = 2 * (pc % 2)  # both sums are relative to the pair's last max
@@ -1126,6 +1139,15 @@ def _p_wg(ME: gl.constexpr, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_
 
 
 @gluon.jit
+def _p_bar():
+    """An mbarrier in an allocation of its own: Triton's membar pass takes an allocation as one buffer, so barriers
+    sharing one would order every wait and arrival on any of them behind a partition barrier."""
+    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar, count=1)
+    return bar
+
+
+@gluon.jit
 def _mla_paged_pair(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, meta, sync, stride_tb, B, Sq, H, capacity,
                     qk_scale, n_q_rows, n_kv_rows, PAGE: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr,
                     DN: gl.constexpr, DEVICE_DESC: gl.constexpr, GRID_MERGE: gl.constexpr, PDL: gl.constexpr):
@@ -1139,14 +1161,10 @@ def _mla_paged_pair(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse,
     r_s = gl.allocate_shared_memory(gl.bfloat16, [3, KEYS_G, 64], kv_r.layout)  # the stages' rope, then q's
     p_s = gl.allocate_shared_memory(gl.bfloat16, [ROWS_G, KEYS_G], kv_r.layout)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    mx_s = gl.allocate_shared_memory(gl.float32, [2, ROWS_G], flat)
+    mx_s = (gl.allocate_shared_memory(gl.float32, [ROWS_G], flat), gl.allocate_shared_memory(gl.float32, [ROWS_G], flat))  # t's max, t + 1's
     l_s = gl.allocate_shared_memory(gl.float32, [4, ROWS_G], flat)
-    ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # stage, then half
-    bars = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(4):
-        mbarrier.init(ready.index(i), count=1)
-    for i in gl.static_range(7):
-        mbarrier.init(bars.index(i), count=1)
+    ready = (_p_bar(), _p_bar(), _p_bar(), _p_bar())  # stage, then half
+    bars = (_p_bar(), _p_bar(), _p_bar())  # q ready, the sums of warpgroups 0 and 1
     fence_async_shared()
     gl.warp_specialize([
         (_p_wg, (0, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o,

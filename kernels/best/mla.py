@@ -832,7 +832,15 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
 # product is done: warpgroup 0 the first 256 latent columns (only it folds them), warpgroup 1 the other 256 and the
 # rope. The score products take a tile half by half, the half that comes back first first. (Nine 64-column boxes, as
 # FlashMLA copies them, were slower here: each box's expect and copy carry two barriers across the warpgroup that
-# Triton inserts; H200, B32 Sq4 249.2 against 242.5 us.)
+# Triton inserts; H200, B32 Sq4 249.2 against 242.5 us. Nor did nine boxes issued by a loader warp help: 238.1
+# against 232.7.)
+#
+# The hand-overs between the warpgroups (t's max, t + 1's max, each P) are named barriers, ``bar.arrive`` by the
+# 128 threads that publish and ``bar.sync`` by the 128 that wait, as FlashMLA's are. An mbarrier arrival is one
+# thread's, so Triton puts a barrier across the warpgroup in front of each; the barriers that remain are the copies'
+# and the waits'. Each mbarrier and each max buffer is an allocation of its own, since Triton's membar pass takes an
+# allocation as one buffer. The softmax's scale is folded into the exponent (one FFMA a score), and only a piece's
+# last pair can hold a partial tile, so only it zeroes rows (H200, B32 Sq4: 232.7 us against 239.5 before these three).
 #
 # Where P goes: warpgroup 0's (tile t, rescaled to t + 1's max) over stage 0's rope box, which nobody reads once t is
 # scored; warpgroup 1's in a buffer of its own. Shared memory: q 72 KB, two 72 KB stages, P 8 KB.
@@ -841,8 +849,8 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
 # piece is seen; values past the sequence's length zeroed), and tiles past the end are loaded from the piece's last
 # page, so every barrier completes once a pair and no product is branched around (an accumulator in flight across a
 # branch makes ptxas serialise the products). The host uses it only where every program gets one long piece
-# (``PAIR_FROM_ROWS``; H200: B32 Sq4 239.7 us against the loader form's 257.8, FlashMLA 215.5; slower at B1 Sq4, B64
-# and B128, where pieces are short or memory bounds the loop).
+# (``PAIR_FROM_ROWS``; H200, session 37: B32 Sq4 239.7 us against the loader form's 257.8, FlashMLA 215.5; slower at
+# B1 Sq4, B64 and B128, where pieces are short or memory bounds the loop).
 
 
 # -- mla_paged/host.py -------------------------------------------------------------------------------------------------
