@@ -155,7 +155,7 @@ def _d_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
             _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO, 0, b, bad, R, Sq, H, first_part, n_pieces, first_odd,
                           True, DN)
     if GRID:
-        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, 0, True, DN, B_P2)
+        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, 0, k, True, DN, B_P2)
 
 
 @gluon.jit

@@ -102,11 +102,13 @@ def _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, slot0, n_s
 
 
 @gluon.jit
-def _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, col0, WRITE_LSE: gl.constexpr, DN: gl.constexpr,
+def _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, col0, k, WRITE_LSE: gl.constexpr, DN: gl.constexpr,
                   B_P2: gl.constexpr):
     """GRID_MERGE: once both warpgroups of every program have stored their pieces, this program's units of split rows,
-    this warpgroup's value columns."""
-    n_prog = gl.num_programs(0) * gl.num_programs(1)
-    _g_grid_sync(sync, 2 * n_prog)
-    _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, gl.program_id(1) * gl.num_programs(0) + gl.program_id(0),
-                   n_prog, WRITE_LSE, DN, B_P2)
+    this warpgroup's value columns. Where ``_g_schedule`` packed one piece a sequence (k 1, the same in every program),
+    nothing is split: no program waits."""
+    if k != 1:
+        n_prog = gl.num_programs(0) * gl.num_programs(1)
+        _g_grid_sync(sync, 2 * n_prog)
+        _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, gl.program_id(1) * gl.num_programs(0) + gl.program_id(0),
+                       n_prog, WRITE_LSE, DN, B_P2)

@@ -207,7 +207,7 @@ def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
             _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO, 0, b, bad, R, Sq, H, first_part, n_pieces, first_odd,
                           True, DN)
     if GRID:  # the split rows, merged here (gluon_merge.py)
-        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, 0, True, DN, B_P2)
+        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, 0, k, True, DN, B_P2)
 
 
 @gluon.jit
@@ -247,7 +247,7 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
             _g_store_half(o, lse, part_o, part_lse, acc, l_i, l_i, LO, HALF_G, b, bad, R, Sq, H, first_part, n_pieces,
                           first_odd, False, DN)
     if GRID:
-        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, HALF_G, False, DN, B_P2)
+        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, HALF_G, k, False, DN, B_P2)
 
 
 @gluon.jit

@@ -144,6 +144,8 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
         # GRID_MERGE: the main kernel merges (a cooperative launch: every program resident, or no launch at all)
         grid_merge = knobs["GRID_MERGE"] == 2 or (knobs["GRID_MERGE"] == 1 and B * R <= GRID_MERGE_ROWS)
+        if knobs["PAIR"] and fn is _mla_paged_pair:  # equal lengths leave nothing split, and then no program waits
+            grid_merge = knobs["GRID_MERGE"] != 0
         g_pdl = int(knobs["GLUON_PDL"]) if not grid_merge else 0  # the merge kernel launched once the main kernel's loads are issued
         g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device",
                             GRID_MERGE=grid_merge, PDL=g_pdl)
