@@ -18,7 +18,12 @@ FAMILY = load_family("mla_paged")
 ENGINES = {"gluon": {"ENGINE": "gluon"}, "gluon-defer": {"ENGINE": "gluon", "PV_DEFER": 1},
            "gluon-grid-merge": {"ENGINE": "gluon", "GRID_MERGE": 2}, "gluon-defer-grid-merge": {"ENGINE": "gluon", "PV_DEFER": 1, "GRID_MERGE": 2},
            "gluon-pdl": {"ENGINE": "gluon", "GLUON_PDL": 1}, "gluon-pair": {"ENGINE": "gluon", "PAIR": 2},
-           "gluon-pair-grid-merge": {"ENGINE": "gluon", "PAIR": 2, "GRID_MERGE": 1, "GLUON_PDL": 1}}
+           "gluon-pair-grid-merge": {"ENGINE": "gluon", "PAIR": 2, "GRID_MERGE": 1, "GLUON_PDL": 1},
+           # bfloat16 partials: every piece's rows staged through shared memory (gluon_ws.py, _g_store_staged)
+           "gluon-bf16-parts": {"ENGINE": "gluon", "PARTIAL_DTYPE": "bfloat16", "GLUON_PDL": 1},
+           "gluon-bf16-parts-grid-merge": {"ENGINE": "gluon", "PARTIAL_DTYPE": "bfloat16", "GRID_MERGE": 2},
+           "gluon-defer-bf16-parts": {"ENGINE": "gluon", "PV_DEFER": 1, "PARTIAL_DTYPE": "bfloat16"},
+           "gluon-pair-bf16-parts": {"ENGINE": "gluon", "PAIR": 2, "PARTIAL_DTYPE": "bfloat16", "GRID_MERGE": 1}}
 EDGE_CASES = [
     {"B": 1, "Sq": 1, "H": 64, "lengths": [64]},  # one tile
     {"B": 1, "Sq": 4, "H": 64, "lengths": [130]},  # three tiles, the last partial

@@ -33,7 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .gluon_merge import _g_grid_merge
-from .gluon_ws import HALF_G, KEYS_G, ROWS_G, _g_device_descriptors, _g_piece, _g_schedule, _g_store_half, _g_zero_rows_past
+from .gluon_ws import HALF_G, KEYS_G, ROWS_G, _g_device_descriptors, _g_piece, _g_schedule, _g_store_half, _g_store_staged, _g_zero_rows_past
 
 @gluon.jit
 def _p_named(ASM: gl.constexpr):
@@ -257,8 +257,13 @@ def _p_wg(ME: gl.constexpr, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_
                 mbarrier.wait(l0_bar, pc & 1)
             l_all = l_i + l_s.index(buf + 1 - ME).load(LR)
             pc += 1
-            if n_pieces == 1:  # o through shared memory: rows of 512 bytes, not 4-byte pieces of eight rows
-                _p_store_o(o, lse, acc, l_all, m_i, k_s.index(ME), LO, ME * HALF_G, b, bad, R, Sq, H, ME == 0)
+            # through shared memory in whole rows: o, and bfloat16 partials
+            if part_o.dtype.element_ty == gl.bfloat16:
+                _g_store_staged(o, lse, part_o, part_lse, acc, l_all, m_i, k_s.index(ME), LO, ME * HALF_G, b, bad, R, Sq, H,
+                                first_part, n_pieces, first_odd, ME == 0, DN)
+            elif n_pieces == 1:
+                _g_store_staged(o, lse, part_o, part_lse, acc, l_all, m_i, k_s.index(ME), LO, ME * HALF_G, b, bad, R, Sq, H,
+                                first_part, n_pieces, first_odd, ME == 0, DN, True)
             else:
                 _g_store_half(o, lse, part_o, part_lse, acc, l_all, m_i, LO, ME * HALF_G, b, bad, R, Sq, H, first_part,
                               n_pieces, first_odd, ME == 0, DN)
@@ -267,27 +272,6 @@ def _p_wg(ME: gl.constexpr, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     if GRID:  # the split rows, merged here (gluon_merge.py)
         _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, ME * HALF_G, k, ME == 0, DN, B_P2)
-
-
-@gluon.jit
-def _p_store_o(o, lse, acc, l_i, m_i, buf, LO: gl.constexpr, col0, b, bad, R, Sq, H, WRITE_LSE: gl.constexpr):
-    """This warpgroup's 256 columns of a whole sequence's rows (one piece) to o (NaN for a bad length), staged in
-    ``buf`` (the [64, 256] box this warpgroup loads, free once the piece's products are done), then read back eight
-    contiguous values a thread: each warp stores whole rows of 512 bytes, where the accumulator's own layout stores 4
-    bytes a thread across eight rows."""
-    DN: gl.constexpr = 2 * HALF_G
-    inv = gl.convert_layout(1.0 / gl.where(l_i > 0.0, l_i, 1.0), gl.SliceLayout(1, LO))
-    poison = gl.where(bad, float("nan"), 0.0)
-    buf.store((acc * inv[:, None] + poison).to(o.dtype.element_ty))
-    LW: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # a warp a row: 32 x 16 bytes
-    x = buf.load(LW)
-    rows = gl.program_id(0) * ROWS_G + gl.arange(0, ROWS_G, layout=gl.SliceLayout(1, LW))
-    cols = col0 + gl.arange(0, HALF_G, layout=gl.SliceLayout(0, LW))
-    gl.store(o + (b * R + rows).to(gl.int64)[:, None] * DN + cols[None, :], x)
-    if WRITE_LSE:
-        lse2 = m_i + gl.log2(gl.where(l_i > 0.0, l_i, 1.0))
-        r = gl.program_id(0) * ROWS_G + gl.arange(0, ROWS_G, layout=lse2.type.layout)
-        gl.store(lse + b * R + (r % H) * Sq + r // H, lse2 * 0.6931471805599453 + poison)
 
 
 @gluon.jit
