@@ -554,14 +554,16 @@ def _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, slot0, n_s
 
 
 @gluon.jit
-def _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, col0, WRITE_LSE: gl.constexpr, DN: gl.constexpr,
+def _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, col0, k, WRITE_LSE: gl.constexpr, DN: gl.constexpr,
                   B_P2: gl.constexpr):
     """GRID_MERGE: once both warpgroups of every program have stored their pieces, this program's units of split rows,
-    this warpgroup's value columns."""
-    n_prog = gl.num_programs(0) * gl.num_programs(1)
-    _g_grid_sync(sync, 2 * n_prog)
-    _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, gl.program_id(1) * gl.num_programs(0) + gl.program_id(0),
-                   n_prog, WRITE_LSE, DN, B_P2)
+    this warpgroup's value columns. Where ``_g_schedule`` packed one piece a sequence (k 1, the same in every program),
+    nothing is split: no program waits."""
+    if k != 1:
+        n_prog = gl.num_programs(0) * gl.num_programs(1)
+        _g_grid_sync(sync, 2 * n_prog)
+        _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, gl.program_id(1) * gl.num_programs(0) + gl.program_id(0),
+                       n_prog, WRITE_LSE, DN, B_P2)
 
 
 # -- gluon_ws.py -------------------------------------------------------------------------------------------------------
@@ -700,12 +702,43 @@ def _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO: gl.constexpr, col
 
 
 @gluon.jit
+def _g_store_staged(o, lse, part_o, part_lse, acc, l_i, m_i, buf, LO: gl.constexpr, col0, b, bad, R, Sq, H, first_part,
+                    n_pieces, first_odd, WRITE_LSE: gl.constexpr, DN: gl.constexpr, WHOLE: gl.constexpr = False):
+    """``_g_store_half`` for bfloat16 rows (o, or bfloat16 partials; WHOLE: the caller knows the piece is the whole
+    sequence, so o), staged in ``buf``: a [64, 256] box of this
+    warpgroup's that nothing reads or loads until it is handed back, then read back eight contiguous values a thread,
+    so that each warp stores whole rows of 512 bytes. From the accumulator's own layout each store writes 4 bytes a
+    thread in eight rows: at B128 long-tail the stores' time at the pieces' ends was ~6 us of the kernel's (H200)."""
+    inv = gl.convert_layout(1.0 / gl.where(l_i > 0.0, l_i, 1.0), gl.SliceLayout(1, LO))
+    lse2 = m_i + gl.log2(gl.where(l_i > 0.0, l_i, 1.0))
+    r = gl.program_id(0) * ROWS_G + gl.arange(0, ROWS_G, layout=lse2.type.layout)
+    if WHOLE or n_pieces == 1:
+        poison = gl.where(bad, float("nan"), 0.0)
+        dst = o + (b * R).to(gl.int64) * DN
+        if WRITE_LSE:
+            gl.store(lse + b * R + (r % H) * Sq + r // H, lse2 * 0.6931471805599453 + poison)
+    else:
+        poison = 0.0
+        slot = 2 * gl.program_id(1) + gl.where(gl.program_id(1) == first_part, first_odd, 0)
+        dst = part_o + (slot * R).to(gl.int64) * DN
+        if WRITE_LSE:
+            gl.store(part_lse + slot * R + r, lse2)
+    buf.store((acc * inv[:, None] + poison).to(gl.bfloat16))
+    LW: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # a warp a row: 32 x 16 bytes
+    x = buf.load(LW)
+    rows = gl.program_id(0) * ROWS_G + gl.arange(0, ROWS_G, layout=gl.SliceLayout(1, LW))
+    cols = col0 + gl.arange(0, HALF_G, layout=gl.SliceLayout(0, LW))
+    gl.store(dst + rows.to(gl.int64)[:, None] * DN + cols[None, :], x)
+
+
+@gluon.jit
 def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
            capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr):
     """Warpgroup 0: scores, the online softmax (log2), P and the rows' factor for warpgroup 1, its half of P V. Only
     tiles that reach the causal edge or the length are masked; this half of P V takes P from registers and is issued
     before P is handed over, so the hand-over runs beside it (H200: B1 Sq4 33.4 against 36.1 us, B1 Skv 131072 69.7
     against 79.8; B32 Sq4 and B64 unchanged)."""
+    STAGED: gl.constexpr = part_o.dtype.element_ty == gl.bfloat16  # bfloat16 partials: every piece's rows staged
     q_ready, q_free, p_ready, p_free = bars.index(0), bars.index(1), bars.index(2), bars.index(3)
     l_ready, l_free = bars.index(4), bars.index(5)
     LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -758,17 +791,23 @@ def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
                 fence_async_shared()
                 mbarrier.arrive(p_ready, count=1)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                mbarrier.arrive(empty.index(st), count=1)
+                mbarrier.arrive(empty.index(st), count=1, pred=(t + 1 < t1) if STAGED else True)  # STAGED: the last below
                 it += 1
             mbarrier.arrive(q_free, count=1)
             mbarrier.wait(l_free, (pc & 1) ^ 1)
             l_s.store(l_i)
             mbarrier.arrive(l_ready, count=1)
             pc += 1
-            _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO, 0, b, bad, R, Sq, H, first_part, n_pieces, first_odd,
-                          True, DN)
+            if STAGED:  # through the last tile's first latent box, then the stage is handed back
+                st = (it - 1) % RING_G
+                _g_store_staged(o, lse, part_o, part_lse, acc, l_i, m_i, k_s.index(2 * st), LO, 0, b, bad, R, Sq, H,
+                                first_part, n_pieces, first_odd, True, DN)
+                mbarrier.arrive(empty.index(st), count=1)
+            else:
+                _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO, 0, b, bad, R, Sq, H, first_part, n_pieces,
+                              first_odd, True, DN)
     if GRID:  # the split rows, merged here (gluon_merge.py)
-        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, 0, True, DN, B_P2)
+        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, 0, k, True, DN, B_P2)
 
 
 @gluon.jit
@@ -778,6 +817,7 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
     """Warpgroup 1: the other half of P V, with warpgroup 0's P and factor. BOXES 1: a stage's boxes share one ready
     and one empty barrier (handed back by both warpgroups); 3: each box has its own (PV_DEFER, gluon_defer.py), and
     this warpgroup waits for and hands back the second value box's."""
+    STAGED: gl.constexpr = part_o.dtype.element_ty == gl.bfloat16  # bfloat16 partials: every piece's rows staged
     p_ready, p_free, l_ready, l_free = bars.index(2), bars.index(3), bars.index(4), bars.index(5)
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     idx, cost, per, u0, u1, b_first, b_stop, k = _g_schedule(lens, B, Sq, capacity, OVH, B_P2, 4)
@@ -799,16 +839,22 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
                 acc = warpgroup_mma(p_s, k1, acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 mbarrier.arrive(p_free, count=1)
-                mbarrier.arrive(empty.index(box), count=1)
+                mbarrier.arrive(empty.index(box), count=1, pred=(t + 1 < t1) if STAGED else True)
                 it += 1
             mbarrier.wait(l_ready, pc & 1)
             l_i = l_s.load(gl.SliceLayout(1, LO))
             mbarrier.arrive(l_free, count=1)
             pc += 1
-            _g_store_half(o, lse, part_o, part_lse, acc, l_i, l_i, LO, HALF_G, b, bad, R, Sq, H, first_part, n_pieces,
-                          first_odd, False, DN)
+            if STAGED:  # through the last tile's second latent box
+                st = (it - 1) % RING_G
+                _g_store_staged(o, lse, part_o, part_lse, acc, l_i, l_i, k_s.index(2 * st + 1), LO, HALF_G, b, bad, R, Sq,
+                                H, first_part, n_pieces, first_odd, False, DN)
+                mbarrier.arrive(empty.index(BOXES * st + BOXES // 3), count=1)
+            else:
+                _g_store_half(o, lse, part_o, part_lse, acc, l_i, l_i, LO, HALF_G, b, bad, R, Sq, H, first_part, n_pieces,
+                              first_odd, False, DN)
     if GRID:
-        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, HALF_G, False, DN, B_P2)
+        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, HALF_G, k, False, DN, B_P2)
 
 
 @gluon.jit
@@ -1129,13 +1175,21 @@ def _p_wg(ME: gl.constexpr, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_
                 mbarrier.wait(l0_bar, pc & 1)
             l_all = l_i + l_s.index(buf + 1 - ME).load(LR)
             pc += 1
-            _g_store_half(o, lse, part_o, part_lse, acc, l_all, m_i, LO, ME * HALF_G, b, bad, R, Sq, H, first_part,
-                          n_pieces, first_odd, ME == 0, DN)
+            # through shared memory in whole rows: o, and bfloat16 partials
+            if part_o.dtype.element_ty == gl.bfloat16:
+                _g_store_staged(o, lse, part_o, part_lse, acc, l_all, m_i, k_s.index(ME), LO, ME * HALF_G, b, bad, R, Sq, H,
+                                first_part, n_pieces, first_odd, ME == 0, DN)
+            elif n_pieces == 1:
+                _g_store_staged(o, lse, part_o, part_lse, acc, l_all, m_i, k_s.index(ME), LO, ME * HALF_G, b, bad, R, Sq, H,
+                                first_part, n_pieces, first_odd, ME == 0, DN, True)
+            else:
+                _g_store_half(o, lse, part_o, part_lse, acc, l_all, m_i, LO, ME * HALF_G, b, bad, R, Sq, H, first_part,
+                              n_pieces, first_odd, ME == 0, DN)
     if PDL:
         if ME == 0:
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     if GRID:  # the split rows, merged here (gluon_merge.py)
-        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, ME * HALF_G, ME == 0, DN, B_P2)
+        _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, ME * HALF_G, k, ME == 0, DN, B_P2)
 
 
 @gluon.jit
@@ -1305,6 +1359,8 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
         # GRID_MERGE: the main kernel merges (a cooperative launch: every program resident, or no launch at all)
         grid_merge = knobs["GRID_MERGE"] == 2 or (knobs["GRID_MERGE"] == 1 and B * R <= GRID_MERGE_ROWS)
+        if fn is _mla_paged_pair:  # equal lengths leave nothing split, and then no program waits
+            grid_merge = knobs["GRID_MERGE"] != 0
         g_pdl = int(knobs["GLUON_PDL"]) if not grid_merge else 0  # the merge kernel launched once the main kernel's loads are issued
         g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device",
                             GRID_MERGE=grid_merge, PDL=g_pdl)
