@@ -708,7 +708,8 @@ def _g_store_staged(o, lse, part_o, part_lse, acc, l_i, m_i, buf, LO: gl.constex
     sequence, so o), staged in ``buf``: a [64, 256] box of this
     warpgroup's that nothing reads or loads until it is handed back, then read back eight contiguous values a thread,
     so that each warp stores whole rows of 512 bytes. From the accumulator's own layout each store writes 4 bytes a
-    thread in eight rows: at B128 long-tail the stores' time at the pieces' ends was ~6 us of the kernel's (H200)."""
+    thread in eight rows. H200: o staged, B32 Sq4 229.3 -> 228.1 us; bfloat16 partials staged were faster at B1 Sq2 /
+    Sq4 and slower at B64 / B128, whose stores' time is not their issue pattern."""
     inv = gl.convert_layout(1.0 / gl.where(l_i > 0.0, l_i, 1.0), gl.SliceLayout(1, LO))
     lse2 = m_i + gl.log2(gl.where(l_i > 0.0, l_i, 1.0))
     r = gl.program_id(0) * ROWS_G + gl.arange(0, ROWS_G, layout=lse2.type.layout)
@@ -1002,7 +1003,7 @@ def _p_qk(q_s, k_s, r_s, ready, st: gl.constexpr, g, s, HALF: gl.constexpr, FRES
 
 @gluon.jit
 def _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc, m_i, l_i, t, t1, n_b, g,
-             qk_scale, keys, limit, open_below, PAGE: gl.constexpr, NEXT: gl.constexpr):
+             qk_scale, keys, limit, open_below, PAGE: gl.constexpr, NEXT: gl.constexpr, MASK: gl.constexpr):
     """Warpgroup 0's share of the pair (t, t + 1), its scores of t in ``s``: softmax, its own half of P V, P
     rescaled to t + 1's max for warpgroup 1, warpgroup 1's P against its half, and (NEXT) the next pair's loads of
     its boxes and the scores of t + 2. Returns those scores, O, the max and the sum."""
@@ -1013,8 +1014,9 @@ def _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s
         row2 = _p_row(table, b, stride_tb, t + 2, t1, PAGE)
         row3 = _p_row(table, b, stride_tb, t + 3, t1, PAGE)
     x = s
-    if (t + 1) * KEYS_G > open_below:  # the causal edge or the length: a key some row must not see
-        x = gl.where(t * KEYS_G + keys[None, :] <= limit[:, None], x, float("-inf"))
+    if MASK:  # a pair that may reach the causal edge or the piece's end (``_p_wg`` runs the others without the test)
+        if (t + 1) * KEYS_G > open_below:  # a key some row must not see
+            x = gl.where(t * KEYS_G + keys[None, :] <= limit[:, None], x, float("-inf"))
     m_a = gl.maximum(m_i, gl.max(x, 1) * qk_scale)  # qk_scale > 0
     mx_s[0].store(m_a)
     _p_named("bar.arrive 8, 256;")  # m0
@@ -1053,7 +1055,7 @@ def _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s
 
 @gluon.jit
 def _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc, m_i, l_i, t, t1, n_b, g,
-             qk_scale, keys, limit, open_below, PAGE: gl.constexpr, NEXT: gl.constexpr):
+             qk_scale, keys, limit, open_below, PAGE: gl.constexpr, NEXT: gl.constexpr, MASK: gl.constexpr):
     """Warpgroup 1's share of the pair (t, t + 1), its scores of t + 1 in ``s``: softmax on t's max, its P for
     warpgroup 0, both tiles against its half of the values, then (NEXT) its boxes of the next pair and the scores of
     t + 3."""
@@ -1064,8 +1066,9 @@ def _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s
         row2 = _p_row(table, b, stride_tb, t + 2, t1, PAGE)
         row3 = _p_row(table, b, stride_tb, t + 3, t1, PAGE)
     x = s
-    if (t + 2) * KEYS_G > open_below:
-        x = gl.where((t + 1) * KEYS_G + keys[None, :] <= limit[:, None], x, float("-inf"))
+    if MASK:
+        if (t + 2) * KEYS_G > open_below:
+            x = gl.where((t + 1) * KEYS_G + keys[None, :] <= limit[:, None], x, float("-inf"))
     _p_named("bar.sync 8, 256;")  # m0
     m_b = gl.maximum(mx_s[0].load(gl.SliceLayout(1, LS)), gl.max(x, 1) * qk_scale)
     mx_s[1].store(m_b)
@@ -1149,21 +1152,33 @@ def _p_wg(ME: gl.constexpr, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_
                 s = _p_qk(q_s, k_s, r_s, ready, 1, g, s, 1, True)
                 s = _p_qk(q_s, k_s, r_s, ready, 1, g, s, 0, False)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            for t in range(t0, t1 - 2, 2):
+            # pairs (t, t + 1) whose keys every row sees run without the mask's test: its compare and select
+            # sat before each warpgroup's max, which the other warpgroup waits for; then those that may reach the
+            # causal edge or the piece's end (in decode, at most one before the last pair)
+            t_last = t0 + 2 * ((t1 - t0 - 1) // 2)
+            t_mask = gl.minimum(t0 + 2 * ((gl.maximum(open_below // KEYS_G - 1 - t0, 0) + 1) // 2), t_last)
+            for t in range(t0, t_mask, 2):
                 if ME == 0:
                     s, acc, m_i, l_i = _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc,
-                                                m_i, l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True)
+                                                m_i, l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True, False)
                 else:
                     s, acc, m_i, l_i = _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc,
-                                                m_i, l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True)
+                                                m_i, l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True, False)
                 g += 1
-            t_last = t0 + 2 * ((t1 - t0 - 1) // 2)
+            for t in range(t_mask, t_last, 2):
+                if ME == 0:
+                    s, acc, m_i, l_i = _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc,
+                                                m_i, l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True, True)
+                else:
+                    s, acc, m_i, l_i = _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc,
+                                                m_i, l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True, True)
+                g += 1
             if ME == 0:
                 s, acc, m_i, l_i = _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc,
-                                            m_i, l_i, t_last, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, False)
+                                            m_i, l_i, t_last, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, False, True)
             else:
                 s, acc, m_i, l_i = _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc,
-                                            m_i, l_i, t_last, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, False)
+                                            m_i, l_i, t_last, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, False, True)
             g += 1
             buf = 2 * (pc % 2)  # both sums are relative to the pair's last max
             l_s.index(buf + ME).store(l_i)
