@@ -643,7 +643,7 @@ def load(path):
     return module
 
 fam, tool = load(sys.argv[1]), load(sys.argv[2])
-fn, Sq, device_desc, merge = getattr(fam, sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "device", {"kernel": 0, "grid": 1, "last": 3}[sys.argv[6]]
+fn, Sq, device_desc, grid_merge = getattr(fam, sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "device", sys.argv[6] == "grid"
 B, H, pages = 64, 64, 8192
 q = torch.empty(B, Sq, H, 576, dtype=torch.bfloat16)
 kv = torch.empty(pages, 64, 576, dtype=torch.bfloat16)
@@ -652,8 +652,8 @@ i32 = lambda n: torch.empty(n, dtype=torch.int32)
 args = dict(q_n=q_n, q_r=q_r, kv_n=kv_n, kv_r=kv_r, table=i32(B * 128), lens=i32(B), o=torch.empty(16, dtype=torch.bfloat16),
             lse=torch.empty(16), part_o=torch.empty(16), part_lse=torch.empty(16), meta=i32(16), sync=i32(2), stride_tb=128, B=B,
             Sq=Sq, H=H, capacity=8192, qk_scale=0.1, n_q_rows=B * Sq * H, n_kv_rows=pages * 64, PAGE=64, OVH=5, B_P2=64, DN=512,
-            DEVICE_DESC=device_desc, GRID_MERGE=merge, PDL=merge == 0)
-options = dict(num_warps=4, **({"launch_cooperative_grid": True} if merge == 1 else {}))
+            DEVICE_DESC=device_desc, GRID_MERGE=grid_merge, PDL=not grid_merge)
+options = dict(num_warps=4, **({"launch_cooperative_grid": True} if grid_merge else {}))
 kernel, _ = tool.compile_launch(types.SimpleNamespace(fn=fn, args=args, options=options))
 ptx = kernel.asm["ptx"]
 ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
@@ -698,7 +698,7 @@ def test_pair_engine_compiles_for_hopper(tmp_path, sq, merge):
 
 @pytest.mark.parametrize("fn, sq, desc, merge", [("_mla_paged_ws", 1, "host", "kernel"), ("_mla_paged_ws", 4, "host", "kernel"),
                                                  ("_mla_paged_ws", 4, "device", "kernel"), ("_mla_paged_ws_defer", 4, "host", "kernel"),
-                                                 ("_mla_paged_ws", 4, "host", "grid"), ("_mla_paged_ws", 1, "host", "last")])
+                                                 ("_mla_paged_ws", 4, "host", "grid")])
 def test_gluon_engine_compiles_for_hopper(tmp_path, fn, sq, desc, merge):
     """ENGINE "gluon"'s kernel compiled for sm_90 as launched at B64 Sq1 and Sq4 (no GPU): three
     partitions with their register budgets (the warpgroups 232, the loader 40), scores [64 x 64] and P V [64 x 256] on
@@ -712,11 +712,9 @@ def test_gluon_engine_compiles_for_hopper(tmp_path, fn, sq, desc, merge):
     out = json.loads(compile_in_child(_GLUON_SM90_SCRIPT, _family_file(tmp_path), str(tool), fn, str(sq), desc, merge,
                                       cache_dir=tmp_path).strip().splitlines()[-1])
     ptx, notes = out["ptx"], out["notes"]
-    # GRID_MERGE 1: a cooperative launch, one thread of each warpgroup arriving (acq_rel) and waiting (acquire loads);
-    # 3: each warpgroup's ticket (acq_rel) at a split piece's end, and nothing waits
+    # GRID_MERGE: a cooperative launch, one thread of each warpgroup arriving (acq_rel) and waiting (acquire loads)
     assert out["cooperative"] == (merge == "grid")
-    assert ("atom.global.gpu.acq_rel.add" in ptx) == (merge in ("grid", "last"))
-    assert ("ld.global.gpu.acquire" in ptx) == (merge == "grid")
+    assert ("atom.global.gpu.acq_rel.add" in ptx and "ld.global.gpu.acquire" in ptx) == (merge == "grid")
     assert ("griddepcontrol.launch_dependents" in ptx) == (merge == "kernel")  # GLUON_PDL: the merge kernel let go early
     assert ("tensormap.replace" in ptx or "fence.proxy.tensormap" in ptx) == (desc == "device")
     assert {"232", "40"} <= set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))

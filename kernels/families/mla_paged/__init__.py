@@ -53,9 +53,7 @@ warpgroup 1's product of a tile runs while warpgroup 0 scores the next (kernels/
 (``_mla_paged_ws_defer``): warpgroup 0's half of P V for a tile is issued behind the next tile's scores, so it runs
 during that tile's softmax; each box of a stage then has its own barriers. GRID_MERGE (``gluon_merge.py``): the
 split rows merged at the end of the main kernel, after a barrier across the grid (a cooperative launch, every
-program resident), instead of by the merge kernel: 1 where the batch has at most GRID_MERGE_ROWS rows, 2 always;
-3 as 1, and elsewhere, in the loader form, by the warpgroup that stores a split sequence's rows last (a ticket per
-sequence, row block and half: no barrier, no merge kernel).
+program resident), instead of by the merge kernel: 1 where the batch has at most GRID_MERGE_ROWS rows, 2 always.
 
 Lengths. Shapes, dtypes and devices are checked on every call; the lengths on the host when they
 are there (the CPU), on a GPU on the first call of each shape (one synchronisation). A later call

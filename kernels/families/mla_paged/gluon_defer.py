@@ -173,7 +173,6 @@ def _mla_paged_ws_defer(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     a_s = gl.allocate_shared_memory(gl.float32, [ROWS_G], flat)
     l_s = gl.allocate_shared_memory(gl.float32, [ROWS_G], flat)
-    m_s = gl.allocate_shared_memory(gl.float32, [ROWS_G], flat)  # ``_g_wg1``'s for GRID_MERGE 3, unused here
     ready = gl.allocate_shared_memory(gl.int64, [3 * RING_G, 1], mbarrier.MBarrierLayout())  # per stage: value halves, rope
     empty = gl.allocate_shared_memory(gl.int64, [3 * RING_G, 1], mbarrier.MBarrierLayout())
     bars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
@@ -186,8 +185,8 @@ def _mla_paged_ws_defer(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_
     gl.warp_specialize([
         (_d_wg0, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
                   capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
-        (_g_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, m_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq,
-                  H, R, capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE, 3)),
+        (_g_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+                  capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE, 3)),
         (_d_loader, (q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, bars.index(0), bars.index(1), ready, empty, table, lens, stride_tb,
                      B, Sq, R, capacity, PAGE, OVH, B_P2, PDL)),
     ], [4, 1], [232, 40])

@@ -1,6 +1,5 @@
-"""GRID_MERGE (ENGINE "gluon"): split sequences merged in the main kernel instead of by the merge kernel: at its end,
-after a barrier across the grid (``_g_grid_merge``), or by the warpgroup that stores a split sequence's rows last
-(``_g_merge_last``).
+"""GRID_MERGE (ENGINE "gluon"): split sequences merged at the end of the main kernel, after a barrier across the
+grid, instead of by the merge kernel.
 
 The merge kernel is a second launch: at B1 its launch and ramp cost more than its work (H200, Nsight Compute, B1 Sq4:
 main kernel 20.1 us, merge kernel 9.9 us, where FlashMLA's combine overlaps its main kernel). Every program of the
@@ -14,7 +13,6 @@ from triton.experimental.gluon import language as gl
 
 MERGE_RB = gl.constexpr(2)  # rows a warpgroup merges at once (one per pair of warps)
 MERGE_PC = gl.constexpr(16)  # pieces a thread folds per load (in its registers: no cross-thread reduction)
-LAST_RB = gl.constexpr(32)  # rows ``_g_merge_last`` folds at once (a piece's [LAST_RB, 256] a load)
 
 
 @gluon.jit
@@ -114,48 +112,3 @@ def _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, col0, k, WR
         _g_grid_sync(sync, 2 * n_prog)
         _g_merge_split(part_o, part_lse, o, lse, meta, B, Sq, H, R, col0, gl.program_id(1) * gl.num_programs(0) + gl.program_id(0),
                        n_prog, WRITE_LSE, DN, B_P2)
-
-
-@gluon.jit
-def _g_merge_last(part_o, part_lse, o, lse, tickets, b, bad, R, Sq, H, col0, first_part, n_pieces, first_odd,
-                  WRITE_LSE: gl.constexpr, DN: gl.constexpr):
-    """GRID_MERGE 3, the loader form: once this warpgroup has stored its columns of a piece of split sequence b (its
-    partial and the rows' lse), it takes a ticket for (b, row block, its half); the one that takes the last merges
-    every piece's rows of these columns from L2 into o and sets the ticket back to zero. The pieces end at their
-    parts' ends, all at about the kernel's end, so the merge kernel's launch, its wait for the whole grid and its
-    reads of every partial leave the end (H200, B128 long-tail: the merge kernel ended 8.3 us after the main kernel)."""
-    cnt = tickets + 2 * (b * gl.num_programs(0) + gl.program_id(0)) + col0 // 256
-    gl.thread_barrier()  # every thread of this warpgroup has stored before the ticket releases the stores
-    if gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == n_pieces - 1:
-        gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
-        gl.thread_barrier()
-        LM: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # a warp a 512-byte row segment
-        LR: gl.constexpr = gl.SliceLayout(1, LM)
-        poison = gl.where(bad, float("nan"), 0.0)
-        cols = col0 + gl.arange(0, 256, layout=gl.SliceLayout(0, LM))
-        for r0 in gl.static_range(0, 64, LAST_RB):  # the next piece's loads out before one is folded
-            rows = gl.program_id(0) * 64 + r0 + gl.arange(0, LAST_RB, layout=LR)
-            m = gl.full([LAST_RB], -3.0e38, gl.float32, layout=LR)  # finite: a partial's lse is finite
-            tot = gl.zeros([LAST_RB], gl.float32, layout=LR)
-            acc = gl.zeros([LAST_RB, 256], gl.float32, layout=LM)
-            slot = 2 * first_part + first_odd
-            lk_next = gl.load(part_lse + slot * R + rows, cache_modifier=".cg")
-            po_next = gl.load(part_o + (slot * R + rows).to(gl.int64)[:, None] * DN + cols[None, :], cache_modifier=".cg")
-            for j in range(1, n_pieces + 1):
-                lk = lk_next
-                po = po_next
-                more = (rows >= 0) & (j < n_pieces)
-                slot = 2 * (first_part + j)
-                lk_next = gl.load(part_lse + slot * R + rows, mask=more, other=float("-inf"), cache_modifier=".cg")
-                po_next = gl.load(part_o + (slot * R + rows).to(gl.int64)[:, None] * DN + cols[None, :], mask=more[:, None],
-                                  other=0.0, cache_modifier=".cg")
-                m_new = gl.maximum(m, lk)
-                fold = gl.exp2(m - m_new)
-                w = gl.exp2(lk - m_new)
-                tot = tot * fold + w
-                acc = acc * fold[:, None] + w[:, None] * po.to(gl.float32)
-                m = m_new
-            out = acc / tot[:, None] + poison
-            gl.store(o + (b * R + rows).to(gl.int64)[:, None] * DN + cols[None, :], out.to(o.dtype.element_ty))
-            if WRITE_LSE:
-                gl.store(lse + b * R + (rows % H) * Sq + rows // H, (m + gl.log2(tot)) * 0.6931471805599453 + poison)

@@ -5,7 +5,7 @@ import triton.experimental.gluon as gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_merge import _g_add, _g_grid_merge, _g_merge_last
+from .gluon_merge import _g_add, _g_grid_merge
 
 ROWS_G = gl.constexpr(64)  # (query, head) rows per program
 KEYS_G = gl.constexpr(64)  # keys per tile
@@ -170,8 +170,8 @@ def _g_store_staged(o, lse, part_o, part_lse, acc, l_i, m_i, buf, LO: gl.constex
 
 
 @gluon.jit
-def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, m_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H,
-           R, capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr):
+def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr):
     """Warpgroup 0: scores, the online softmax (log2), P and the rows' factor for warpgroup 1, its half of P V. Only
     tiles that reach the causal edge or the length are masked; this half of P V takes P from registers and is issued
     before P is handed over, so the hand-over runs beside it (H200: B1 Sq4 33.4 against 36.1 us, B1 Skv 131072 69.7
@@ -234,8 +234,6 @@ def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, m_s, bars, ready, empty, o, lse, part_o
             mbarrier.arrive(q_free, count=1)
             mbarrier.wait(l_free, (pc & 1) ^ 1)
             l_s.store(l_i)
-            if GRID == 3:  # warpgroup 1 writes the rows' lse beside its half of a partial
-                m_s.store(m_i)
             mbarrier.arrive(l_ready, count=1)
             pc += 1
             if STAGED:  # through the last tile's first latent box, then the stage is handed back
@@ -246,17 +244,13 @@ def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, m_s, bars, ready, empty, o, lse, part_o
             else:
                 _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO, 0, b, bad, R, Sq, H, first_part, n_pieces,
                               first_odd, True, DN)
-            if GRID == 3:
-                if n_pieces > 1:
-                    _g_merge_last(part_o, part_lse, o, lse, sync, b, bad, R, Sq, H, 0, first_part, n_pieces, first_odd,
-                                  True, DN)
-    if GRID == 1:  # the split rows, merged here (gluon_merge.py)
+    if GRID:  # the split rows, merged here (gluon_merge.py)
         _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, 0, k, True, DN, B_P2)
 
 
 @gluon.jit
-def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, m_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H,
-           R, capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr,
+def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr,
            BOXES: gl.constexpr):
     """Warpgroup 1: the other half of P V, with warpgroup 0's P and factor. BOXES 1: a stage's boxes share one ready
     and one empty barrier (handed back by both warpgroups); 3: each box has its own (PV_DEFER, gluon_defer.py), and
@@ -287,24 +281,17 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, m_s, bars, ready, empty, o, lse, part_o
                 it += 1
             mbarrier.wait(l_ready, pc & 1)
             l_i = l_s.load(gl.SliceLayout(1, LO))
-            m_i = l_i  # only lse needs it, and only GRID_MERGE 3 has this warpgroup write lse
-            if GRID == 3:
-                m_i = m_s.load(gl.SliceLayout(1, LO))
             mbarrier.arrive(l_free, count=1)
             pc += 1
             if STAGED:  # through the last tile's second latent box
                 st = (it - 1) % RING_G
-                _g_store_staged(o, lse, part_o, part_lse, acc, l_i, m_i, k_s.index(2 * st + 1), LO, HALF_G, b, bad, R, Sq,
-                                H, first_part, n_pieces, first_odd, GRID == 3, DN)
+                _g_store_staged(o, lse, part_o, part_lse, acc, l_i, l_i, k_s.index(2 * st + 1), LO, HALF_G, b, bad, R, Sq,
+                                H, first_part, n_pieces, first_odd, False, DN)
                 mbarrier.arrive(empty.index(BOXES * st + BOXES // 3), count=1)
             else:
-                _g_store_half(o, lse, part_o, part_lse, acc, l_i, m_i, LO, HALF_G, b, bad, R, Sq, H, first_part, n_pieces,
-                              first_odd, GRID == 3, DN)
-            if GRID == 3:
-                if n_pieces > 1:
-                    _g_merge_last(part_o, part_lse, o, lse, sync, b, bad, R, Sq, H, HALF_G, first_part, n_pieces,
-                                  first_odd, False, DN)
-    if GRID == 1:
+                _g_store_half(o, lse, part_o, part_lse, acc, l_i, l_i, LO, HALF_G, b, bad, R, Sq, H, first_part, n_pieces,
+                              first_odd, False, DN)
+    if GRID:
         _g_grid_merge(part_o, part_lse, o, lse, meta, sync, B, Sq, H, R, HALF_G, k, False, DN, B_P2)
 
 
@@ -340,7 +327,6 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     a_s = gl.allocate_shared_memory(gl.float32, [ROWS_G], flat)
     l_s = gl.allocate_shared_memory(gl.float32, [ROWS_G], flat)
-    m_s = gl.allocate_shared_memory(gl.float32, [ROWS_G], flat)  # GRID_MERGE 3: the rows' max, for warpgroup 1's lse
     ready = gl.allocate_shared_memory(gl.int64, [RING_G, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [RING_G, 1], mbarrier.MBarrierLayout())
     bars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
@@ -352,10 +338,10 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
     fence_async_shared()
     # the partitions' argument tuples are written out here: a tuple held in a variable turns constexprs into tensors
     gl.warp_specialize([
-        (_g_wg0, (q_s, k_s, r_s, p_s, a_s, l_s, m_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq,
-                  H, R, capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
-        (_g_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, m_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq,
-                  H, R, capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE, 1)),
+        (_g_wg0, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+                  capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
+        (_g_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
+                  capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE, 1)),
         (_g_loader, (q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, bars.index(0), bars.index(1), ready, empty, table, lens, stride_tb,
                      B, Sq, R, capacity, PAGE, OVH, B_P2, PDL)),
     ], [4, 1], [232, 40])

@@ -75,7 +75,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
-                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2, 3)), ("GLUON_PDL", (0, 1)), ("PAIR", (0, 1, 2)),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)), ("PAIR", (0, 1, 2)),
                           ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
@@ -143,22 +143,19 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
               else _mla_paged_ws_defer if knobs["PV_DEFER"] else _mla_paged_ws)
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
         # GRID_MERGE: the main kernel merges (a cooperative launch: every program resident, or no launch at all)
-        grid_merge = knobs["GRID_MERGE"] == 2 or (knobs["GRID_MERGE"] in (1, 3) and B * R <= GRID_MERGE_ROWS)
+        grid_merge = knobs["GRID_MERGE"] == 2 or (knobs["GRID_MERGE"] == 1 and B * R <= GRID_MERGE_ROWS)
         if knobs["PAIR"] and fn is _mla_paged_pair:  # equal lengths leave nothing split, and then no program waits
             grid_merge = knobs["GRID_MERGE"] != 0
-        in_kernel = 1 if grid_merge else 0
-        if knobs["GRID_MERGE"] == 3 and fn is _mla_paged_ws:  # elsewhere: the warpgroup that stores a split sequence's rows last merges them
-            in_kernel = in_kernel or 3
-        g_pdl = int(knobs["GLUON_PDL"]) if not in_kernel else 0  # the merge kernel launched once the main kernel's loads are issued
+        g_pdl = int(knobs["GLUON_PDL"]) if not grid_merge else 0  # the merge kernel launched once the main kernel's loads are issued
         g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device",
-                            GRID_MERGE=in_kernel, PDL=g_pdl)
+                            GRID_MERGE=grid_merge, PDL=g_pdl)
         m_constexprs = dict(merge_constexprs, CHUNK=_merge_chunk(parts, merge_bv), PDL=g_pdl)
         plan.update(
-            engine="gluon", gluon_fn=fn, device_descs=g_constexprs["DEVICE_DESC"], host_descs=not g_constexprs["DEVICE_DESC"], grid=(n_rb, parts, 1), fused=in_kernel != 0, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
+            engine="gluon", gluon_fn=fn, device_descs=g_constexprs["DEVICE_DESC"], host_descs=not g_constexprs["DEVICE_DESC"], grid=(n_rb, parts, 1), fused=grid_merge, tma=False, constexprs=g_constexprs, merge_constexprs=m_constexprs,
             constexpr_values=[g_constexprs[n] for n in fn.arg_names if n in g_constexprs],
             merge_constexpr_values=[m_constexprs[n] for n in _mla_paged_merge.arg_names if n in m_constexprs],
             options=dict(num_warps=4, **({"launch_cooperative_grid": True} if grid_merge else {})), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if g_pdl else {})),
-            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (max(2 * B * n_rb, 2),), (4 * B,)), part_dtype=part_dtype,  # barrier words, or tickets
+            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (max(B * n_rb, 2),), (4 * B,)), part_dtype=part_dtype,  # GRID_MERGE: two barrier words
             gluon_values=(block_table.stride(0), B, Sq, H, block_table.shape[1] * page), q_rows=B * R, kv_rows=num_pages * page,
         )
     return plan
@@ -285,7 +282,7 @@ def _descriptor_scratch(size, alignment, stream):
 
 def _scratch(plan, device, stream_id):
     """(tensors, their addresses): partials, lse partials, counters (the fused merge's tickets, which every merge
-    leaves at zero; under GRID_MERGE 1 and 2 counters[0:2] are the grid barrier's count, back at zero after every launch, and
+    leaves at zero; under GRID_MERGE counters[0:2] are the grid barrier's count, back at zero after every launch, and
     its generation, which only grows) and the merge kernel's per-sequence record, reused by every call of a plan on one stream (calls on one stream are
     ordered); a call on another stream than the last gets fresh ones."""
     scratch = plan["scratch"].get(stream_id)

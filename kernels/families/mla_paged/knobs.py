@@ -23,7 +23,7 @@ SPACE = {
     "ENGINE": ["triton", "gluon"],  # the warp-specialised Hopper kernels where they apply (module doc)
     "TMA_DESC": ["host", "device"],  # ENGINE "gluon"'s four TMA descriptors: encoded by the launcher every launch, or made in the kernel
     "PV_DEFER": [0, 1],  # ENGINE "gluon": 1 warpgroup 0's half of P V one tile late, beside the next tile's softmax (gluon_defer.py)
-    "GRID_MERGE": [0, 1, 2, 3],  # ENGINE "gluon": split rows merged in the main kernel (gluon_merge.py), 1 where the batch has at most GRID_MERGE_ROWS rows, 2 always; 3 as 1, and elsewhere (the loader form) by the warpgroup that stores a sequence's rows last; 0 the merge kernel
+    "GRID_MERGE": [0, 1, 2],  # ENGINE "gluon": split rows merged in the main kernel (gluon_merge.py), 1 where the batch has at most GRID_MERGE_ROWS rows, 2 always; 0 the merge kernel
     "GLUON_PDL": [0, 1],  # ENGINE "gluon" with the merge kernel: 1 it is the main kernel's programmatic dependent, let go once the loader's last load is issued
     "PAIR": [0, 1, 2],  # ENGINE "gluon": FlashMLA's schedule, both warpgroups scoring a tile of each pair (gluon_pair.py); 1 where every program has one long piece (B32 Sq4), 2 always
 }
@@ -40,7 +40,6 @@ TRY_EARLY = [
     {"ENGINE": "gluon", "GRID_MERGE": 1},
     {"ENGINE": "gluon", "GRID_MERGE": 1, "GLUON_PDL": 1},
     {"ENGINE": "gluon", "GRID_MERGE": 1, "GLUON_PDL": 1, "PAIR": 1},
-    {"ENGINE": "gluon", "GRID_MERGE": 3, "GLUON_PDL": 1, "PAIR": 1},
 ]
 
 # CONFIG "auto": a tile config per regime, from the dense family's measurements (mla_decode.py's
