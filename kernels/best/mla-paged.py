@@ -1102,6 +1102,19 @@ def _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s
 
 
 @gluon.jit
+def _p_pair(ME: gl.constexpr, q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc, m_i, l_i, t, t1, n_b,
+            g, qk_scale, keys, limit, open_below, PAGE: gl.constexpr, NEXT: gl.constexpr, MASK: gl.constexpr):
+    """Warpgroup ME's share of the pair (t, t + 1): ``_p_pair0`` or ``_p_pair1``, which take the same arguments."""
+    if ME == 0:
+        s, acc, m_i, l_i = _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc, m_i, l_i, t, t1,
+                                    n_b, g, qk_scale, keys, limit, open_below, PAGE, NEXT, MASK)
+    else:
+        s, acc, m_i, l_i = _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc, m_i, l_i, t, t1,
+                                    n_b, g, qk_scale, keys, limit, open_below, PAGE, NEXT, MASK)
+    return s, acc, m_i, l_i
+
+
+@gluon.jit
 def _p_wg(ME: gl.constexpr, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_s, p_s, mx_s, l_s, ready, bars, o, lse, part_o,
           part_lse, meta, sync, lens, B, Sq, H, R, capacity, qk_scale, PAGE: gl.constexpr, OVH: gl.constexpr,
           B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr, PDL: gl.constexpr):
@@ -1158,27 +1171,15 @@ def _p_wg(ME: gl.constexpr, q_n, q_r, kv_n, kv_r, table, stride_tb, q_s, k_s, r_
             t_last = t0 + 2 * ((t1 - t0 - 1) // 2)
             t_mask = gl.minimum(t0 + 2 * ((gl.maximum(open_below // KEYS_G - 1 - t0, 0) + 1) // 2), t_last)
             for t in range(t0, t_mask, 2):
-                if ME == 0:
-                    s, acc, m_i, l_i = _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc,
-                                                m_i, l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True, False)
-                else:
-                    s, acc, m_i, l_i = _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc,
-                                                m_i, l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True, False)
+                s, acc, m_i, l_i = _p_pair(ME, q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc, m_i,
+                                           l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True, False)
                 g += 1
             for t in range(t_mask, t_last, 2):
-                if ME == 0:
-                    s, acc, m_i, l_i = _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc,
-                                                m_i, l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True, True)
-                else:
-                    s, acc, m_i, l_i = _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc,
-                                                m_i, l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True, True)
+                s, acc, m_i, l_i = _p_pair(ME, q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc, m_i,
+                                           l_i, t, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, True, True)
                 g += 1
-            if ME == 0:
-                s, acc, m_i, l_i = _p_pair0(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc,
-                                            m_i, l_i, t_last, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, False, True)
-            else:
-                s, acc, m_i, l_i = _p_pair1(q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc,
-                                            m_i, l_i, t_last, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, False, True)
+            s, acc, m_i, l_i = _p_pair(ME, q_s, k_s, r_s, p_s, mx_s, ready, kv_n, kv_r, table, b, stride_tb, s, acc, m_i, l_i,
+                                       t_last, t1, n_b, g, qk_scale, keys, limit, open_below, PAGE, False, True)
             g += 1
             buf = 2 * (pc % 2)  # both sums are relative to the pair's last max
             l_s.index(buf + ME).store(l_i)
