@@ -672,7 +672,7 @@ def test_pair_engine_compiles_for_hopper(tmp_path, sq, merge):
     two pair loops (pairs without the mask's test, then those that may need it: three 36-step chains of m64n64k16),
     and its half of P V six times (its own P from registers, the other's from shared memory, in both loops and after
     them); no product serialised by ptxas, no spill of the operands' descriptors (held across the loop, 36 of them
-    spilled ~800 bytes), and the hand-overs on named barriers."""
+    spilled ~800 bytes), the hand-overs on named barriers, and every rescale of O one a warp can skip."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     import json
     import re
@@ -694,6 +694,9 @@ def test_pair_engine_compiles_for_hopper(tmp_path, sq, merge):
     # warpgroup (bar.arrive) and awaited by the other (bar.sync), not mbarriers behind a partition barrier
     handed = set(re.findall(r"bar\.arrive\s+(\d+), 256;", ptx))
     assert handed == set(re.findall(r"bar\.sync\s+(\d+), 256;", ptx)) == {"8", "9", "10", "11"}, handed
+    # three rescales of O a pair (warpgroup 0's two, warpgroup 1's one) in each of the three places a pair runs: a vote
+    # over the warp, then one branch around all of a thread's 128 multiplies
+    assert ptx.count("vote.sync.any.pred") == ptx.count("@!p bra.uni SKIP;") == 3 * 3, ptx.count("vote.sync.any.pred")
 
 
 @pytest.mark.parametrize("fn, sq, desc, merge", [("_mla_paged_ws", 1, "host", "kernel"), ("_mla_paged_ws", 4, "host", "kernel"),
