@@ -962,16 +962,18 @@ LAG_G = gl.constexpr(8.0)
 
 
 def _rescale_asm(n):
-    """PTX for n values of O times their row's scale, skipped by a warp whose flag (the last operand) is 0: outputs
-    $0.., then O, the scales and the flags."""
+    """PTX for n values of O times their row's scale, skipped by a warp whose flag (the last operand) is 0, and its
+    constraints: outputs $0.., then O, the scales and the flags."""
     body = [f"mov.f32 ${i}, ${n + i};" for i in range(n)] + ["@!p bra.uni SKIP;"]
     body += [f"mul.f32 ${i}, ${i}, ${2 * n + i};" for i in range(n)]
-    return " ".join(["{ .reg .pred p;", f"setp.ne.b32 p, ${3 * n}, 0;", *body, "SKIP: }"])
+    asm = " ".join(["{ .reg .pred p;", f"setp.ne.b32 p, ${3 * n}, 0;", *body, "SKIP: }"])
+    return asm, ",".join(["=f"] * n + ["f"] * (2 * n) + ["r"] * n)
 
 
 RESCALE_PACK = gl.constexpr(128)  # all of a thread's O, one branch (four of 32 values: 222.9 us against 220.5)
-RESCALE_ASM = gl.constexpr(_rescale_asm(128))
-RESCALE_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 128 + ["f"] * 256 + ["r"] * 128))
+RESCALE_ASM = gl.constexpr(_rescale_asm(RESCALE_PACK.value)[0])
+RESCALE_CONSTRAINTS = gl.constexpr(_rescale_asm(RESCALE_PACK.value)[1])
+
 
 @gluon.jit
 def _p_named(ASM: gl.constexpr):
