@@ -23,7 +23,9 @@ ENGINES = {"gluon": {"ENGINE": "gluon"}, "gluon-defer": {"ENGINE": "gluon", "PV_
            "gluon-bf16-parts": {"ENGINE": "gluon", "PARTIAL_DTYPE": "bfloat16", "GLUON_PDL": 1},
            "gluon-bf16-parts-grid-merge": {"ENGINE": "gluon", "PARTIAL_DTYPE": "bfloat16", "GRID_MERGE": 2},
            "gluon-defer-bf16-parts": {"ENGINE": "gluon", "PV_DEFER": 1, "PARTIAL_DTYPE": "bfloat16"},
-           "gluon-pair-bf16-parts": {"ENGINE": "gluon", "PAIR": 2, "PARTIAL_DTYPE": "bfloat16", "GRID_MERGE": 1}}
+           "gluon-pair-bf16-parts": {"ENGINE": "gluon", "PAIR": 2, "PARTIAL_DTYPE": "bfloat16", "GRID_MERGE": 1},
+           # bfloat16 partials where the grid merges them (B * R <= 256), float32 for the merge kernel
+           "gluon-auto-parts": {"ENGINE": "gluon", "PARTIAL_DTYPE": "auto", "GRID_MERGE": 1, "GLUON_PDL": 1, "PAIR": 1}}
 EDGE_CASES = [
     {"B": 1, "Sq": 1, "H": 64, "lengths": [64]},  # one tile
     {"B": 1, "Sq": 4, "H": 64, "lengths": [130]},  # three tiles, the last partial

@@ -75,7 +75,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
-                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)), ("PAIR", (0, 1, 2)),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16", "auto")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)), ("PAIR", (0, 1, 2)),
                           ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
@@ -110,7 +110,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     # TMA: a tile must lie in one page, pages back to back in memory, 16-byte aligned rows
     tma = (tiles["KV_LOAD"] == "tma" and kv_cache.dtype == torch.bfloat16 and page % block_n == 0
            and kv_cache.stride(0) == page * kv_cache.stride(1) and kv_cache.stride(1) % 8 == 0)
-    part_dtype = torch.float32 if knobs["PARTIAL_DTYPE"] == "float32" else torch.bfloat16
+    part_dtype = torch.bfloat16 if knobs["PARTIAL_DTYPE"] == "bfloat16" else torch.float32
     merge_bv = 64 if B * R * 8 <= 16 * n_sms else D_NOPE
     pdl = int(knobs["PDL"]) if dev_index is not None and merge == "kernel" else 0  # griddepcontrol: GPU only
     constexprs = dict(BLOCK_H=block_h, BLOCK_N=block_n, PAGE=page, KEYS_AS_M=bool(tiles["KEYS_AS_M"]), VALUES_AS_M=bool(tiles["VALUES_AS_M"]),
@@ -147,6 +147,11 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
         if knobs["PAIR"] and fn is _mla_paged_pair:  # equal lengths leave nothing split, and then no program waits
             grid_merge = knobs["GRID_MERGE"] != 0
         g_pdl = int(knobs["GLUON_PDL"]) if not grid_merge else 0  # the merge kernel launched once the main kernel's loads are issued
+        # PARTIAL_DTYPE "auto": bfloat16 where the main kernel merges (at B1 the merge after the grid's barrier reads half
+        # the bytes), float32 where the merge kernel does (H200: B1 Sq4 25.2 against 27.4 us device; B64 and B128 1-2 us
+        # slower in bfloat16)
+        if knobs["PARTIAL_DTYPE"] == "auto":
+            part_dtype = torch.bfloat16 if grid_merge and not (knobs["PAIR"] and fn is _mla_paged_pair) else torch.float32
         g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device",
                             GRID_MERGE=grid_merge, PDL=g_pdl)
         m_constexprs = dict(merge_constexprs, CHUNK=_merge_chunk(parts, merge_bv), PDL=g_pdl)

@@ -17,7 +17,7 @@ SPACE = {
     "OVERHEAD": [0, 2, 5, 10, 20],  # scheduler: a piece's fixed cost, in tiles
     "WAVES": [1, 2],  # programs per SM (one wave, or two)
     "MERGE": ["auto", "fused", "kernel"],  # fused: the last piece merges (one launch); kernel: a second launch
-    "PARTIAL_DTYPE": ["float32", "bfloat16"],  # split partial outputs
+    "PARTIAL_DTYPE": ["float32", "bfloat16", "auto"],  # split partial outputs; auto: bfloat16 where ENGINE "gluon"'s main kernel merges them (GRID_MERGE), else float32
     "PDL": [0, 1, 2],  # MERGE kernel (not ENGINE "gluon"'s): 1 the merge launch overlaps the main kernel's tail; 2 the main kernel's launch too
     "LAUNCH": ["jit", "direct"],  # direct: later calls of a plan launch the cached compiled kernel (less host time)
     "ENGINE": ["triton", "gluon"],  # the warp-specialised Hopper kernels where they apply (module doc)
