@@ -90,7 +90,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # constants the kernels and the host share.
 
 # kopt:knobs-begin
-KNOBS = {'CONFIG': 'auto', 'BLOCK_H': 64, 'BLOCK_N': 64, 'KEYS_AS_M': False, 'VALUES_AS_M': False, 'QK_SPLIT': True, 'num_warps': 8, 'num_stages': 2, 'KV_LOAD': 'tma', 'OVERHEAD': 5, 'WAVES': 1, 'MERGE': 'auto', 'PARTIAL_DTYPE': 'float32', 'PDL': 1, 'LAUNCH': 'direct', 'ENGINE': 'gluon', 'TMA_DESC': 'host', 'PV_DEFER': 0, 'GRID_MERGE': 1, 'GLUON_PDL': 1, 'PAIR': 1}
+KNOBS = {'CONFIG': 'auto', 'BLOCK_H': 64, 'BLOCK_N': 64, 'KEYS_AS_M': False, 'VALUES_AS_M': False, 'QK_SPLIT': True, 'num_warps': 8, 'num_stages': 2, 'KV_LOAD': 'tma', 'OVERHEAD': 5, 'WAVES': 1, 'MERGE': 'auto', 'PARTIAL_DTYPE': 'auto', 'PDL': 1, 'LAUNCH': 'direct', 'ENGINE': 'gluon', 'TMA_DESC': 'host', 'PV_DEFER': 0, 'GRID_MERGE': 1, 'GLUON_PDL': 1, 'PAIR': 1}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the tile config of the shape's regime (REGIMES); knobs: the knobs below
@@ -105,7 +105,7 @@ SPACE = {
     "OVERHEAD": [0, 2, 5, 10, 20],  # scheduler: a piece's fixed cost, in tiles
     "WAVES": [1, 2],  # programs per SM (one wave, or two)
     "MERGE": ["auto", "fused", "kernel"],  # fused: the last piece merges (one launch); kernel: a second launch
-    "PARTIAL_DTYPE": ["float32", "bfloat16"],  # split partial outputs
+    "PARTIAL_DTYPE": ["float32", "bfloat16", "auto"],  # split partial outputs; auto: bfloat16 where ENGINE "gluon"'s main kernel merges them (GRID_MERGE), else float32
     "PDL": [0, 1, 2],  # MERGE kernel (not ENGINE "gluon"'s): 1 the merge launch overlaps the main kernel's tail; 2 the main kernel's launch too
     "LAUNCH": ["jit", "direct"],  # direct: later calls of a plan launch the cached compiled kernel (less host time)
     "ENGINE": ["triton", "gluon"],  # the warp-specialised Hopper kernels where they apply (module doc)
@@ -1349,7 +1349,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
-                          ("PARTIAL_DTYPE", ("float32", "bfloat16")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)), ("PAIR", (0, 1, 2)),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16", "auto")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)), ("PAIR", (0, 1, 2)),
                           ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
@@ -1421,6 +1421,10 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
         if fn is _mla_paged_pair:  # equal lengths leave nothing split, and then no program waits
             grid_merge = knobs["GRID_MERGE"] != 0
         g_pdl = int(knobs["GLUON_PDL"]) if not grid_merge else 0  # the merge kernel launched once the main kernel's loads are issued
+        # PARTIAL_DTYPE "auto": bfloat16 where the main kernel merges (at B1 the merge after the grid's barrier reads half
+        # the bytes), float32 where the merge kernel does (H200: B1 Sq4 25.2 against 27.4 us device; B64 and B128 1-2 us
+        # slower in bfloat16)
+        part_dtype = torch.bfloat16 if grid_merge and (not (fn is _mla_paged_pair)) else torch.float32
         g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device",
                             GRID_MERGE=grid_merge, PDL=g_pdl)
         m_constexprs = dict(merge_constexprs, CHUNK=_merge_chunk(parts, merge_bv), PDL=g_pdl)
