@@ -78,6 +78,22 @@ def test_a_length_past_the_table_poisons_only_its_sequence(kernels, engine, seed
     assert all(e.ok for e in errors), (seed, [e.reason for e in errors if not e.ok])
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_one_plan_called_with_new_lengths_each_time(kernels, engine, seed):
+    """One planned shape called five times, the lengths drawn anew each time (what a serving step does): every call
+    matches the reference, so what the kernels count across the grid (GRID_MERGE's barrier) and record per sequence
+    for the merge kernel is each call's own, not left from the last."""
+    gen = torch.Generator().manual_seed(seed)
+    case = {"B": 24, "Sq": 1, "H": 64, "lengths": [4096] * 24}
+    inputs = MLA_PAGED.make_inputs(case, device="cuda", seed=seed)
+    kernel = kernels[engine]
+    for _ in range(5):
+        lens = torch.randint(1, 4097, (24,), generator=gen, dtype=torch.int32)
+        call = dict(inputs, cache_seqlens=lens.to("cuda"))
+        errors = MLA_PAGED.compare(kernel(**call), MLA_PAGED.reference(**call))
+        assert all(e.ok for e in errors), (seed, lens.tolist(), [e.reason for e in errors if not e.ok])
+
+
 @settings(max_examples=12, deadline=None)
 @given(data=st.data())
 def test_the_hopper_engines_on_drawn_lengths(kernels, data):
