@@ -6,6 +6,9 @@ made nearly one-hot or flat. ENGINES names the knob settings to check (a new eng
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -25,7 +28,9 @@ ENGINES = {"gluon": {"ENGINE": "gluon"}, "gluon-defer": {"ENGINE": "gluon", "PV_
            "gluon-defer-bf16-parts": {"ENGINE": "gluon", "PV_DEFER": 1, "PARTIAL_DTYPE": "bfloat16"},
            "gluon-pair-bf16-parts": {"ENGINE": "gluon", "PAIR": 2, "PARTIAL_DTYPE": "bfloat16", "GRID_MERGE": 1},
            # bfloat16 partials where the grid merges them (B * R <= 256), float32 for the merge kernel
-           "gluon-auto-parts": {"ENGINE": "gluon", "PARTIAL_DTYPE": "auto", "GRID_MERGE": 1, "GLUON_PDL": 1, "PAIR": 1}}
+           "gluon-auto-parts": {"ENGINE": "gluon", "PARTIAL_DTYPE": "auto", "GRID_MERGE": 1, "GLUON_PDL": 1, "PAIR": 1},
+           # the promoted knobs, whatever they are now
+           "best": json.loads((Path(__file__).resolve().parents[2] / "kernels" / "best" / "mla-paged.json").read_text())["knobs"]}
 EDGE_CASES = [
     {"B": 1, "Sq": 1, "H": 64, "lengths": [64]},  # one tile
     {"B": 1, "Sq": 4, "H": 64, "lengths": [130]},  # three tiles, the last partial
