@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,25 @@ def test_the_host_probe_gives_no_implementation_a_fixed_predecessor():
     before = {name: {a for a, b in zip(flat, flat[1:]) if b == name} for name in names}
     assert all(len(before[name]) >= 2 for name in names), before
     assert len({r[0] for r in rounds}) == len(names)  # each one first in some round
+
+
+def test_probe_summary_takes_ratios_round_by_round():
+    """Each round's figure over FlashMLA's in the same round: a drift that moves both cancels, the median and the 10th
+    and 90th percentiles of the ratios are reported, FlashMLA gets no ratio to itself, host time none, an unused timer
+    nothing."""
+    spec = importlib.util.spec_from_file_location("probe_mla_host", TOOL.with_name("probe_mla_host.py"))
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    drift = [100.0 + 10 * i for i in range(20)]  # both slow down round by round
+    flash = "baseline:flashmla"
+    samples = {flash: {"host": [], "eager": [], "device": drift},
+               "ours": {"host": [5.0] * 20, "eager": [], "device": [0.98 * d for d in drift[:19]] + [1.5 * drift[19]]}}
+    rows = probe.summarise(samples, flash)
+    assert rows["ours"]["device_over_flashmla"] == pytest.approx(0.98)  # 100 to 290 us of drift, and the ratio holds
+    low, high = rows["ours"]["device_over_flashmla_p10_p90"]
+    assert low == pytest.approx(0.98) and high == pytest.approx(0.98)  # the one outlier round is past the 90th
+    assert rows["ours"]["device_us"] == statistics.median(samples["ours"]["device"])
+    assert "eager_us" not in rows["ours"] and "host_over_flashmla" not in rows["ours"] and rows["ours"]["host_us"] == 5.0
+    assert "device_over_flashmla" not in rows[flash]
+    with pytest.raises(ValueError):  # rounds that do not pair up are a bug, not a figure
+        probe.summarise({flash: {"device": drift}, "ours": {"device": drift[:5]}}, flash)

@@ -54,6 +54,25 @@ def round_orders(names, rounds, seed=0):
     return [rng.sample(names, len(names)) for _ in range(rounds)]
 
 
+def summarise(samples, flash):
+    """``samples[name][timer]``: one figure a round (µs). Per implementation: each timer's median over the rounds, and
+    for eager and device time, except FlashMLA's own, the ratio to FlashMLA's figure of the same round: the median of
+    those ratios and their 10th and 90th percentiles (a round's ratio, not a ratio of medians, so that what moved both
+    within a round cancels). A timer with no figures is left out."""
+    rows = {}
+    for name, got in samples.items():
+        row = rows[name] = {}
+        for timer, values in got.items():
+            if not values:
+                continue
+            row[f"{timer}_us"] = statistics.median(values)
+            if flash and name != flash and timer != "host":
+                ratios = sorted(v / f for v, f in zip(values, samples[flash][timer], strict=True))
+                row[f"{timer}_over_flashmla"] = statistics.median(ratios)
+                row[f"{timer}_over_flashmla_p10_p90"] = (ratios[len(ratios) // 10], ratios[(9 * len(ratios)) // 10])
+    return rows
+
+
 def eager_round(fn, sets):
     """(host s per call, eager s per call) of one round: every set once, back to back."""
     torch.cuda.synchronize()
@@ -140,15 +159,8 @@ def main():
                         call = lambda fn=live[name], inputs=sets[0]: fn(**inputs)  # noqa: E731
                         samples[name]["device"].append(median_us(call, "cuda", rounds=args.device_calls, warmup_rounds=1))
             flash = next((n for n in live if n.startswith("baseline:")), None)
-            for name, got in samples.items():
-                for timer, values in got.items():
-                    if not values:
-                        continue
-                    row[name][f"{timer}_us"] = statistics.median(values)
-                    if flash and name != flash and timer != "host":
-                        ratios = sorted(v / f for v, f in zip(values, samples[flash][timer]))
-                        row[name][f"{timer}_over_flashmla"] = statistics.median(ratios)
-                        row[name][f"{timer}_over_flashmla_p10_p90"] = (ratios[len(ratios) // 10], ratios[(9 * len(ratios)) // 10])
+            for name, figures in summarise(samples, flash).items():
+                row[name].update(figures)
             print(label, json.dumps(row), flush=True)
             (out / "probe_mla_host.json").write_text(json.dumps(report, indent=1))
         if problem_name == "mla-paged" and "eager" in timers:
