@@ -121,7 +121,7 @@ def main():
     parser.add_argument("--device-calls", type=int, default=15, help="device-timed calls per implementation a round")
     args = parser.parse_args()
     timers = set(args.timers.split(","))
-    if not timers or timers - {"eager", "device"}:
+    if timers - {"eager", "device"}:
         parser.error(f"--timers takes eager and/or device, got {args.timers!r}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
