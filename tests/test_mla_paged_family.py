@@ -436,6 +436,8 @@ def _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, capability=9, engine="gluon",
             monkeypatch.setattr(module, fn, _FakeJIT(getattr(module, fn), log, name))
     monkeypatch.setattr(module, "_mla_paged_merge", _FakeJIT(module._mla_paged_merge, log, "merge"))
     monkeypatch.setattr(module, "_mla_paged_fwd", _FakeJIT(module._mla_paged_fwd, log, "triton"))
+    if hasattr(module, "_mla_paged_combine"):
+        monkeypatch.setattr(module, "_mla_paged_combine", _FakeJIT(module._mla_paged_combine, log, "combine"))
     return module, log
 
 
@@ -475,6 +477,33 @@ def test_gluon_engine_plan_descriptors_and_direct_launches(tmp_dir, monkeypatch)
     third["cache_seqlens"] = torch.Tensor._make_subclass(_FakeCuda, torch.cat([torch.zeros(1, dtype=torch.int32), third["cache_seqlens"]])[1:])
     module.kernel(**third)
     assert [(fn, how) for fn, how, *_ in log[4:]] == [(name, "jit"), ("merge", "jit")]
+
+
+@pytest.mark.parametrize("rows", [4, 8])
+def test_merge_rows_launches_the_combine_on_the_lengths(tmp_dir, monkeypatch, rows):
+    """MERGE_ROWS where the batch's rows fill the GPU: the merge kernel is the combine, grid (sequences, row groups) of
+    a warp a row, handed the lengths (not the main kernel's record) and the main kernel's schedule (OVERHEAD, parts,
+    the PDL it is launched with); the direct launch passes the same values by address. A batch of fewer rows keeps the
+    row-per-program merge kernel."""
+    module, log = _gluon_on_a_pretend_h200(tmp_dir, monkeypatch, MERGE_ROWS=rows, GLUON_PDL=1, OVERHEAD=4)
+    case = {"B": 9, "Sq": 1, "H": 64, "lengths": [300, 64, 129, 1, 4000, 77, 900, 65, 2048]}  # 576 rows
+    first, second = _fake_cuda_inputs(case, 0), _fake_cuda_inputs(case, 1)
+    module.kernel(**first)
+    module.kernel(**second)
+    plan = next(iter(module._PLANS.values()))
+    assert [(fn, how) for fn, how, *_ in log] == [("ws", "jit"), ("combine", "jit"), ("ws", "compiled"), ("combine", "compiled")]
+    (_, _, grid, jit_args, kwargs, _), (_, _, direct_grid, direct_args, _, _) = log[1], log[3]
+    assert grid == direct_grid == (9, 64 // rows, 1) == plan["merge_grid"]
+    assert kwargs == {"OVH": 4, "B_P2": 16, "ROWS": rows, "DN": 512, "PDL": 1, "num_warps": rows, "num_stages": 2, "launch_pdl": True}
+    names = module._mla_paged_combine.arg_names
+    jit = dict(zip(names, jit_args))
+    assert jit["lens"] is first["cache_seqlens"] and (jit["Sq"], jit["H"], jit["B"], jit["n_parts"]) == (1, 64, 9, plan["grid"][1])
+    assert jit["capacity"] == first["block_table"].shape[1] * 64
+    direct = dict(zip(names, direct_args))
+    assert direct["lens"] == second["cache_seqlens"].data_ptr() and direct_args[len(names) - 5:] == (4, 16, rows, 512, 1)
+    log.clear()
+    module.kernel(**_fake_cuda_inputs({"B": 2, "Sq": 2, "H": 64, "lengths": [3000, 64]}, 2))  # 256 rows
+    assert [fn for fn, *_ in log] == ["ws", "merge"]
 
 
 def test_gluon_engine_with_descriptors_made_on_the_device(tmp_dir, monkeypatch):
@@ -735,3 +764,52 @@ def test_gluon_engine_compiles_for_hopper(tmp_path, fn, sq, desc, merge):
     # warpgroup 0's tile loop, which spilled ~43 loads and stores a tile (228 bytes in all); what is left (at most a
     # few words, outside the tile loops) is the per-piece code's
     assert int(re.search(r"(\d+) bytes spill stores", notes).group(1)) <= (64 if merge == "kernel" else 320), notes
+
+
+_COMBINE_SM90_SCRIPT = r"""
+import importlib.util, json, subprocess, sys, tempfile, types
+from pathlib import Path
+import torch, triton
+
+def load(path):
+    spec = importlib.util.spec_from_file_location(Path(path).stem + "_sm90", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+fam, tool = load(sys.argv[1]), load(sys.argv[2])
+rows = int(sys.argv[3])
+i32 = lambda n: torch.empty(n, dtype=torch.int32)
+args = dict(part_o=torch.empty(16), part_lse=torch.empty(16), o=torch.empty(16, dtype=torch.bfloat16), lse=torch.empty(16),
+            lens=i32(128), Sq=1, H=64, B=128, capacity=32768, n_parts=132, OVH=4, B_P2=128, ROWS=rows, DN=512, PDL=1)
+kernel, _ = tool.compile_launch(types.SimpleNamespace(fn=fam._mla_paged_combine, args=args, options=dict(num_warps=rows)))
+ptx = kernel.asm["ptx"]
+ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+with tempfile.TemporaryDirectory() as tmp:
+    (Path(tmp) / "k.ptx").write_text(ptx)
+    notes = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(Path(tmp) / "k.ptx"), "-o", str(Path(tmp) / "k.cubin")],
+                           capture_output=True, text=True).stderr
+print(json.dumps({"ptx": ptx, "notes": notes, "shared": kernel.metadata.shared}))
+"""
+
+
+@pytest.mark.parametrize("rows", [4, 8])
+def test_the_combine_compiles_for_hopper(tmp_path, rows):
+    """MERGE_ROWS's merge kernel compiled for sm_90 as launched at B128 (no GPU): no reduction crosses a warp (no shared
+    memory, no barrier: every warp holds the whole batch's lengths and its own row), the wait for the main kernel
+    behind the branch that ends a whole sequence's program, each partial row read 16 bytes a lane, and few enough
+    registers (no spill) that a wave of programs covers B128's split rows."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    import json
+    import re
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "compare_kda_ptx.py"
+    module = render({"ENGINE": "gluon", "MERGE_ROWS": rows}, tmp_path)
+    out = json.loads(compile_in_child(_COMBINE_SM90_SCRIPT, module.__file__, str(tool), str(rows), cache_dir=tmp_path)
+                     .strip().splitlines()[-1])
+    ptx, notes = out["ptx"], out["notes"]
+    assert out["shared"] == 0 and "bar.sync" not in ptx and "st.shared" not in ptx
+    body = ptx[ptx.index("{"):]
+    assert body.index("bra") < body.index("griddepcontrol.wait")  # whole sequences leave before the wait
+    assert ptx.count("griddepcontrol.wait") == 1 and "ld.global.v4.b32" in ptx
+    assert int(re.search(r"Used (\d+) registers", notes).group(1)) <= 64 and "0 bytes spill stores" in notes, notes

@@ -29,6 +29,9 @@ ENGINES = {"gluon": {"ENGINE": "gluon"}, "gluon-defer": {"ENGINE": "gluon", "PV_
            "gluon-pair-bf16-parts": {"ENGINE": "gluon", "PAIR": 2, "PARTIAL_DTYPE": "bfloat16", "GRID_MERGE": 1},
            # bfloat16 partials where the grid merges them (B * R <= 256), float32 for the merge kernel
            "gluon-auto-parts": {"ENGINE": "gluon", "PARTIAL_DTYPE": "auto", "GRID_MERGE": 1, "GLUON_PDL": 1, "PAIR": 1},
+           # the merge kernel as FlashMLA's combine: a warp a row, whole sequences' programs ending before the wait
+           "gluon-combine": {"ENGINE": "gluon", "GLUON_PDL": 1, "MERGE_ROWS": 8},
+           "gluon-combine-4": {"ENGINE": "gluon", "MERGE_ROWS": 4},
            # the promoted knobs, whatever they are now
            "best": json.loads((Path(__file__).resolve().parents[2] / "kernels" / "best" / "mla-paged.json").read_text())["knobs"]}
 EDGE_CASES = [

@@ -54,6 +54,8 @@ warpgroup 1's product of a tile runs while warpgroup 0 scores the next (kernels/
 during that tile's softmax; each box of a stage then has its own barriers. GRID_MERGE (``gluon_merge.py``): the
 split rows merged at the end of the main kernel, after a barrier across the grid (a cooperative launch, every
 program resident), instead of by the merge kernel: 1 where the batch has at most GRID_MERGE_ROWS rows, 2 always.
+MERGE_ROWS 4 or 8 (``combine.py``, where the batch's rows fill the GPU): the merge kernel shaped as FlashMLA's combine,
+a warp a row, each program finding its sequence's pieces from the lengths before it waits for the main kernel.
 
 Lengths. Shapes, dtypes and devices are checked on every call; the lengths on the host when they
 are there (the CPU), on a GPU on the first call of each shape (one synchronisation). A later call
@@ -68,5 +70,5 @@ argument binding and specialisation (most of a launch's host time) and the launc
 aligned (the compiled kernel assumes what the first call's were) goes through the JIT again.
 """
 
-from . import knobs, tiles, gluon_merge, gluon_ws, gluon_defer, gluon_pair, host, entry  # noqa: F401
+from . import knobs, tiles, gluon_merge, gluon_ws, gluon_defer, gluon_pair, combine, host, entry  # noqa: F401
 from .entry import kernel  # noqa: F401

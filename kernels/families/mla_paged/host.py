@@ -14,6 +14,7 @@ from .tiles import _mla_paged_fwd, _mla_paged_merge
 from .gluon_ws import _mla_paged_ws
 from .gluon_defer import _mla_paged_ws_defer
 from .gluon_pair import _mla_paged_pair
+from .combine import _mla_paged_combine
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index):
@@ -75,7 +76,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
-                          ("PARTIAL_DTYPE", ("float32", "bfloat16", "auto")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)), ("PAIR", (0, 1, 2)),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16", "auto")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)), ("PAIR", (0, 1, 2)), ("MERGE_ROWS", (0, 4, 8)),
                           ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
@@ -128,6 +129,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
         options=dict(num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl >= 2 else {})),
         merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if pdl else {})),
         scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=part_dtype,
+        merge_fn=_mla_paged_merge, merge_reads_lens=False,
         direct=knobs["LAUNCH"] == "direct" and dev_index is not None, compiled=None, scratch={},
         o_shape=(B, Sq, H, D_NOPE), lse_shape=(B, H, Sq), merge_sizes=(Sq, H),
     )
@@ -163,7 +165,19 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
             scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (max(B * n_rb, 2),), (4 * B,)), part_dtype=part_dtype,  # GRID_MERGE: two barrier words
             gluon_values=(block_table.stride(0), B, Sq, H, block_table.shape[1] * page), q_rows=B * R, kv_rows=num_pages * page,
         )
+    if knobs["MERGE_ROWS"] and plan["engine"] == "gluon" and not plan["fused"] and merge_bv == D_NOPE:
+        _use_combine(plan, knobs["MERGE_ROWS"], B, R, block_table.shape[1] * page)
     return plan
+
+
+def _use_combine(plan, rows, B, R, capacity):
+    """MERGE_ROWS: ENGINE "gluon"'s merge kernel is ``_mla_paged_combine`` (combine.py), grid (sequences, row groups),
+    a warp a row; it works the main kernel's schedule out again (its OVERHEAD and parts) from the lengths."""
+    c = dict(OVH=plan["constexprs"]["OVH"], B_P2=triton.next_power_of_2(B), ROWS=rows, DN=D_NOPE, PDL=plan["merge_constexprs"]["PDL"])
+    plan.update(merge_fn=_mla_paged_combine, merge_reads_lens=True, merge_grid=(B, triton.cdiv(R, rows), 1), merge_constexprs=c,
+                merge_constexpr_values=[c[n] for n in _mla_paged_combine.arg_names if n in c],
+                merge_sizes=(plan["merge_sizes"][0], plan["merge_sizes"][1], B, capacity, plan["grid"][1]),
+                merge_options=dict(plan["merge_options"], num_warps=rows))
 
 
 def _gluon_descriptors(q, kv_cache):
@@ -217,7 +231,7 @@ def _launch_first(plan, q, kv_cache, block_table, cache_seqlens, o, lse, scratch
     unless the merge is fused. Under LAUNCH "direct", with every pointer 16-byte aligned (what the compiled kernels
     then assume), their compiled kernels are kept for ``_launch_direct``."""
     part_o, part_lse, _, meta = scratch
-    merge_args = (part_o, part_lse, o, lse, meta, *plan["merge_sizes"])
+    merge_args = (part_o, part_lse, o, lse, cache_seqlens if plan["merge_reads_lens"] else meta, *plan["merge_sizes"])
     gluon = plan["engine"] == "gluon"
     try:
         if gluon:
@@ -228,7 +242,7 @@ def _launch_first(plan, q, kv_cache, block_table, cache_seqlens, o, lse, scratch
             main = _mla_paged_fwd[plan["grid"]](*args, **plan["constexprs"], **plan["options"])
         merge = None
         if not plan["fused"]:
-            merge = _mla_paged_merge[plan["merge_grid"]](*merge_args, **plan["merge_constexprs"], **plan["merge_options"])
+            merge = plan["merge_fn"][plan["merge_grid"]](*merge_args, **plan["merge_constexprs"], **plan["merge_options"])
     except Exception as exc:  # compile-time resource limits are a property of the knobs
         if type(exc).__name__ == "OutOfResources":
             c = plan["constexprs"]
@@ -268,8 +282,8 @@ def _launch_direct(plan, ptrs, o_ptr, lse_ptr, scratch_ptrs, qk_scale, stream_id
         _direct(main, plan["grid"], stream_id, q_ptr, kv_ptr, bt_ptr, cs_ptr, o_ptr, lse_ptr, part_o, part_lse, counters, meta,
                 *plan["strides"], *plan["sizes"], qk_scale, *plan["constexpr_values"])
     if merge is not None:
-        _direct(merge, plan["merge_grid"], stream_id, part_o, part_lse, o_ptr, lse_ptr, meta, *plan["merge_sizes"],
-                *plan["merge_constexpr_values"])
+        _direct(merge, plan["merge_grid"], stream_id, part_o, part_lse, o_ptr, lse_ptr, cs_ptr if plan["merge_reads_lens"] else meta,
+                *plan["merge_sizes"], *plan["merge_constexpr_values"])
 
 
 _PLANS = {}  # key -> plan, oldest first (at most PLANS_KEPT)

@@ -2,7 +2,7 @@
 constants the kernels and the host share."""
 
 # kopt:knobs-begin
-KNOBS = {"CONFIG": "auto", "BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "VALUES_AS_M": False, "QK_SPLIT": True, "num_warps": 8, "num_stages": 2, "KV_LOAD": "tma", "OVERHEAD": 5, "WAVES": 1, "MERGE": "auto", "PARTIAL_DTYPE": "float32", "PDL": 1, "LAUNCH": "direct", "ENGINE": "triton", "TMA_DESC": "host", "PV_DEFER": 0, "GRID_MERGE": 0, "GLUON_PDL": 0, "PAIR": 0}
+KNOBS = {"CONFIG": "auto", "BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "VALUES_AS_M": False, "QK_SPLIT": True, "num_warps": 8, "num_stages": 2, "KV_LOAD": "tma", "OVERHEAD": 5, "WAVES": 1, "MERGE": "auto", "PARTIAL_DTYPE": "float32", "PDL": 1, "LAUNCH": "direct", "ENGINE": "triton", "TMA_DESC": "host", "PV_DEFER": 0, "GRID_MERGE": 0, "GLUON_PDL": 0, "PAIR": 0, "MERGE_ROWS": 0}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the tile config of the shape's regime (REGIMES); knobs: the knobs below
@@ -14,7 +14,7 @@ SPACE = {
     "num_warps": [4, 8],
     "num_stages": [1, 2, 3, 4],
     "KV_LOAD": ["pointer", "tma"],  # KV tiles by per-row pointers through the block table, or by tensor descriptors
-    "OVERHEAD": [0, 2, 5, 10, 20],  # scheduler: a piece's fixed cost, in tiles
+    "OVERHEAD": [0, 2, 3, 4, 5, 10, 20],  # scheduler: a piece's fixed cost, in tiles
     "WAVES": [1, 2],  # programs per SM (one wave, or two)
     "MERGE": ["auto", "fused", "kernel"],  # fused: the last piece merges (one launch); kernel: a second launch
     "PARTIAL_DTYPE": ["float32", "bfloat16", "auto"],  # split partial outputs; auto: bfloat16 where ENGINE "gluon"'s main kernel merges them (GRID_MERGE), else float32
@@ -26,6 +26,7 @@ SPACE = {
     "GRID_MERGE": [0, 1, 2],  # ENGINE "gluon": split rows merged in the main kernel (gluon_merge.py), 1 where the batch has at most GRID_MERGE_ROWS rows, 2 always; 0 the merge kernel
     "GLUON_PDL": [0, 1],  # ENGINE "gluon" with the merge kernel: 1 it is the main kernel's programmatic dependent, let go once the loader's last load is issued
     "PAIR": [0, 1, 2],  # ENGINE "gluon": FlashMLA's schedule, both warpgroups scoring a tile of each pair (gluon_pair.py); 1 where every program has one long piece (B32 Sq4), 2 always
+    "MERGE_ROWS": [0, 4, 8],  # ENGINE "gluon"'s merge kernel where the batch's rows fill the GPU: 0 a program per row; 4 or 8 rows a program, a warp a row, whole sequences' programs ending before the wait (combine.py)
 }
 TRY_EARLY = [
     {"ENGINE": "gluon"},  # on the H200 (session 25): 0.87-0.96x FlashMLA's device time, B1 Sq1 1.14x; the Triton tiles 0.60x
