@@ -54,6 +54,8 @@ warpgroup 1's product of a tile runs while warpgroup 0 scores the next (kernels/
 during that tile's softmax; each box of a stage then has its own barriers. GRID_MERGE (``gluon_merge.py``): the
 split rows merged at the end of the main kernel, after a barrier across the grid (a cooperative launch, every
 program resident), instead of by the merge kernel: 1 where the batch has at most GRID_MERGE_ROWS rows, 2 always.
+MERGE_ROWS 4 or 8 (``combine.py``, where the batch's rows fill the GPU): the merge kernel shaped as FlashMLA's combine,
+a warp a row, each program finding its sequence's pieces from the lengths before it waits for the main kernel.
 
 Lengths. Shapes, dtypes and devices are checked on every call; the lengths on the host when they
 are there (the CPU), on a GPU on the first call of each shape (one synchronisation). A later call
@@ -90,7 +92,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # constants the kernels and the host share.
 
 # kopt:knobs-begin
-KNOBS = {'CONFIG': 'auto', 'BLOCK_H': 64, 'BLOCK_N': 64, 'KEYS_AS_M': False, 'VALUES_AS_M': False, 'QK_SPLIT': True, 'num_warps': 8, 'num_stages': 2, 'KV_LOAD': 'tma', 'OVERHEAD': 4, 'WAVES': 1, 'MERGE': 'auto', 'PARTIAL_DTYPE': 'auto', 'PDL': 1, 'LAUNCH': 'direct', 'ENGINE': 'gluon', 'TMA_DESC': 'host', 'PV_DEFER': 0, 'GRID_MERGE': 1, 'GLUON_PDL': 1, 'PAIR': 1}
+KNOBS = {'CONFIG': 'auto', 'BLOCK_H': 64, 'BLOCK_N': 64, 'KEYS_AS_M': False, 'VALUES_AS_M': False, 'QK_SPLIT': True, 'num_warps': 8, 'num_stages': 2, 'KV_LOAD': 'tma', 'OVERHEAD': 4, 'WAVES': 1, 'MERGE': 'auto', 'PARTIAL_DTYPE': 'auto', 'PDL': 1, 'LAUNCH': 'direct', 'ENGINE': 'gluon', 'TMA_DESC': 'host', 'PV_DEFER': 0, 'GRID_MERGE': 1, 'GLUON_PDL': 1, 'PAIR': 1, 'MERGE_ROWS': 0}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the tile config of the shape's regime (REGIMES); knobs: the knobs below
@@ -102,7 +104,7 @@ SPACE = {
     "num_warps": [4, 8],
     "num_stages": [1, 2, 3, 4],
     "KV_LOAD": ["pointer", "tma"],  # KV tiles by per-row pointers through the block table, or by tensor descriptors
-    "OVERHEAD": [0, 2, 5, 10, 20],  # scheduler: a piece's fixed cost, in tiles
+    "OVERHEAD": [0, 2, 3, 4, 5, 10, 20],  # scheduler: a piece's fixed cost, in tiles
     "WAVES": [1, 2],  # programs per SM (one wave, or two)
     "MERGE": ["auto", "fused", "kernel"],  # fused: the last piece merges (one launch); kernel: a second launch
     "PARTIAL_DTYPE": ["float32", "bfloat16", "auto"],  # split partial outputs; auto: bfloat16 where ENGINE "gluon"'s main kernel merges them (GRID_MERGE), else float32
@@ -114,6 +116,7 @@ SPACE = {
     "GRID_MERGE": [0, 1, 2],  # ENGINE "gluon": split rows merged in the main kernel (gluon_merge.py), 1 where the batch has at most GRID_MERGE_ROWS rows, 2 always; 0 the merge kernel
     "GLUON_PDL": [0, 1],  # ENGINE "gluon" with the merge kernel: 1 it is the main kernel's programmatic dependent, let go once the loader's last load is issued
     "PAIR": [0, 1, 2],  # ENGINE "gluon": FlashMLA's schedule, both warpgroups scoring a tile of each pair (gluon_pair.py); 1 where every program has one long piece (B32 Sq4), 2 always
+    "MERGE_ROWS": [0, 4, 8],  # ENGINE "gluon"'s merge kernel where the batch's rows fill the GPU: 0 a program per row; 4 or 8 rows a program, a warp a row, whole sequences' programs ending before the wait (combine.py)
 }
 TRY_EARLY = [
     {"ENGINE": "gluon"},  # on the H200 (session 25): 0.87-0.96x FlashMLA's device time, B1 Sq1 1.14x; the Triton tiles 0.60x
@@ -1287,6 +1290,21 @@ def _mla_paged_pair(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse,
     ], [4], [240])
 
 
+# -- combine.py --------------------------------------------------------------------------------------------------------
+# MERGE_ROWS (ENGINE "gluon"): the merge kernel shaped as FlashMLA's combine (``_mla_paged_combine``). ROWS rows a
+# program, a warp a row, every value column of the row in that warp. Each program works out its sequence's pieces from
+# the lengths, as the main kernel's prologue does, before it waits for the main kernel: a sequence in one piece (the
+# main kernel wrote it) ends its programs before the wait, so they hold no slot while the main kernel ends. The others,
+# once the main kernel is done, load every piece's lse and the first two pieces' rows at once, then fold the pieces in
+# order, two pieces' rows in flight while one is folded. H200, device time interleaved with the row-per-program
+# merge: B128 long-tail 180.0 against 180.4 us, B64 161.4 against 162.4, B32 Sq1 95.0 against 94.8; with one piece in
+# flight B32 Sq1 took 95.6, since its four pieces a sequence were then four round trips.
+#
+# The row-per-program merge kernel (``_mla_paged_merge``, MERGE_ROWS 0) reads the main kernel's record of a sequence
+# once it has waited: all of its B * Sq * H programs wait, and two round trips to L2 follow the wait before the first
+# partial row is asked for.
+
+
 # -- host.py -----------------------------------------------------------------------------------------------------------
 # The host: input checks, a plan per shape (tile config, grid, constexprs, scratch, descriptors), and the launches.
 
@@ -1349,7 +1367,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
-                          ("PARTIAL_DTYPE", ("float32", "bfloat16", "auto")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)), ("PAIR", (0, 1, 2)),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16", "auto")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)), ("PAIR", (0, 1, 2)), ("MERGE_ROWS", (0, 4, 8)),
                           ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
@@ -1402,6 +1420,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
         options=dict(num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl >= 2 else {})),
         merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if pdl else {})),
         scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=part_dtype,
+        merge_fn=_mla_paged_merge, merge_reads_lens=False,
         direct=knobs["LAUNCH"] == "direct" and dev_index is not None, compiled=None, scratch={},
         o_shape=(B, Sq, H, D_NOPE), lse_shape=(B, H, Sq), merge_sizes=(Sq, H),
     )
@@ -1490,7 +1509,7 @@ def _launch_first(plan, q, kv_cache, block_table, cache_seqlens, o, lse, scratch
     unless the merge is fused. Under LAUNCH "direct", with every pointer 16-byte aligned (what the compiled kernels
     then assume), their compiled kernels are kept for ``_launch_direct``."""
     part_o, part_lse, _, meta = scratch
-    merge_args = (part_o, part_lse, o, lse, meta, *plan["merge_sizes"])
+    merge_args = (part_o, part_lse, o, lse, cache_seqlens if plan["merge_reads_lens"] else meta, *plan["merge_sizes"])
     gluon = plan["engine"] == "gluon"
     try:
         if gluon:
@@ -1501,7 +1520,7 @@ def _launch_first(plan, q, kv_cache, block_table, cache_seqlens, o, lse, scratch
             main = _mla_paged_fwd[plan["grid"]](*args, **plan["constexprs"], **plan["options"])
         merge = None
         if not plan["fused"]:
-            merge = _mla_paged_merge[plan["merge_grid"]](*merge_args, **plan["merge_constexprs"], **plan["merge_options"])
+            merge = plan["merge_fn"][plan["merge_grid"]](*merge_args, **plan["merge_constexprs"], **plan["merge_options"])
     except Exception as exc:  # compile-time resource limits are a property of the knobs
         if type(exc).__name__ == "OutOfResources":
             c = plan["constexprs"]
@@ -1541,8 +1560,8 @@ def _launch_direct(plan, ptrs, o_ptr, lse_ptr, scratch_ptrs, qk_scale, stream_id
         _direct(main, plan["grid"], stream_id, q_ptr, kv_ptr, bt_ptr, cs_ptr, o_ptr, lse_ptr, part_o, part_lse, counters, meta,
                 *plan["strides"], *plan["sizes"], qk_scale, *plan["constexpr_values"])
     if merge is not None:
-        _direct(merge, plan["merge_grid"], stream_id, part_o, part_lse, o_ptr, lse_ptr, meta, *plan["merge_sizes"],
-                *plan["merge_constexpr_values"])
+        _direct(merge, plan["merge_grid"], stream_id, part_o, part_lse, o_ptr, lse_ptr, cs_ptr if plan["merge_reads_lens"] else meta,
+                *plan["merge_sizes"], *plan["merge_constexpr_values"])
 
 
 _PLANS = {}  # key -> plan, oldest first (at most PLANS_KEPT)
