@@ -91,3 +91,7 @@ def _mla_paged_combine(part_o, part_lse, o, lse, lens, Sq, H, B, capacity, n_par
         gl.store(o + ((b * R + rows).to(gl.int64) * DN)[:, None] + cols[None, :], (acc / tot[:, None] + poison).to(o.dtype.element_ty),
                  mask=row_ok[:, None])
         gl.store(lse + b * R + (rows % H) * Sq + rows // H, (mx + gl.log2(tot)) * 0.6931471805599453 + poison, mask=row_ok)
+    elif PDL and (b == 0) & (gl.program_id(1) == 0):
+        # the first program waits even for a whole sequence, so this kernel never ends before the main kernel (work
+        # launched after it on the stream then follows both, whatever the batch)
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
