@@ -131,6 +131,7 @@ TRY_EARLY = [
     {"ENGINE": "gluon", "GRID_MERGE": 1},
     {"ENGINE": "gluon", "GRID_MERGE": 1, "GLUON_PDL": 1},
     {"ENGINE": "gluon", "GRID_MERGE": 1, "GLUON_PDL": 1, "PAIR": 1},
+    {"ENGINE": "gluon", "GRID_MERGE": 1, "GLUON_PDL": 1, "PAIR": 1, "MERGE_ROWS": 8},  # H200 (session 47): B128 long-tail 0.4 us, B64 1.0 us less device time interleaved
 ]
 
 # CONFIG "auto": a tile config per regime, from the dense family's measurements (mla_decode.py's
