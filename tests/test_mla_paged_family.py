@@ -660,7 +660,9 @@ def test_compiles_for_hopper(tmp_path):
         assert (info["tma"] > 0) == name.startswith("wide"), (name, info)
 
 
-_GLUON_SM90_SCRIPT = r"""
+# what the Gluon compile scripts share: the rendered family and tools/compare_kda_ptx.py (argv 1 and 2) loaded, and
+# ``ptxas_notes``, ptxas's -v report of a PTX text for sm_90a
+_SM90_PRELUDE = r"""
 import importlib.util, json, subprocess, sys, tempfile, types
 from pathlib import Path
 import torch, triton
@@ -671,7 +673,17 @@ def load(path):
     spec.loader.exec_module(module)
     return module
 
+def ptxas_notes(ptx):
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "k.ptx").write_text(ptx)
+        return subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(Path(tmp) / "k.ptx"), "-o", str(Path(tmp) / "k.cubin")],
+                              capture_output=True, text=True).stderr
+
 fam, tool = load(sys.argv[1]), load(sys.argv[2])
+"""
+
+_GLUON_SM90_SCRIPT = _SM90_PRELUDE + r"""
 fn, Sq, device_desc, grid_merge = getattr(fam, sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "device", sys.argv[6] == "grid"
 B, H, pages = 64, 64, 8192
 q = torch.empty(B, Sq, H, 576, dtype=torch.bfloat16)
@@ -685,12 +697,7 @@ args = dict(q_n=q_n, q_r=q_r, kv_n=kv_n, kv_r=kv_r, table=i32(B * 128), lens=i32
 options = dict(num_warps=4, **({"launch_cooperative_grid": True} if grid_merge else {}))
 kernel, _ = tool.compile_launch(types.SimpleNamespace(fn=fn, args=args, options=options))
 ptx = kernel.asm["ptx"]
-ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-with tempfile.TemporaryDirectory() as tmp:
-    (Path(tmp) / "k.ptx").write_text(ptx)
-    notes = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(Path(tmp) / "k.ptx"), "-o", str(Path(tmp) / "k.cubin")],
-                           capture_output=True, text=True).stderr
-print(json.dumps({"ptx": ptx, "notes": notes, "shared": kernel.metadata.shared, "cooperative": kernel.metadata.launch_cooperative_grid}))
+print(json.dumps({"ptx": ptx, "notes": ptxas_notes(ptx), "shared": kernel.metadata.shared, "cooperative": kernel.metadata.launch_cooperative_grid}))
 """
 
 
@@ -766,30 +773,14 @@ def test_gluon_engine_compiles_for_hopper(tmp_path, fn, sq, desc, merge):
     assert int(re.search(r"(\d+) bytes spill stores", notes).group(1)) <= (64 if merge == "kernel" else 320), notes
 
 
-_COMBINE_SM90_SCRIPT = r"""
-import importlib.util, json, subprocess, sys, tempfile, types
-from pathlib import Path
-import torch, triton
-
-def load(path):
-    spec = importlib.util.spec_from_file_location(Path(path).stem + "_sm90", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-fam, tool = load(sys.argv[1]), load(sys.argv[2])
+_COMBINE_SM90_SCRIPT = _SM90_PRELUDE + r"""
 rows = int(sys.argv[3])
 i32 = lambda n: torch.empty(n, dtype=torch.int32)
 args = dict(part_o=torch.empty(16), part_lse=torch.empty(16), o=torch.empty(16, dtype=torch.bfloat16), lse=torch.empty(16),
             lens=i32(128), Sq=1, H=64, B=128, capacity=32768, n_parts=132, OVH=4, B_P2=128, ROWS=rows, DN=512, PDL=1)
 kernel, _ = tool.compile_launch(types.SimpleNamespace(fn=fam._mla_paged_combine, args=args, options=dict(num_warps=rows)))
 ptx = kernel.asm["ptx"]
-ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-with tempfile.TemporaryDirectory() as tmp:
-    (Path(tmp) / "k.ptx").write_text(ptx)
-    notes = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(Path(tmp) / "k.ptx"), "-o", str(Path(tmp) / "k.cubin")],
-                           capture_output=True, text=True).stderr
-print(json.dumps({"ptx": ptx, "notes": notes, "shared": kernel.metadata.shared}))
+print(json.dumps({"ptx": ptx, "notes": ptxas_notes(ptx), "shared": kernel.metadata.shared}))
 """
 
 
