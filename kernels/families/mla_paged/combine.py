@@ -14,15 +14,17 @@ partial row is asked for."""
 import triton.experimental.gluon as gluon
 from triton.experimental.gluon import language as gl
 
+from .gluon_ws import _g_line, _g_packing, _g_piece
+
 COMBINE_LSE = gl.constexpr(32)  # pieces' lse a warp loads at once (a lane each)
 
 
 @gluon.jit
 def _mla_paged_combine(part_o, part_lse, o, lse, lens, Sq, H, B, capacity, n_parts, OVH: gl.constexpr,
                        B_P2: gl.constexpr, ROWS: gl.constexpr, DN: gl.constexpr, PDL: gl.constexpr):
-    """Program (sequence b, ROWS rows), ROWS warps. ``_g_schedule``'s work line (OVH units a sequence, equal lengths
-    packed k pieces a sequence), every warp holding all the lengths (no reduction crosses a warp); a length outside
-    [Sq, capacity] runs as Sq and its rows are NaN."""
+    """Program (sequence b, ROWS rows), ROWS warps. Sequence b's pieces as the main kernel's ``_g_schedule`` and
+    ``_g_piece`` cut them, every warp holding all the lengths (no reduction crosses a warp); a length outside [Sq,
+    capacity] runs as Sq and its rows are NaN."""
     LB: gl.constexpr = gl.BlockedLayout([(B_P2 + 31) // 32], [32], [ROWS], [0])  # every warp: the whole batch
     LO: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [ROWS, 1], [1, 0])  # [ROWS, DN]: a warp a row, 16 B a load
     LL: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [ROWS, 1], [1, 0])  # [ROWS, COMBINE_LSE]: a lane a piece
@@ -30,25 +32,10 @@ def _mla_paged_combine(part_o, part_lse, o, lse, lens, Sq, H, B, capacity, n_par
     b = gl.program_id(0)
     R = Sq * H
     idx = gl.arange(0, B_P2, layout=LB)
-    in_b = idx < B
-    n_all = gl.load(lens + idx, mask=in_b, other=0)
-    bad_all = (n_all < Sq) | (n_all > capacity)
-    n_all = gl.where(bad_all, Sq, n_all)
-    cost = gl.where(in_b, (n_all + 63) // 64 + OVH, 0)
+    in_b, n_all, cost = _g_line(lens, idx, B, Sq, capacity, OVH)
     per = (gl.sum(cost, 0) + n_parts - 1) // n_parts
-    start_b = gl.sum(gl.where(idx < b, cost, 0), 0)
-    tiles_b = (gl.sum(gl.where(idx == b, n_all, 0), 0) + 63) // 64
-    bad = gl.sum(gl.where(idx == b, bad_all.to(gl.int32), 0), 0) != 0
-    first_part = (start_b + OVH) // per
-    n_pieces = (start_b + OVH + tiles_b - 1) // per - first_part + 1
-    first_odd = (start_b > first_part * per).to(gl.int32)
-    n_max = gl.max(gl.where(in_b, n_all, 0), 0)  # _g_schedule's packing: piece j of b in part b * k + j, slot 2 * part
-    same = gl.min(gl.where(in_b, n_all, n_max), 0) == n_max
-    kp = gl.minimum(n_parts // B, (n_max + 63) // 64)
-    kp = gl.where(same & (B >= 2) & (kp >= 1), kp, 0)
-    first_part = gl.where(kp > 0, b * kp, first_part)
-    n_pieces = gl.where(kp > 0, kp, n_pieces)
-    first_odd = gl.where(kp > 0, 0, first_odd)
+    packed = _g_packing(n_all, in_b, B, n_parts)
+    n_b, bad, t0, t1, first_part, n_pieces, first_odd = _g_piece(lens, idx, cost, per, 0, 0, packed, b, Sq, capacity, OVH)
     if n_pieces > 1:
         if PDL:  # launched before the main kernel finished: wait for it (and its memory) here
             gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
