@@ -524,18 +524,34 @@ RING_G = gl.constexpr(2)  # tiles in the ring (with q's 72 KB, shared memory is 
 
 
 @gluon.jit
-def _g_schedule(lens, B, Sq, capacity, OVH: gl.constexpr, B_P2: gl.constexpr, W: gl.constexpr):
-    """``_mla_paged_fwd``'s work line, in each partition: the part's units and its first and last sequences. Where
-    every sequence has one length and there are at least two and no more than parts (B32 Sq4, B64 at the headline),
-    FlashMLA's packing instead: each sequence in ``k`` = parts // B (at most its tiles) equal pieces, one piece a part,
-    so no sequence is cut into three pieces and none at all where k is 1 (no partials, nothing to merge); ``k`` is 0
-    where the work line holds."""
-    L: gl.constexpr = gl.BlockedLayout([1], [32], [W.value], [0])
-    idx = gl.arange(0, B_P2, layout=L)
+def _g_line(lens, idx, B, Sq, capacity, OVH: gl.constexpr):
+    """The work line over ``idx`` (0 .. B_P2, in the caller's layout): which entries are sequences, each one's length
+    (one outside [Sq, capacity] runs as Sq) and its cost in units, its tiles plus OVH."""
     in_b = idx < B
     n_all = gl.load(lens + idx, mask=in_b, other=0)
     n_all = gl.where((n_all < Sq) | (n_all > capacity), Sq, n_all)
     cost = gl.where(in_b, (n_all + KEYS_G - 1) // KEYS_G + OVH, 0)
+    return in_b, n_all, cost
+
+
+@gluon.jit
+def _g_packing(n_all, in_b, B, parts):
+    """FlashMLA's packing: where every sequence has one length and there are at least two and no more than parts,
+    each sequence in k = parts // B (at most its tiles) equal pieces, one a part; k is 0 where the work line holds."""
+    n_max = gl.max(gl.where(in_b, n_all, 0), 0)
+    same = gl.min(gl.where(in_b, n_all, n_max), 0) == n_max
+    k = gl.minimum(parts // B, (n_max + KEYS_G - 1) // KEYS_G)
+    return gl.where(same & (B >= 2) & (k >= 1), k, 0)
+
+
+@gluon.jit
+def _g_schedule(lens, B, Sq, capacity, OVH: gl.constexpr, B_P2: gl.constexpr, W: gl.constexpr):
+    """``_mla_paged_fwd``'s work line, in each partition: the part's units and its first and last sequences; or, where
+    ``_g_packing`` applies (B32 Sq4, B64 at the headline), one piece of one sequence a part, so no sequence is cut into
+    three pieces and none at all where k is 1 (no partials, nothing to merge)."""
+    L: gl.constexpr = gl.BlockedLayout([1], [32], [W.value], [0])
+    idx = gl.arange(0, B_P2, layout=L)
+    in_b, n_all, cost = _g_line(lens, idx, B, Sq, capacity, OVH)
     ends = gl.associative_scan(cost, 0, _g_add)
     total = gl.sum(cost, 0)
     per = (total + gl.num_programs(1) - 1) // gl.num_programs(1)
@@ -543,10 +559,7 @@ def _g_schedule(lens, B, Sq, capacity, OVH: gl.constexpr, B_P2: gl.constexpr, W:
     u1 = gl.minimum(u0 + per, total)
     b_first = gl.sum((in_b & (ends <= u0)).to(gl.int32), 0)
     b_stop = gl.sum((in_b & (ends - cost < u1)).to(gl.int32), 0)
-    n_max = gl.max(gl.where(in_b, n_all, 0), 0)
-    same = gl.min(gl.where(in_b, n_all, n_max), 0) == n_max
-    k = gl.minimum(gl.num_programs(1) // B, (n_max + KEYS_G - 1) // KEYS_G)
-    k = gl.where(same & (B >= 2) & (k >= 1), k, 0)
+    k = _g_packing(n_all, in_b, B, gl.num_programs(1))
     part = gl.program_id(1)
     mine = gl.where(part < B * k, part // gl.maximum(k, 1), B)
     b_first = gl.where(k > 0, mine, b_first)
