@@ -45,7 +45,7 @@ def test_the_family_is_mla_paged_with_a_dense_entry():
     """The same knobs and choices as mla_paged (one knobs block, taken from it), and its stages in the candidate."""
     assert FAMILY.knobs == PAGED.knobs and FAMILY.space == PAGED.space and FAMILY.try_early == PAGED.try_early
     headers = [line for line in FAMILY.source.splitlines() if line.startswith("# -- ")]
-    assert [h.split()[2] for h in headers] == ["mla_paged/knobs.py", "mla_paged/tiles.py", "mla_paged/gluon_merge.py", "mla_paged/gluon_ws.py", "mla_paged/gluon_defer.py", "mla_paged/gluon_pair.py", "mla_paged/combine.py",
+    assert [h.split()[2] for h in headers] == ["mla_paged/knobs.py", "mla_paged/tiles.py", "mla_paged/gluon_merge.py", "mla_paged/gluon_ws.py", "mla_paged/gluon_pair.py", "mla_paged/combine.py",
                                                 "mla_paged/host.py", "dense.py"]
     assert "def kernel(q, kv, scale):" in FAMILY.render({}) and "def kernel(q, kv_cache" not in FAMILY.render({})
     assert imported_modules(FAMILY.source) <= CANDIDATE_IMPORTS

@@ -18,14 +18,12 @@ from pytest_kopt.families import load_family
 from pytest_kopt.problems.mla_paged import MLA_PAGED
 
 FAMILY = load_family("mla_paged")
-ENGINES = {"gluon": {"ENGINE": "gluon"}, "gluon-defer": {"ENGINE": "gluon", "PV_DEFER": 1},
-           "gluon-grid-merge": {"ENGINE": "gluon", "GRID_MERGE": 2}, "gluon-defer-grid-merge": {"ENGINE": "gluon", "PV_DEFER": 1, "GRID_MERGE": 2},
+ENGINES = {"gluon": {"ENGINE": "gluon"}, "gluon-grid-merge": {"ENGINE": "gluon", "GRID_MERGE": 2},
            "gluon-pdl": {"ENGINE": "gluon", "GLUON_PDL": 1}, "gluon-pair": {"ENGINE": "gluon", "PAIR": 2},
            "gluon-pair-grid-merge": {"ENGINE": "gluon", "PAIR": 2, "GRID_MERGE": 1, "GLUON_PDL": 1},
            # bfloat16 partials: every piece's rows staged through shared memory (gluon_ws.py, _g_store_staged)
            "gluon-bf16-parts": {"ENGINE": "gluon", "PARTIAL_DTYPE": "bfloat16", "GLUON_PDL": 1},
            "gluon-bf16-parts-grid-merge": {"ENGINE": "gluon", "PARTIAL_DTYPE": "bfloat16", "GRID_MERGE": 2},
-           "gluon-defer-bf16-parts": {"ENGINE": "gluon", "PV_DEFER": 1, "PARTIAL_DTYPE": "bfloat16"},
            "gluon-pair-bf16-parts": {"ENGINE": "gluon", "PAIR": 2, "PARTIAL_DTYPE": "bfloat16", "GRID_MERGE": 1},
            # bfloat16 partials where the grid merges them (B * R <= 256), float32 for the merge kernel
            "gluon-auto-parts": {"ENGINE": "gluon", "PARTIAL_DTYPE": "auto", "GRID_MERGE": 1, "GLUON_PDL": 1, "PAIR": 1},

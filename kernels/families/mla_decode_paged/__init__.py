@@ -14,6 +14,6 @@ included, is mla_paged's (its package docstring says what each does): the schedu
 packing of equal lengths, the warp-specialised Gluon kernel, the merge.
 """
 
-from ..mla_paged import knobs, tiles, gluon_merge, gluon_ws, gluon_defer, gluon_pair, combine, host  # noqa: F401
+from ..mla_paged import knobs, tiles, gluon_merge, gluon_ws, gluon_pair, combine, host  # noqa: F401
 from . import dense  # noqa: F401
 from .dense import kernel  # noqa: F401

@@ -49,9 +49,7 @@ scheduler, except that equal lengths at 2 <= B <= parts are packed as FlashMLA p
 pieces, one a part: B32 Sq4 needs no merge), and the merge kernel. A loader warp brings a piece's q once and each 64-key tile's three TMA boxes into a ring
 of two; warpgroup 0 computes the whole score tile, the online softmax, P and the rows' factor into shared memory and
 O[:, :256] (P from registers); warpgroup 1 O[:, 256:]. No score reduction crosses warpgroups (QK_SPLIT's does, every tile), and
-warpgroup 1's product of a tile runs while warpgroup 0 scores the next (kernels/notes/mla-paged/README.md). PV_DEFER 1
-(``_mla_paged_ws_defer``): warpgroup 0's half of P V for a tile is issued behind the next tile's scores, so it runs
-during that tile's softmax; each box of a stage then has its own barriers. GRID_MERGE (``gluon_merge.py``): the
+warpgroup 1's product of a tile runs while warpgroup 0 scores the next (kernels/notes/mla-paged/README.md). GRID_MERGE (``gluon_merge.py``): the
 split rows merged at the end of the main kernel, after a barrier across the grid (a cooperative launch, every
 program resident), instead of by the merge kernel: 1 where the batch has at most GRID_MERGE_ROWS rows, 2 always.
 MERGE_ROWS 4 or 8 (``combine.py``, where the batch's rows fill the GPU): the merge kernel shaped as FlashMLA's combine,
@@ -70,5 +68,5 @@ argument binding and specialisation (most of a launch's host time) and the launc
 aligned (the compiled kernel assumes what the first call's were) goes through the JIT again.
 """
 
-from . import knobs, tiles, gluon_merge, gluon_ws, gluon_defer, gluon_pair, combine, host, entry  # noqa: F401
+from . import knobs, tiles, gluon_merge, gluon_ws, gluon_pair, combine, host, entry  # noqa: F401
 from .entry import kernel  # noqa: F401

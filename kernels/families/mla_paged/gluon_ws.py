@@ -263,11 +263,9 @@ def _g_wg0(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
 
 @gluon.jit
 def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
-           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr,
-           BOXES: gl.constexpr):
-    """Warpgroup 1: the other half of P V, with warpgroup 0's P and factor. BOXES 1: a stage's boxes share one ready
-    and one empty barrier (handed back by both warpgroups); 3: each box has its own (PV_DEFER, gluon_defer.py), and
-    this warpgroup waits for and hands back the second value box's."""
+           capacity, qk_scale, OVH: gl.constexpr, B_P2: gl.constexpr, DN: gl.constexpr, GRID: gl.constexpr):
+    """Warpgroup 1: the other half of P V, with warpgroup 0's P and factor. A stage's boxes share one ready and one
+    empty barrier, handed back by both warpgroups."""
     STAGED: gl.constexpr = part_o.dtype.element_ty == gl.bfloat16  # bfloat16 partials: every piece's rows staged
     p_ready, p_free, l_ready, l_free = bars.index(2), bars.index(3), bars.index(4), bars.index(5)
     LO: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
@@ -280,9 +278,8 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
             acc = gl.zeros([ROWS_G, HALF_G], gl.float32, layout=LO)
             for t in range(t0, t1):
                 st = it % RING_G
-                box = BOXES * st + BOXES // 3  # the stage's barrier, or its second value box's
                 k1 = k_s.index(2 * st + 1)
-                mbarrier.wait(ready.index(box), (it // RING_G) & 1)
+                mbarrier.wait(ready.index(st), (it // RING_G) & 1)
                 mbarrier.wait(p_ready, it & 1)  # the scores are done: k1 may be cleaned
                 if (t + 1) * KEYS_G > n_b:
                     _g_zero_rows_past(k1, n_b - t * KEYS_G)
@@ -290,7 +287,7 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
                 acc = warpgroup_mma(p_s, k1, acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 mbarrier.arrive(p_free, count=1)
-                mbarrier.arrive(empty.index(box), count=1, pred=(t + 1 < t1) if STAGED else True)
+                mbarrier.arrive(empty.index(st), count=1, pred=(t + 1 < t1) if STAGED else True)
                 it += 1
             mbarrier.wait(l_ready, pc & 1)
             l_i = l_s.load(gl.SliceLayout(1, LO))
@@ -300,7 +297,7 @@ def _g_wg1(q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, par
                 st = (it - 1) % RING_G
                 _g_store_staged(o, lse, part_o, part_lse, acc, l_i, l_i, k_s.index(2 * st + 1), LO, HALF_G, b, bad, R, Sq,
                                 H, first_part, n_pieces, first_odd, False, DN)
-                mbarrier.arrive(empty.index(BOXES * st + BOXES // 3), count=1)
+                mbarrier.arrive(empty.index(st), count=1)
             else:
                 _g_store_half(o, lse, part_o, part_lse, acc, l_i, l_i, LO, HALF_G, b, bad, R, Sq, H, first_part, n_pieces,
                               first_odd, False, DN)
@@ -354,7 +351,7 @@ def _mla_paged_ws(q_n, q_r, kv_n, kv_r, table, lens, o, lse, part_o, part_lse, m
         (_g_wg0, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
                   capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
         (_g_wg1, (q_s, k_s, r_s, p_s, a_s, l_s, bars, ready, empty, o, lse, part_o, part_lse, meta, sync, lens, B, Sq, H, R,
-                  capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE, 1)),
+                  capacity, qk_scale, OVH, B_P2, DN, GRID_MERGE)),
         (_g_loader, (q_n, q_r, kv_n, kv_r, q_s, k_s, r_s, bars.index(0), bars.index(1), ready, empty, table, lens, stride_tb,
                      B, Sq, R, capacity, PAGE, OVH, B_P2, PDL)),
     ], [4, 1], [232, 40])

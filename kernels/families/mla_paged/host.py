@@ -12,7 +12,6 @@ from .knobs import KNOBS, REGIMES, WIDE_FROM_PAIRS, WIDE_FROM_ROWS, WIDE_FROM_TO
     MERGE_ELEMS, PAGE_CHUNK, MERGE_WARPS, MAX_BATCH, SMEM_LIMIT, PLANS_KEPT, GRID_MERGE_ROWS, PAIR_FROM_ROWS
 from .tiles import _mla_paged_fwd, _mla_paged_merge
 from .gluon_ws import _mla_paged_ws
-from .gluon_defer import _mla_paged_ws_defer
 from .gluon_pair import _mla_paged_pair
 from .combine import _mla_paged_combine
 
@@ -76,7 +75,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     """Everything about a launch that depends only on the knobs, the shapes, strides and dtypes (and, for ENGINE
     "gluon", whether q and the cache start on 16 bytes)."""
     for name, allowed in (("CONFIG", ("auto", "knobs")), ("MERGE", ("auto", "fused", "kernel")), ("KV_LOAD", ("pointer", "tma")),
-                          ("PARTIAL_DTYPE", ("float32", "bfloat16", "auto")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("PV_DEFER", (0, 1)), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)), ("PAIR", (0, 1, 2)), ("MERGE_ROWS", (0, 4, 8)),
+                          ("PARTIAL_DTYPE", ("float32", "bfloat16", "auto")), ("LAUNCH", ("jit", "direct")), ("PDL", (0, 1, 2)), ("WAVES", (1, 2)), ("TMA_DESC", ("host", "device")), ("GRID_MERGE", (0, 1, 2)), ("GLUON_PDL", (0, 1)), ("PAIR", (0, 1, 2)), ("MERGE_ROWS", (0, 4, 8)),
                           ("ENGINE", ("triton", "gluon"))):
         if knobs[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {knobs[name]!r}")
@@ -111,7 +110,6 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     # TMA: a tile must lie in one page, pages back to back in memory, 16-byte aligned rows
     tma = (tiles["KV_LOAD"] == "tma" and kv_cache.dtype == torch.bfloat16 and page % block_n == 0
            and kv_cache.stride(0) == page * kv_cache.stride(1) and kv_cache.stride(1) % 8 == 0)
-    part_dtype = torch.bfloat16 if knobs["PARTIAL_DTYPE"] == "bfloat16" else torch.float32
     merge_bv = 64 if B * R * 8 <= 16 * n_sms else D_NOPE
     pdl = int(knobs["PDL"]) if dev_index is not None and merge == "kernel" else 0  # griddepcontrol: GPU only
     constexprs = dict(BLOCK_H=block_h, BLOCK_N=block_n, PAGE=page, KEYS_AS_M=bool(tiles["KEYS_AS_M"]), VALUES_AS_M=bool(tiles["VALUES_AS_M"]),
@@ -128,7 +126,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
         merge_constexpr_values=[merge_constexprs[n] for n in _mla_paged_merge.arg_names if n in merge_constexprs],
         options=dict(num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl >= 2 else {})),
         merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if pdl else {})),
-        scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=part_dtype,
+        scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (B * n_rb,), (4 * B,)), part_dtype=_partial_dtype(knobs, False),
         merge_fn=_mla_paged_merge, merge_reads_lens=False,
         direct=knobs["LAUNCH"] == "direct" and dev_index is not None, compiled=None, scratch={},
         o_shape=(B, Sq, H, D_NOPE), lse_shape=(B, H, Sq), merge_sizes=(Sq, H),
@@ -142,18 +140,16 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
         # PAIR: where every program gets one long piece of a sequence with several row blocks (B32 Sq4: 128 programs of
         # 128 tiles); with short pieces its per-piece start costs more than its overlap gains (H200, B1 Sq4, B64, B128)
         fn = (_mla_paged_pair if knobs["PAIR"] == 2 or (knobs["PAIR"] == 1 and R >= PAIR_FROM_ROWS and 2 * B * (R // 64) >= n_sms)
-              else _mla_paged_ws_defer if knobs["PV_DEFER"] else _mla_paged_ws)
+              else _mla_paged_ws)
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
         # GRID_MERGE: the main kernel merges (a cooperative launch: every program resident, or no launch at all)
         grid_merge = knobs["GRID_MERGE"] == 2 or (knobs["GRID_MERGE"] == 1 and B * R <= GRID_MERGE_ROWS)
-        if knobs["PAIR"] and fn is _mla_paged_pair:  # equal lengths leave nothing split, and then no program waits
+        # PAIR's kernel: equal lengths leave nothing split, and then no program waits. (The knob's test is not redundant:
+        # a render folds it, and so PAIR 0 leaves ``_mla_paged_pair`` out of the file.)
+        pair = fn is _mla_paged_pair if knobs["PAIR"] else False
+        if pair:
             grid_merge = knobs["GRID_MERGE"] != 0
         g_pdl = int(knobs["GLUON_PDL"]) if not grid_merge else 0  # the merge kernel launched once the main kernel's loads are issued
-        # PARTIAL_DTYPE "auto": bfloat16 where the main kernel merges (at B1 the merge after the grid's barrier reads half
-        # the bytes), float32 where the merge kernel does (H200: B1 Sq4 25.2 against 27.4 us device; B64 and B128 1-2 us
-        # slower in bfloat16)
-        if knobs["PARTIAL_DTYPE"] == "auto":
-            part_dtype = torch.bfloat16 if grid_merge and not (knobs["PAIR"] and fn is _mla_paged_pair) else torch.float32
         g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device",
                             GRID_MERGE=grid_merge, PDL=g_pdl)
         m_constexprs = dict(merge_constexprs, CHUNK=_merge_chunk(parts, merge_bv), PDL=g_pdl)
@@ -162,12 +158,22 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
             constexpr_values=[g_constexprs[n] for n in fn.arg_names if n in g_constexprs],
             merge_constexpr_values=[m_constexprs[n] for n in _mla_paged_merge.arg_names if n in m_constexprs],
             options=dict(num_warps=4, **({"launch_cooperative_grid": True} if grid_merge else {})), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if g_pdl else {})),
-            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (max(B * n_rb, 2),), (4 * B,)), part_dtype=part_dtype,  # GRID_MERGE: two barrier words
+            scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (max(B * n_rb, 2),), (4 * B,)),  # GRID_MERGE: two barrier words
+            part_dtype=_partial_dtype(knobs, grid_merge and not pair),
             gluon_values=(block_table.stride(0), B, Sq, H, block_table.shape[1] * page), q_rows=B * R, kv_rows=num_pages * page,
         )
     if knobs["MERGE_ROWS"] and plan["engine"] == "gluon" and not plan["fused"] and merge_bv == D_NOPE:
         _use_combine(plan, knobs["MERGE_ROWS"], B, R, block_table.shape[1] * page)
     return plan
+
+
+def _partial_dtype(knobs, main_kernel_merges):
+    """The split pieces' partial rows' dtype. PARTIAL_DTYPE "auto": bfloat16 where ENGINE "gluon"'s main kernel merges
+    them (GRID_MERGE; at B1 the merge after the grid's barrier reads half the bytes), float32 where a merge kernel does
+    (H200: B1 Sq4 25.2 against 27.4 us device; B64 and B128 1-2 us slower in bfloat16)."""
+    if knobs["PARTIAL_DTYPE"] == "auto":
+        return torch.bfloat16 if main_kernel_merges else torch.float32
+    return torch.bfloat16 if knobs["PARTIAL_DTYPE"] == "bfloat16" else torch.float32
 
 
 def _use_combine(plan, rows, B, R, capacity):

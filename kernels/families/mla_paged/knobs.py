@@ -2,7 +2,7 @@
 constants the kernels and the host share."""
 
 # kopt:knobs-begin
-KNOBS = {"CONFIG": "auto", "BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "VALUES_AS_M": False, "QK_SPLIT": True, "num_warps": 8, "num_stages": 2, "KV_LOAD": "tma", "OVERHEAD": 5, "WAVES": 1, "MERGE": "auto", "PARTIAL_DTYPE": "float32", "PDL": 1, "LAUNCH": "direct", "ENGINE": "triton", "TMA_DESC": "host", "PV_DEFER": 0, "GRID_MERGE": 0, "GLUON_PDL": 0, "PAIR": 0, "MERGE_ROWS": 0}
+KNOBS = {"CONFIG": "auto", "BLOCK_H": 64, "BLOCK_N": 64, "KEYS_AS_M": False, "VALUES_AS_M": False, "QK_SPLIT": True, "num_warps": 8, "num_stages": 2, "KV_LOAD": "tma", "OVERHEAD": 5, "WAVES": 1, "MERGE": "auto", "PARTIAL_DTYPE": "float32", "PDL": 1, "LAUNCH": "direct", "ENGINE": "triton", "TMA_DESC": "host", "GRID_MERGE": 0, "GLUON_PDL": 0, "PAIR": 0, "MERGE_ROWS": 0}
 # kopt:knobs-end
 SPACE = {
     "CONFIG": ["auto", "knobs"],  # auto: the tile config of the shape's regime (REGIMES); knobs: the knobs below
@@ -22,7 +22,6 @@ SPACE = {
     "LAUNCH": ["jit", "direct"],  # direct: later calls of a plan launch the cached compiled kernel (less host time)
     "ENGINE": ["triton", "gluon"],  # the warp-specialised Hopper kernels where they apply (module doc)
     "TMA_DESC": ["host", "device"],  # ENGINE "gluon"'s four TMA descriptors: encoded by the launcher every launch, or made in the kernel
-    "PV_DEFER": [0, 1],  # ENGINE "gluon": 1 warpgroup 0's half of P V one tile late, beside the next tile's softmax (gluon_defer.py)
     "GRID_MERGE": [0, 1, 2],  # ENGINE "gluon": split rows merged in the main kernel (gluon_merge.py), 1 where the batch has at most GRID_MERGE_ROWS rows, 2 always; 0 the merge kernel
     "GLUON_PDL": [0, 1],  # ENGINE "gluon" with the merge kernel: 1 it is the main kernel's programmatic dependent, let go once the loader's last load is issued
     "PAIR": [0, 1, 2],  # ENGINE "gluon": FlashMLA's schedule, both warpgroups scoring a tile of each pair (gluon_pair.py); 1 where every program has one long piece (B32 Sq4), 2 always
@@ -37,7 +36,6 @@ TRY_EARLY = [
     {"CONFIG": "knobs"},  # BLOCK_H 64 / TMA / QK_SPLIT at every shape, B1 Sq1 included
     {"PDL": 2},
     {"ENGINE": "gluon", "TMA_DESC": "device"},  # H200 (session 28): 9-15 us less host time a call at B1 Sq2/Sq4, 2-4 us more device time
-    {"ENGINE": "gluon", "PV_DEFER": 1},
     {"ENGINE": "gluon", "GRID_MERGE": 1},
     {"ENGINE": "gluon", "GRID_MERGE": 1, "GLUON_PDL": 1},
     {"ENGINE": "gluon", "GRID_MERGE": 1, "GLUON_PDL": 1, "PAIR": 1},
