@@ -144,11 +144,10 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
         n_rb, parts = R // 64, max(1, n_sms // (R // 64))
         # GRID_MERGE: the main kernel merges (a cooperative launch: every program resident, or no launch at all)
         grid_merge = knobs["GRID_MERGE"] == 2 or (knobs["GRID_MERGE"] == 1 and B * R <= GRID_MERGE_ROWS)
-        # PAIR's kernel: equal lengths leave nothing split, and then no program waits. (The knob's test is not redundant:
-        # a render folds it, and so PAIR 0 leaves ``_mla_paged_pair`` out of the file.)
-        pair = fn is _mla_paged_pair if knobs["PAIR"] else False
-        if pair:
+        bf16_partials = grid_merge  # PARTIAL_DTYPE "auto" (``_partial_dtype``)
+        if knobs["PAIR"] and fn is _mla_paged_pair:  # equal lengths leave nothing split, and then no program waits
             grid_merge = knobs["GRID_MERGE"] != 0
+            bf16_partials = False
         g_pdl = int(knobs["GLUON_PDL"]) if not grid_merge else 0  # the merge kernel launched once the main kernel's loads are issued
         g_constexprs = dict(PAGE=page, OVH=overhead, B_P2=triton.next_power_of_2(B), DN=D_NOPE, DEVICE_DESC=knobs["TMA_DESC"] == "device",
                             GRID_MERGE=grid_merge, PDL=g_pdl)
@@ -159,7 +158,7 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
             merge_constexpr_values=[m_constexprs[n] for n in _mla_paged_merge.arg_names if n in m_constexprs],
             options=dict(num_warps=4, **({"launch_cooperative_grid": True} if grid_merge else {})), merge_options=dict(num_warps=MERGE_WARPS, num_stages=2, **({"launch_pdl": True} if g_pdl else {})),
             scratch_shapes=((2 * parts, R, D_NOPE), (2 * parts, R), (max(B * n_rb, 2),), (4 * B,)),  # GRID_MERGE: two barrier words
-            part_dtype=_partial_dtype(knobs, grid_merge and not pair),
+            part_dtype=_partial_dtype(knobs, bf16_partials),
             gluon_values=(block_table.stride(0), B, Sq, H, block_table.shape[1] * page), q_rows=B * R, kv_rows=num_pages * page,
         )
     if knobs["MERGE_ROWS"] and plan["engine"] == "gluon" and not plan["fused"] and merge_bv == D_NOPE:
@@ -167,12 +166,13 @@ def _plan(knobs, q, kv_cache, block_table, dev_index, aligned=True):
     return plan
 
 
-def _partial_dtype(knobs, main_kernel_merges):
-    """The split pieces' partial rows' dtype. PARTIAL_DTYPE "auto": bfloat16 where ENGINE "gluon"'s main kernel merges
-    them (GRID_MERGE; at B1 the merge after the grid's barrier reads half the bytes), float32 where a merge kernel does
-    (H200: B1 Sq4 25.2 against 27.4 us device; B64 and B128 1-2 us slower in bfloat16)."""
+def _partial_dtype(knobs, bf16_partials):
+    """The split pieces' partial rows' dtype. PARTIAL_DTYPE "auto": ``bf16_partials``, which the host sets where the
+    loader form's main kernel merges them (GRID_MERGE; at B1 the merge after the grid's barrier reads half the bytes),
+    float32 where a merge kernel does (H200: B1 Sq4 25.2 against 27.4 us device; B64 and B128 1-2 us slower in
+    bfloat16) and for PAIR's kernel."""
     if knobs["PARTIAL_DTYPE"] == "auto":
-        return torch.bfloat16 if main_kernel_merges else torch.float32
+        return torch.bfloat16 if bf16_partials else torch.float32
     return torch.bfloat16 if knobs["PARTIAL_DTYPE"] == "bfloat16" else torch.float32
 
 
