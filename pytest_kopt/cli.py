@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "memory": "pytest_kopt.agents.memory",
     "problems": "pytest_kopt.problems.cli",
     "status": "pytest_kopt.status",
+    "render": "pytest_kopt.families",
     "pack": "pytest_kopt.runstore:PackCommand",
     "unpack": "pytest_kopt.runstore:UnpackCommand",
 }

@@ -339,3 +339,82 @@ def join_folder(folder: Path) -> str:
             raise FamilyError(f"{order[stage]}: imports {name} from stage {source_stage}, which does not define it")
     docstring = ast.get_source_segment(init_text, doc)
     return docstring + "\n\n" + _imports_text(plain, froms) + "\n\n" + "\n\n".join(sections)
+
+
+# ---- kopt render --------------------------------------------------------------------------------------------------
+# A promoted kernel must be its family rendered with the knobs its provenance records (tests/test_best_kernels.py), so
+# an edit of a family's shared code is followed by a re-render of every best made from it; and a knob setting is timed
+# on a GPU as a rendered file. Both are this command.
+
+def add_arguments(parser) -> None:  # noqa: ANN001
+    """``kopt render``'s options."""
+    parser.description = ("Render a family with knobs (its defaults updated by --knobs), or a promoted kernel's family with "
+                          "the knobs of kernels/best/PROBLEM.json (--best). The source goes to --out, or to standard output.")
+    parser.add_argument("family", nargs="?", help="a family's name (kernels/families/) or path")
+    parser.add_argument("--best", metavar="PROBLEM", help="the family and knobs of kernels/best/PROBLEM.json")
+    parser.add_argument("--knobs", default="{}", metavar="JSON", help='knob overrides, e.g. \'{"MERGE_ROWS": 8}\'')
+    parser.add_argument("--out", metavar="PATH", help="write the candidate here and print its id")
+    parser.add_argument("--check", action="store_true",
+                        help="with --best: exit 1 (and show the difference) unless kernels/best/PROBLEM.py is that render")
+
+
+def run(args) -> int:  # noqa: ANN001
+    """Exit 0 on success, 1 where --check finds a difference, 2 on bad input (said on standard error)."""
+    import difflib
+    import json
+    import sys
+
+    from .events import atomic_write
+    from .judge import candidate_id
+
+    def fail(message: str) -> int:
+        print(f"kopt render: {message}", file=sys.stderr)
+        return 2
+
+    if (args.family is None) == (args.best is None):
+        return fail("name a family or --best PROBLEM (one of them)")
+    if args.check and (args.best is None or args.out or args.knobs.strip() != "{}"):
+        return fail("--check takes --best PROBLEM alone (it compares the promoted file with its family's render)")
+    try:
+        overrides = json.loads(args.knobs)
+    except ValueError as exc:
+        return fail(f"--knobs is not JSON: {exc}")
+    if not isinstance(overrides, dict):
+        return fail(f"--knobs must be a JSON object of knob names to values, got {args.knobs!r}")
+    record, best_file = None, None
+    if args.best is not None:
+        record_path = KERNELS_DIR / "best" / f"{args.best}.json"
+        try:
+            record = json.loads(record_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            return fail(f"cannot read {record_path}: {exc}")
+        if not isinstance(record, dict) or not record.get("family") or not isinstance(record.get("knobs"), dict):
+            return fail(f"{record_path} names no family and knobs: that kernel was not rendered from a family")
+        best_file = record_path.with_suffix(".py")
+    name = record["family"] if record is not None else args.family
+    knobs = {**(record["knobs"] if record is not None else {}), **overrides}
+    try:
+        family = load_family(name)
+        text = family.render(knobs)
+    except (FamilyError, OSError) as exc:
+        return fail(str(exc))
+    cid = candidate_id(text)
+    if args.check:
+        current = best_file.read_text(encoding="utf-8") if best_file.is_file() else ""
+        if current != text:
+            print(f"{best_file} is not {family.name} rendered with its knobs (that render is {cid}):")
+            diff = list(difflib.unified_diff(current.splitlines(), text.splitlines(), str(best_file), f"render of {family.name}",
+                                             lineterm="", n=1))
+            print("\n".join(diff[:60] + ([f"... {len(diff) - 60} more diff lines"] if len(diff) > 60 else [])))
+            return 1
+        named = record.get("candidate_id")
+        print(f"{best_file} is {family.name} rendered with its knobs: {cid}"
+              + ("" if named == cid else f" (its JSON names {named}, the candidate its figures are of)"))
+        return 0
+    if args.out is None:
+        sys.stdout.write(text)
+        return 0
+    atomic_write(Path(args.out), text)
+    changed = {k: v for k, v in knobs.items() if family.knobs.get(k) != v}
+    print(f"{args.out}: candidate {cid}, {family.name} with {json.dumps(changed)}")
+    return 0

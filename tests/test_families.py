@@ -270,3 +270,80 @@ def test_the_search_agent_reads_a_folder_family():
     agent.observe(first, {"verdict": "fail", "reasons": ["pretend"]})
     second = agent.next_action()
     assert second.args["strategy"] == "kda_chunked" and second.args["source"] == load_family("kda_chunked").render({})
+
+
+# ---- kopt render ----------------------------------------------------------------------------------------------------
+def _promoted(tmp_path, monkeypatch, knobs):
+    """A kernels/ folder holding the toy family and a best rendered from it with ``knobs``, as the command reads them."""
+    import json
+
+    from pytest_kopt import families
+
+    (tmp_path / "families").mkdir()
+    (tmp_path / "families" / "toy.py").write_text(FAMILY)
+    (tmp_path / "best").mkdir()
+    text = load_family("toy", tmp_path / "families").render(knobs)
+    (tmp_path / "best" / "toy-problem.py").write_text(text)
+    record = {"problem": "toy-problem", "candidate_id": candidate_id(text), "family": "toy", "knobs": knobs}
+    (tmp_path / "best" / "toy-problem.json").write_text(json.dumps(record))
+    monkeypatch.setattr(families, "KERNELS_DIR", tmp_path)
+    monkeypatch.setattr(families, "FAMILIES_DIR", tmp_path / "families")
+    return tmp_path / "best" / "toy-problem.py", text
+
+
+def test_kopt_render_writes_a_family_with_knobs_and_says_its_id(tmp_path, monkeypatch, capsys):
+    from pytest_kopt.cli import main
+
+    _promoted(tmp_path, monkeypatch, {"BV": 64})
+    out = tmp_path / "candidate.py"
+    assert main(["render", "toy", "--knobs", '{"fuse": true}', "--out", str(out)]) == 0
+    assert out.read_text() == load_family("toy", tmp_path / "families").render({"fuse": True})
+    assert f"candidate {candidate_id(out.read_text())}" in capsys.readouterr().out
+    # --best: the promoted kernel's family and knobs, overridden by --knobs
+    assert main(["render", "--best", "toy-problem", "--knobs", '{"num_warps": 8}', "--out", str(out)]) == 0
+    assert out.read_text() == load_family("toy", tmp_path / "families").render({"BV": 64, "num_warps": 8})
+
+
+def test_kopt_render_check_finds_a_best_its_family_no_longer_renders(tmp_path, monkeypatch, capsys):
+    from pytest_kopt.cli import main
+
+    best, text = _promoted(tmp_path, monkeypatch, {"BV": 16})
+    assert main(["render", "--best", "toy-problem", "--check"]) == 0
+    assert candidate_id(text) in capsys.readouterr().out
+    # the family edited under the best: the check fails and shows where
+    family_file = tmp_path / "families" / "toy.py"
+    family_file.write_text(family_file.read_text().replace("math.floor", "math.ceil"))
+    assert main(["render", "--best", "toy-problem", "--check"]) == 1
+    shown = capsys.readouterr().out
+    assert "is not toy rendered with its knobs" in shown and "+    return math.ceil" in shown
+    assert best.read_text() == text  # a check writes nothing
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["render"], "name a family or --best"),
+    (["render", "toy", "--best", "toy-problem"], "name a family or --best"),
+    (["render", "toy", "--knobs", "{bad"], "--knobs is not JSON"),
+    (["render", "toy", "--knobs", "[1]"], "must be a JSON object"),
+    (["render", "toy", "--knobs", '{"NOPE": 1}'], "has no knob"),
+    (["render", "missing"], "no family file"),
+    (["render", "--best", "absent"], "cannot read"),
+    (["render", "--best", "toy-problem", "--check", "--knobs", '{"BV": 32}'], "--check takes --best PROBLEM alone"),
+])
+def test_kopt_render_refuses_bad_input_with_a_reason(tmp_path, monkeypatch, capsys, argv, message):
+    from pytest_kopt.cli import main
+
+    _promoted(tmp_path, monkeypatch, {})
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_kopt_render_check_holds_for_every_repository_best(capsys):
+    """The command agrees with tests/test_best_kernels.py: every promoted kernel with a family is its render."""
+    import json
+
+    from pytest_kopt import KERNELS_DIR
+    from pytest_kopt.cli import main
+
+    for record in sorted((KERNELS_DIR / "best").glob("*.json")):
+        if json.loads(record.read_text()).get("family"):
+            assert main(["render", "--best", record.stem, "--check"]) == 0, capsys.readouterr().out
