@@ -414,7 +414,10 @@ def run(args) -> int:  # noqa: ANN001
     if args.out is None:
         sys.stdout.write(text)
         return 0
-    atomic_write(Path(args.out), text)
+    try:
+        atomic_write(Path(args.out), text)
+    except OSError as exc:  # a folder of that name, no permission, a full disk: nothing half written
+        return fail(f"cannot write {args.out}: {exc}")
     changed = {k: v for k, v in knobs.items() if family.knobs.get(k) != v}
     print(f"{args.out}: candidate {cid}, {family.name} with {json.dumps(changed)}")
     return 0

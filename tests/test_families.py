@@ -328,12 +328,13 @@ def test_kopt_render_check_finds_a_best_its_family_no_longer_renders(tmp_path, m
     (["render", "missing"], "no family file"),
     (["render", "--best", "absent"], "cannot read"),
     (["render", "--best", "toy-problem", "--check", "--knobs", '{"BV": 32}'], "--check takes --best PROBLEM alone"),
+    (["render", "toy", "--out", "{tmp}"], "cannot write"),  # a folder where the file would go
 ])
 def test_kopt_render_refuses_bad_input_with_a_reason(tmp_path, monkeypatch, capsys, argv, message):
     from pytest_kopt.cli import main
 
     _promoted(tmp_path, monkeypatch, {})
-    assert main(argv) == 2
+    assert main([arg.replace("{tmp}", str(tmp_path)) for arg in argv]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -347,3 +348,15 @@ def test_kopt_render_check_holds_for_every_repository_best(capsys):
     for record in sorted((KERNELS_DIR / "best").glob("*.json")):
         if json.loads(record.read_text()).get("family"):
             assert main(["render", "--best", record.stem, "--check"]) == 0, capsys.readouterr().out
+
+
+def test_kopt_render_best_needs_a_family_in_its_provenance(tmp_path, monkeypatch, capsys):
+    """A promoted kernel written by hand (its JSON names no family) has no render to compare or write."""
+    import json
+
+    from pytest_kopt.cli import main
+
+    _promoted(tmp_path, monkeypatch, {})
+    (tmp_path / "best" / "toy-problem.json").write_text(json.dumps({"problem": "toy-problem", "candidate_id": "0" * 12}))
+    assert main(["render", "--best", "toy-problem", "--check"]) == 2
+    assert "names no family and knobs" in capsys.readouterr().err
