@@ -5,8 +5,10 @@ Run on a GPU (on a CPU these are skipped: interpreter timings mean nothing at th
     pytest benchmarks --benchmark-storage=file://results/benchmarks --benchmark-autosave
     pytest benchmarks -k kda --benchmark-compare --benchmark-compare-fail=median:10%
 
-Each test times one implementation on one headline case with the judge's timer (CUDA events,
-L2 flushed before every round, warm-up rounds outside the figure). Implementations: the
+Each test checks one implementation on one headline case and reports its figure on one timer (the judge's device
+timer: CUDA events, L2 flushed before every call; eager; graph), warm-up rounds outside the figure. A case's
+implementations of one timer are timed together, turn by turn in a shuffled order, by the first of their tests
+(``KOPT_BENCH_INTERLEAVE=0``: each test alone). Implementations: the
 problem's baselines (e.g. flash-linear-attention's chunk_kda, eager bf16 PyTorch), the
 baseline candidate every run starts from, and the promoted winner in kernels/best/. Tests of
 one case share a pytest-benchmark group, so its table shows them side by side; the terminal

@@ -37,6 +37,12 @@ TIMERS = {  # a timer's name in a pytest-benchmark JSON (and the figure it gives
     "EventClock / device": "device: CUDA events around each call, L2 flushed before every round",
     "PerCall / eager": "eager: wall clock of calls back to back on different inputs, per call, host time included",
     "PerCall / graph": "graph: the same calls replayed from one CUDA graph, per call",
+    "EventClock, interleaved / device": "device: CUDA events around each call, L2 flushed before every call; the case's "
+                                        "implementations timed turn by turn in a shuffled order",
+    "PerCall, interleaved / eager": "eager: wall clock of calls back to back on different inputs, per call, host time "
+                                    "included; the case's implementations timed turn by turn in a shuffled order",
+    "PerCall, interleaved / graph": "graph: the same calls replayed from one CUDA graph, per call; the case's "
+                                    "implementations timed turn by turn in a shuffled order",
 }
 BEST_IMPL = "candidate:best"
 

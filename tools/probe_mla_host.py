@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 import time
@@ -39,19 +38,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.test_headline import EAGER_SETS  # noqa: E402
+from benchmarks.test_headline import EAGER_SETS, round_orders  # noqa: E402
 from pytest_kopt.gate import load_module  # noqa: E402
 from pytest_kopt.judge.timing import median_us  # noqa: E402
 from pytest_kopt.problems import get_problem  # noqa: E402
-
-
-def round_orders(names, rounds, seed=0):
-    """The order of the implementations in each round: a seeded shuffle, so no implementation always runs right
-    after the same other one. Rotating a fixed order (each one first in turn) left every implementation the same
-    predecessor, and the one timed right after FlashMLA read 0.3-6 us more a call at 15 of 16 B1 figures, whichever
-    file it was (H200, results/h200-2026-12-03d calls 4 and 5: the same files in two listing orders)."""
-    rng = random.Random(seed)
-    return [rng.sample(names, len(names)) for _ in range(rounds)]
 
 
 def summarise(samples, flash):
