@@ -158,3 +158,30 @@ def test_each_implementation_is_checked_on_inputs_of_its_own():
     assert len(set(seeds)) == len(seeds)
     assert all(s >= 10_000 and s not in range(1234, 1234 + module.EAGER_SETS) for s in seeds)
     assert module.check_seed("candidate:best") == module.check_seed("candidate:best")  # the same run to run
+
+
+def test_the_benchmark_runs_end_to_end_on_the_host_clock(tmp_path):
+    """benchmarks/test_headline.py itself, on the CPU with the host's clock standing in for CUDA's (tests/fake_cuda_bench.py):
+    each (case, timer) group is timed once with both selected implementations in it, every test reports its own
+    implementation's figures under the interleaved timer's name, and pytest-benchmark's JSON holds them."""
+    import json
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    groups, out = tmp_path / "groups.jsonl", tmp_path / "bench.json"
+    env = {**os.environ, "KOPT_BENCH_SECONDS": "0.01", "TRITON_INTERPRET": "1", "KOPT_FAKE_GROUPS": str(groups),
+           "PYTHONPATH": os.pathsep.join([str(root / "tests"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "fake_cuda_bench", "-p", "no:cacheprovider", "-q",
+                           "benchmarks/test_headline.py", "-k", "mla-paged and (torch-eager or candidate:best) and not graph",
+                           f"--benchmark-json={out}"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    members = ["baseline:torch-eager-gather-bf16", "candidate:best"]
+    assert [json.loads(line) for line in groups.read_text().splitlines()] == [members] * 4  # 2 cases x device, eager
+    benches = json.loads(out.read_text())["benchmarks"]
+    assert len(benches) == 8
+    for bench in benches:
+        metric, impl = bench["extra_info"]["metric"], bench["params"]["impl"]
+        assert bench["options"]["timer"] == ("EventClock" if metric == "device" else "PerCall") + ", interleaved"
+        assert bench["extra_info"]["interleaved_with"] == [m for m in members if m != impl]
+        assert bench["stats"]["rounds"] >= 5 and bench["stats"]["median"] > 0 and bench["extra_info"]["host_us"] > 0
