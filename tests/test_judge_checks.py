@@ -161,3 +161,33 @@ def test_launches_are_counted_at_each_launcher_s_c_entry(monkeypatch: pytest.Mon
     monitor.enabled = False  # timed calls: nothing counted
     launcher(1, 1, 1, 9, "function")
     assert monitor.launches == 3 and calls == [7, 7, 9, 9]
+
+
+def test_device_time_is_used_only_where_a_graph_figure_can_check_it() -> None:
+    """The device metric is the runner's report: without a CUDA graph of the candidate's (nothing of the
+    supervisor's to check it against) the eager figure decides, as for the graph metric (red team, session 49: a
+    non-capturable candidate reporting 1 ns a call was taken at its word)."""
+    from pytest_kopt.judge.bench import effective_metric
+
+    modes = ["eager", "device", "graph"]
+    assert effective_metric("device", modes, graph_safe=True) == "device"
+    assert effective_metric("device", ["eager", "device"], graph_safe=False) == "eager"
+    assert effective_metric("graph", ["eager", "device"], graph_safe=False) == "eager"
+    assert effective_metric("eager", ["eager", "device"], graph_safe=False) == "eager"
+
+
+def test_incumbent_ratios_count_a_device_report_for_no_less_than_its_graph_floor() -> None:
+    """Per-round incumbent ratios use each side's device rounds raised to GRAPH_MARGIN x its own graph figure, so a
+    runner reporting less than that gains nothing over one reporting exactly that."""
+    from pytest_kopt.judge.bench import round_ratios
+    from pytest_kopt.judge.rounds import GRAPH_MARGIN, Series
+
+    liar, honest = Series(), Series()
+    liar.rounds["graph"] = [100e-6] * 3
+    liar.rounds["device"] = [1e-9, 2e-9, 1e-9]
+    honest.rounds["graph"] = [100e-6] * 3
+    honest.rounds["device"] = [105e-6, 104e-6, 106e-6]
+    ratios = round_ratios(liar, honest, "device")
+    assert ratios == pytest.approx([d / (GRAPH_MARGIN * 100e-6) for d in honest.rounds["device"]])
+    assert max(ratios) < 1.2
+    assert round_ratios(liar, honest, "graph") == pytest.approx([1.0, 1.0, 1.0])  # the supervisor's clock, as measured

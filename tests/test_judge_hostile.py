@@ -226,3 +226,72 @@ def test_an_illegal_address_does_not_poison_the_next_evaluation() -> None:
     assert any(("illegal memory access" in r) or ("CUDA error" in r) for r in crashed["reasons"]), crashed["reasons"]
     after = evaluate(TOY, HOSTILE / "good_axpy.py", quick=True, upto="correctness")
     assert after["verdict"] == "pass", after["reasons"]
+
+
+def _listen(port: int):
+    """A loopback listener on ``port`` that records whether anything connected (None: the port is taken)."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    try:
+        server.bind(("127.0.0.1", port))
+    except OSError:
+        server.close()
+        return None, None
+    server.listen()
+    server.settimeout(0.2)
+    seen: list = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                seen.append(server.accept()[1])
+            except OSError:
+                continue
+        server.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return seen, stop
+
+
+def _sysv_keys() -> set[int]:
+    try:
+        lines = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    except OSError:
+        return set()
+    return {int(line.split()[0]) for line in lines if line.split()}
+
+
+def test_the_sandbox_holds_against_an_escaping_candidate() -> None:
+    """The red team's escapes, tried by one candidate with the policy off (tests/hostile/escapes_sandbox.py): it
+    raises naming any that worked. From outside: no file it tried to write exists, nothing connected to the listener,
+    no System V segment of its key is left. At the process level there is nothing to hold (the probe would also remount
+    this machine's mounts), so it is not run there."""
+    from pytest_kopt.judge.sandbox import choose_level
+
+    level = choose_level()[0]
+    if level == "process":
+        pytest.skip("the process level does not confine a runner")
+    probe = HOSTILE / "escapes_sandbox.py"
+    text = probe.read_text()
+    port = int(re.search(r"^PORT = (\d+)", text, re.M).group(1))
+    key = int(re.search(r"^KEY = (0x[0-9A-Fa-f]+)", text, re.M).group(1), 16)
+    planted = [Path(torch.__file__).resolve().parent.parent / "kopt_escape_probe.pth", PACKAGE / "judge" / "kopt_escape_probe.py",
+               Path("/dev/kopt_escape_probe"), Path("/tmp/kopt_escape_probe"), Path("/var/tmp/kopt_escape_probe")]
+    keys_before = _sysv_keys()
+    seen, stop = _listen(port)
+    try:
+        result = evaluate(TOY, probe, quick=True, upto="correctness", static_policy=False, timeout_s=300.0)
+    finally:
+        if stop is not None:
+            stop.set()
+    left = [p for p in planted if p.exists()]
+    for path in left:
+        path.unlink()
+    assert result["isolation"]["level"] == level
+    assert (result["verdict"], result["stage"]) == ("pass", "correctness"), result["reasons"]
+    assert not left, f"the candidate wrote {left}"
+    assert not seen, "the candidate reached the host's loopback network"
+    assert key not in _sysv_keys() - keys_before, "the candidate left a System V segment on the host"

@@ -72,6 +72,19 @@ REFUSED = {
     "triton time": (candidate("return triton.compiler.compiler.time.time()"), "not allowed"),
     "typing.operator": (candidate("return typing.operator.attrgetter('x')", "import typing\n"), "not allowed"),
     "getattr machinery": (candidate("return getattr(typing, 'sys')", "import typing\n"), "not allowed"),
+    # the same links imported by name, read by a class pattern, a format field or a class made by type() (red team,
+    # session 49)
+    "from torch import sys": (candidate("return sys.modules", "from torch import sys\n"), "imports sys from torch"),
+    "from typing import sys": (candidate("return x", "from typing import sys\n"), "imports sys from typing"),
+    "from dataclasses import inspect": (candidate("return x", "from dataclasses import inspect\n"), "machinery too"),
+    "from torch import ctypes": (candidate("return x", "from torch import ctypes\n"), "machinery too"),
+    "match class pattern": (candidate("match torch:\n    case object(sys=s):\n        return s\nreturn x"), "class patterns"),
+    "format attribute": (candidate("return '{0.sys}'.format(torch)"), "format field that reads an attribute"),
+    "format item": (candidate("return '{0[0]}'.format(x)"), "format field that reads an attribute or an item"),
+    "format nested spec": (candidate("return '{0:{1.sys}}'.format(1, torch)"), "format field"),
+    "format computed": (candidate("t = '{0.sys}'\nreturn t.format(torch)"), "computed template"),
+    "type with bases": (candidate("C = type('C', (torch.Tensor,), {})\nreturn x"), "type(name, bases, dict)"),
+    "dunder string": (candidate("d = {'__torch_function__': None}\nreturn x"), "dunder names are internals"),
     "private dataclasses": (candidate("return dataclasses._FIELDS", "import dataclasses\n"), "private internals"),
     # patching
     "patch allclose": (candidate("return x") + "\ntorch.allclose = lambda *a, **k: True\n", "patching modules"),
@@ -81,6 +94,10 @@ REFUSED = {
     "torch.compile": (candidate("return torch.compile(lambda a: a)(x)"), "compilers"),
     "triton internals": (candidate("return x", "from triton.runtime import driver\n"), "only torch"),
     "relative import": (candidate("return x", "from . import helper\n"), "relative imports"),
+    # Python would decode the file otherwise than the policy reads it (red team, session 49: a utf-7 file that the
+    # policy read as an honest kernel ran a hidden one)
+    "utf-7 file": ("# -*- coding: utf-7 -*-\n" + candidate("return x"), "declares the encoding 'utf-7'"),
+    "latin-1 second line": ("#!/usr/bin/env python\n# vim: set fileencoding=latin-1 :\n" + candidate("return x"), "latin-1"),
 }
 
 
@@ -91,6 +108,12 @@ def test_policy_refuses_with_a_reason_naming_the_line(name: str) -> None:
     assert not report.ok, f"{name}: accepted"
     assert any(expected in reason for reason in report.reasons), report.reasons
     assert all(reason.startswith("line ") or "no " in reason for reason in report.reasons), report.reasons
+
+
+@pytest.mark.parametrize("line", ["# -*- coding: utf-8 -*-", "# coding=utf8", "# coding: UTF-8"])
+def test_a_utf8_declaration_and_plain_format_pass(line: str) -> None:
+    source = line + "\n" + candidate("s = 'a {} {:>4} {name}'.format(1, 2, name=3)\nt = type(x)\nreturn x")
+    assert check_source(source).ok, check_source(source).reasons
 
 
 def test_the_offending_line_number_is_reported() -> None:

@@ -101,30 +101,33 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
             bench.fallback_transport(slots)
         graph_safe, why = bench.capture(sup.client, slots)
         modes = [m for m in bench.modes if graph_safe or m != "graph"]
-        effective = sup.metric if sup.metric in modes else "eager"
+        effective = effective_metric(sup.metric, modes, graph_safe)
         if effective != sup.metric:
             sup.result["notes"].append(f"the {sup.metric} metric needs a CUDA graph; {label}: not graph-safe ({why}), the eager figure stands in")
         order = schedule(effective, modes, sup.quick, sup.cuda)
+        # the incumbent's rounds: the metric's, and with device time its graph figure too, to check its reports against
+        paired = {effective} | ({"graph"} if effective == "device" else set())
         if incumbent and incumbent["alive"]:
             try:
                 inc_slots = bench.open_slots(incumbent["client"], "incumbent")
                 if effective != "eager":
-                    bench.capture(incumbent["client"], inc_slots)
+                    inc_safe, inc_why = bench.capture(incumbent["client"], inc_slots)
+                    if not inc_safe:
+                        raise TimedFailure([f"the incumbent is not graph-safe ({inc_why}): the {effective} metric cannot compare it"])
                 bench.runner_round(incumbent["client"], inc_slots, "eager", "the incumbent")
             except (RunnerFailure, TimedFailure) as failure:
                 _incumbent_failed(sup, incumbent, failure)
         for mode in order:
             seconds, reply = bench.runner_round(sup.client, slots, mode, "the candidate")
             _record(series, mode, seconds, reply, bench.use)
-            if mode == effective and incumbent and incumbent["alive"] and inc_slots is not None:
+            if mode in paired and incumbent and incumbent["alive"] and inc_slots is not None:
                 try:
                     inc_seconds, inc_reply = bench.runner_round(incumbent["client"], inc_slots, mode, "the incumbent")
                     _record(inc_series, mode, inc_seconds, inc_reply, min(bench.use, inc_slots.count))
-                    mine = series.rounds[mode][-1]
-                    theirs = inc_series.rounds[mode][-1]
-                    ratios.append(theirs / mine if mine > 0 else math.inf)
                 except (RunnerFailure, TimedFailure) as failure:
                     _incumbent_failed(sup, incumbent, failure)
+        if incumbent and incumbent["alive"]:
+            ratios = round_ratios(series, inc_series, effective)
     except TimedFailure as failure:
         raise _stage_failed(failure.reasons) from None
     except RunnerFailure as failure:
@@ -143,6 +146,10 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
     figures = {m: series.median_us(m) for m in timing.METRICS}
     sup.result.setdefault("timelines", {})[label] = bench.timeline[:40]
     believed = True
+    if sup.cuda and not graph_safe and figures["device"] is not None:
+        # nothing of the supervisor's to check the runner's report against: shown as reported, never used
+        believed = False
+        figures["device_reported"], figures["device"] = figures["device"], None
     if graph_safe and figures["graph"] and figures["device"] is not None and figures["device"] < GRAPH_MARGIN * figures["graph"]:
         # The device figure is the runner's report; below the supervisor's own graph figure it is not
         # believed: the verdict then uses the graph figure for it (never the report).
@@ -209,6 +216,30 @@ def time_case(sup: Any, case: dict, ceilings: dict, incumbent: dict | None) -> t
 
 
 IMPOSSIBLE_MARGIN = 0.9
+
+
+def effective_metric(metric: str, modes: list[str], graph_safe: bool) -> str:
+    """The metric the verdict uses for a case: the objective's, or eager where it cannot be had. Graph time needs a
+    CUDA graph; so does device time, which is the runner's report, believed only beside the supervisor's own graph
+    figure: without a graph there is nothing to check it against."""
+    needs_graph = metric in ("graph", "device")
+    return metric if metric in modes and (graph_safe or not needs_graph) else "eager"
+
+
+def believed_rounds(series: Series, mode: str) -> list[float]:
+    """A side's rounds of ``mode`` as the verdict may use them: device-time reports (the runner's) raised to
+    GRAPH_MARGIN x that side's own graph figure (the supervisor's clock), so a report below it counts for no more."""
+    rounds = series.rounds[mode]
+    graph = series.rounds["graph"]
+    if mode != "device" or not graph:
+        return list(rounds)
+    floor = GRAPH_MARGIN * statistics.median(graph)
+    return [max(r, floor) for r in rounds]
+
+
+def round_ratios(mine: Series, theirs: Series, mode: str) -> list[float]:
+    """Per-round ratios, incumbent over candidate, of ``mode``, each side's rounds as believed (``believed_rounds``)."""
+    return [t / m if m > 0 else math.inf for m, t in zip(believed_rounds(mine, mode), believed_rounds(theirs, mode))]
 
 
 def _record(series: Series, mode: str, seconds: float, reply: dict, count: int) -> None:

@@ -10,7 +10,11 @@ Rules (each violation is one reason, "line N: ..."):
   TORCH_COMPUTE are refused on anything but ``math`` and ``triton``/``triton.language``, and
   so is the ``@`` operator;
 - no dynamic code or reflection: eval/exec/compile/open/__import__/globals/vars/setattr,
-  ``getattr`` with a computed name, dunder attributes, private torch attributes;
+  ``getattr`` with a computed name, dunder attributes (also as strings), private torch attributes,
+  class patterns in ``match`` (they read attributes by name), attribute or index fields in
+  ``str.format`` templates, classes made by ``type(name, bases, dict)``;
+- the file is UTF-8: an encoding declaration naming anything else is refused (Python would run text
+  other than the text checked here);
 - no patching: nothing may be assigned to or deleted from an imported module's attributes;
 - no streams, CUDA graphs or torch.compile: work must run on the caller's stream, as Triton;
 - at least one ``@triton.jit`` function and a module-level ``kernel`` function.
@@ -19,6 +23,8 @@ Rules (each violation is one reason, "line N: ..."):
 from __future__ import annotations
 
 import ast
+import re
+import string
 import threading
 from dataclasses import dataclass, field
 
@@ -88,6 +94,10 @@ REFUSED_BUILTINS = frozenset({
 REFUSED_METHODS = frozenset({"__torch_function__", "__torch_dispatch__", "__del__", "__getattr__", "__getattribute__"})
 ALLOWED_DUNDERS = frozenset({"__name__", "__doc__", "__init__", "__post_init__", "__class_getitem__"})
 NEUTRAL_BASES = ("math", "triton", "triton.language")  # compute names are fine on these
+# PEP 263: an encoding declaration in the first two lines decides how Python decodes the file
+CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+UTF8_NAMES = frozenset({"utf-8", "utf8", "utf_8", "u8", "utf-8-sig", "utf_8_sig"})
+DUNDER = re.compile(r"^__\w+__$")
 
 
 @dataclass
@@ -200,6 +210,9 @@ class _Checker(ast.NodeVisitor):
                     reason = f"imports {alias.name} from {module}: other compilers, loaders, streams and hooks are not allowed"
                 elif alias.name in REFUSED_BUILTINS or alias.name.startswith("_"):
                     reason = f"imports {alias.name}: dynamic code, reflection and private names are not allowed"
+                elif alias.name in MACHINERY_ATTRIBUTES and alias.name != "jit":
+                    reason = (f"imports {alias.name} from {module}: modules re-exported by allowed ones (sys, os, inspect, ...) "
+                              "are machinery too")
             if alias.name == "*":
                 reason = reason or f"from {module} import *: import names explicitly"
             self.aliases[alias.asname or alias.name] = f"{module}.{alias.name}"
@@ -269,6 +282,15 @@ class _Checker(ast.NodeVisitor):
                     self.refuse(node, f"{func.id}(..., {attr!r}) is not allowed")
         self.generic_visit(node)
 
+        if isinstance(func, ast.Name) and func.id == "type" and len(node.args) + len(node.keywords) != 1:
+            self.refuse(node, "type(name, bases, dict) is not allowed: it makes classes the checks above never see")
+        if isinstance(func, ast.Attribute) and func.attr in ("format", "format_map"):
+            template = func.value.value if isinstance(func.value, ast.Constant) and isinstance(func.value.value, str) else None
+            if template is None:
+                self.refuse(node, f".{func.attr} of a computed template is not allowed (its fields can read attributes); use an f-string")
+            elif _format_reaches(template):
+                self.refuse(node, f"a format field that reads an attribute or an item ({template!r}) is not allowed; use an f-string")
+
     def visit_BinOp(self, node: ast.BinOp) -> None:
         if isinstance(node.op, ast.MatMult) and self.jit_depth == 0:
             self.refuse(node, "the @ operator (torch matmul) is not allowed in host code; use tl.dot in a kernel")
@@ -294,6 +316,14 @@ class _Checker(ast.NodeVisitor):
             self._check_target(target)
         self.generic_visit(node)
 
+    def visit_MatchClass(self, node: ast.MatchClass) -> None:
+        self.refuse(node, "class patterns in match are not allowed: they read attributes by name")
+        self.generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str) and DUNDER.match(node.value) and node.value not in ALLOWED_DUNDERS:
+            self.refuse(node, f"the string {node.value!r} is not allowed: dunder names are internals, also as strings")
+
     def _check_target(self, target: ast.AST) -> None:
         if isinstance(target, (ast.Tuple, ast.List)):
             for elt in target.elts:
@@ -311,8 +341,36 @@ class _Checker(ast.NodeVisitor):
 _PARSE_LOCK = threading.Lock()
 
 
+def _format_reaches(template: str) -> bool:
+    """Whether a ``str.format`` template has a field, also one nested in a format spec, that reads an attribute or an
+    item (``{0.x}``, ``{a[k]}``), or is not valid (then it is not clear what format would read)."""
+    try:
+        parts = list(string.Formatter().parse(template))
+        names = [name for _, name, _, _ in parts if name is not None]
+        for _, _, spec, _ in parts:
+            names += [name for _, name, _, _ in string.Formatter().parse(spec or "") if name is not None]
+    except ValueError:
+        return True
+    return any("." in name or "[" in name for name in names)
+
+
+def declared_encoding(source: str) -> str | None:
+    """The encoding a PEP 263 declaration in the first two lines names, or None."""
+    for line in source.encode("utf-8", "surrogatepass").splitlines()[:2]:
+        match = CODING.match(line)
+        if match:
+            return match.group(1).decode("ascii", "replace").lower()
+        if line.strip() and not line.lstrip().startswith(b"#"):
+            break  # only a comment line may come before the declaration's line
+    return None
+
+
 def check_source(source: str, filename: str = "<candidate>") -> PolicyReport:
     """Apply the policy to a candidate's source text."""
+    encoding = declared_encoding(source)
+    if encoding is not None and encoding.replace("_", "-") not in UTF8_NAMES:
+        return PolicyReport([f"line 1-2: the file declares the encoding {encoding!r}: a candidate is UTF-8 (Python would run "
+                             "other text than the text checked)"])
     try:
         with _PARSE_LOCK:
             tree = ast.parse(source, filename=filename)

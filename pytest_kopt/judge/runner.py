@@ -1,6 +1,6 @@
 """The untrusted runner: the only process that imports and calls candidate code.
 
-    python -s -m pytest_kopt.judge.runner --fd N --device cpu|cuda [--namespace --scratch DIR [--writable DIR ...]]
+    python -s -m pytest_kopt.judge.runner --fd N --device cpu|cuda --scratch DIR [--namespace]
 
 It is started by the supervisor (supervisor.py) through sandbox.py, as another user or in its own
 namespaces, and does what the supervisor asks over the socket on ``--fd`` (channel.py):
@@ -42,8 +42,8 @@ PROCESS_LIMIT = 256  # processes of a dedicated runner user (Triton's compiler n
 def bootstrap(args: argparse.Namespace) -> None:
     """Die with the supervisor, never gain privileges, cap file sizes, be the out-of-memory
     killer's first choice (a candidate that exhausts memory dies, not the supervisor or the loop),
-    cap the processes of a dedicated runner user, and in namespace mode make every mount
-    read-only except the scratch and cache directories."""
+    and cap the processes of a dedicated runner user. In namespace mode ``confine.py`` has already
+    confined this process (mounts read-only and locked but the scratch and cache, no capabilities)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
@@ -55,10 +55,6 @@ def bootstrap(args: argparse.Namespace) -> None:
         fh.write("1000")
     if args.dedicated_user:
         resource.setrlimit(resource.RLIMIT_NPROC, (PROCESS_LIMIT, PROCESS_LIMIT))
-    if args.namespace:
-        from .sandbox import read_only_mounts
-
-        read_only_mounts([args.scratch, *args.writable])
     os.chdir(args.scratch)
 
 
@@ -234,7 +230,7 @@ class Runner:
         if self.null:
             raise ValueError("the transport yardstick loads no candidate")
         path = Path(os.getcwd()) / self.candidate_name
-        path.write_text(str(message["source"]))
+        path.write_text(str(message["source"]), encoding="utf-8")  # the text the policy checked
         start = time.perf_counter()
         try:
             module = import_candidate(path)
@@ -503,8 +499,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--scratch", required=True)
-    parser.add_argument("--namespace", action="store_true", help="make every mount read-only but --scratch and --writable")
-    parser.add_argument("--writable", action="append", default=[])
+    parser.add_argument("--namespace", action="store_true", help="started confined in namespaces (confine.py)")
     parser.add_argument("--parent-pid", type=int, default=0)
     parser.add_argument("--dedicated-user", action="store_true", help="the uid level: this user runs nothing else")
     args = parser.parse_args(argv)

@@ -11,9 +11,10 @@ imports candidate code, isolated as well as the machine allows:
   installation or the supervisor's files, read ``/proc/<supervisor>/environ``, signal or trace
   the supervisor. Before each evaluation every process of that user is killed, so no orphan of
   an earlier evaluation overlaps this one.
-- ``namespace`` (not root, or root with a checkout others cannot read): new user, mount and PID
-  namespaces (``unshare``); every mount is remounted read-only except the scratch and cache
-  directories, and ``/proc`` shows only the runner's own processes.
+- ``namespace`` (not root, or root with a checkout others cannot read): new user, mount, PID, IPC,
+  network, UTS and cgroup namespaces (``unshare``); inside, ``confine.py`` hides other users' and
+  evaluations' directories, remounts every mount read-only except the scratch and cache
+  directories, locks the mounts and drops every capability before the candidate is imported.
 - ``process``: a separate process and nothing more, where neither is available.
 
 The level reached is recorded in every result (``isolation``). ``KOPT_ISOLATION=uid|namespace|
@@ -195,6 +196,10 @@ def unreadable_paths() -> list[str]:
 
 
 _NAMESPACES_WORK: bool | None = None
+# the runner's namespaces: its own mounts, processes, System V IPC, network (loopback only, down), host name and cgroup
+# view; inside, confine.py locks the mounts and drops every capability before the candidate is imported
+UNSHARE = ("unshare", "--user", "--map-root-user", "--mount", "--pid", "--ipc", "--net", "--uts", "--cgroup", "--fork",
+           "--mount-proc")
 
 
 def namespaces_work() -> bool:
@@ -202,8 +207,7 @@ def namespaces_work() -> bool:
     global _NAMESPACES_WORK
     if _NAMESPACES_WORK is None:
         try:
-            probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "--pid", "--fork", "--mount-proc", "true"],
-                                   capture_output=True, timeout=20)
+            probe = subprocess.run([*UNSHARE, "true"], capture_output=True, timeout=20)
             _NAMESPACES_WORK = probe.returncode == 0
         except (OSError, subprocess.TimeoutExpired):
             _NAMESPACES_WORK = False
@@ -224,7 +228,7 @@ def choose_level() -> tuple[str, str]:
             raise RuntimeError(f"KOPT_ISOLATION=uid: the runner's user could not read {', '.join(unreadable[:3])} (make them world-readable)")
         return "uid", "runner as a dedicated unprivileged user"
     if wanted in ("", "namespace") and namespaces_work():
-        why = "runner in its own user, mount and PID namespaces, every mount read-only but its scratch"
+        why = "runner in its own namespaces, every mount read-only and locked but its scratch, no capabilities"
         if unreadable:
             why += f" (not a separate user: {unreadable[0]} is not readable by others)"
         return "namespace", why
@@ -438,10 +442,11 @@ def start_runner(*, device: str, slot: int, level: str, cache_key: str, private:
         kwargs = dict(user=uid, group=uid, extra_groups=[])
         detail = f"runner as uid {uid}: no write access to the checkout, the Python installation or the supervisor"
     elif level == "namespace":
-        argv = ["unshare", "--user", "--map-root-user", "--mount", "--pid", "--fork", "--mount-proc", "--kill-child",
-                *argv, "--namespace", "--writable", str(cache)]
+        confine = Path(__file__).with_name("confine.py")
+        argv = [*UNSHARE, "--kill-child", sys.executable, "-s", "-P", str(confine), "--writable", str(scratch), "--writable",
+                str(cache), "--", *argv, "--namespace"]
         kwargs = dict(preexec_fn=die_with_parent)
-        detail = "runner in user, mount and PID namespaces: every mount read-only but its scratch and cache"
+        detail = "runner in its own namespaces: every mount read-only and locked but its scratch and cache, no capabilities"
     else:
         kwargs = dict(preexec_fn=die_with_parent)
         detail = "runner in a separate process (same user): it could write what this user can"
@@ -452,39 +457,3 @@ def start_runner(*, device: str, slot: int, level: str, cache_key: str, private:
     child.close()
     _RUNNER_PIDS.add(proc.pid)
     return RunnerProcess(proc, parent, level, uid, scratch, cache, stderr_path, detail, uid_lock)
-
-
-# ---- namespace level: run inside the runner, before the candidate exists ----------------------
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
-MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
-_FLAG_OF_OPTION = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
-                   "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
-
-
-def read_only_mounts(writable: list[str]) -> list[str]:
-    """Bind each ``writable`` directory onto itself, then remount every other mount read-only
-    (keeping the flags a user namespace may not drop). Returns mounts it could not change."""
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def mount(source: str | None, target: str, flags: int) -> int:
-        rc = libc.mount(source.encode() if source else None, target.encode(), None, ctypes.c_ulong(flags), None)
-        return 0 if rc == 0 else ctypes.get_errno()
-
-    keep = [os.path.realpath(p) for p in writable]
-    for path in keep:
-        err = mount(path, path, MS_BIND | MS_REC)
-        if err:
-            raise OSError(err, f"cannot bind {path}")
-    failed = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        target = fields[4].encode().decode("unicode_escape")
-        options = fields[5].split(",")
-        if target in keep or target.startswith(("/proc", "/sys", "/dev/pts")) or target == "/dev":
-            continue
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
-        for option in options:
-            flags |= _FLAG_OF_OPTION.get(option, 0)
-        if mount(None, target, flags):
-            failed.append(target)
-    return failed
