@@ -191,3 +191,53 @@ def test_incumbent_ratios_count_a_device_report_for_no_less_than_its_graph_floor
     assert ratios == pytest.approx([d / (GRAPH_MARGIN * 100e-6) for d in honest.rounds["device"]])
     assert max(ratios) < 1.2
     assert round_ratios(liar, honest, "graph") == pytest.approx([1.0, 1.0, 1.0])  # the supervisor's clock, as measured
+
+
+FENCE_PROBE = r'''
+import json, threading, torch
+from pytest_kopt.judge import fence
+
+def outcome(fn):
+    try:
+        fn()
+        return "ok"
+    except fence.FencedOp:
+        return "fenced"
+
+x, lengths = torch.ones(4), torch.tensor([3, 5], dtype=torch.int32)
+fence.install()
+found = {"harness math": outcome(lambda: (x * 2).sum())}
+with fence.candidate_running():
+    for name, fn in {
+        "operator": lambda: x * 2, "in-place operator": lambda: x.clone().__iadd__(1), "method": lambda: x.exp(),
+        "function": lambda: torch.where(x > 0, x, x), "float read": lambda: float(x[0]), "item": lambda: x[0].item(),
+        "tolist": lambda: x.tolist(), "repr": lambda: repr(x),
+        "int read": lambda: int(lengths[1]), "allocation and views": lambda: torch.empty(2, 3).view(3, 2).t(),
+        "copies and fills": lambda: (torch.empty(4).copy_(x), torch.empty(4).fill_(1.0), torch.empty(2).zero_()),
+        "conversions": lambda: (x.float(), x.to(torch.bfloat16), x.cpu(), lengths.cpu()),
+        "metadata": lambda: (x.shape, x.stride(), x.dim(), x.numel(), x.is_contiguous(), x.data_ptr()),
+    }.items():
+        found[name] = outcome(fn)
+thread = {}
+worker = threading.Thread(target=lambda: thread.update(math=outcome(lambda: x * 2)))
+worker.start(); worker.join()
+found["math on another thread"] = thread["math"]
+print(json.dumps(found))
+'''
+
+
+def test_the_fence_refuses_torch_math_and_float_reads_to_candidate_code_alone() -> None:
+    """fence.py in a process of its own (it changes torch for the whole process): inside a candidate's import or call,
+    and on any thread but the harness's, torch math and reads of float data into Python raise; integer reads (a
+    candidate's lengths), allocation, views, copies, conversions and metadata do not; the harness's own math outside
+    the candidate's calls is untouched."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", FENCE_PROBE], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    fenced = {"operator", "in-place operator", "method", "function", "float read", "item", "tolist", "repr",
+              "math on another thread"}
+    assert {name for name, what in found.items() if what == "fenced"} == fenced, found

@@ -56,7 +56,9 @@ EXPECT = {
     "patches_harness": hostile("patches_harness", "policy", "assigning to torch.allclose"),
     "tensor_subclass": hostile("tensor_subclass", "policy", "defining __torch_function__ is not allowed"),
     # runtime honesty checks
-    "pure_torch": hostile("pure_torch", "correctness", "no Triton kernel was launched", "torch computed during the call (aten.mul"),
+    # torch math on the host: refused by the runner's fence at its first call (fence.py); the dispatch guard behind it
+    # is tested on its own in tests/test_judge_checks.py
+    "pure_torch": hostile("pure_torch", "compile", "FencedOp", "Tensor.__rmul__ is torch math"),
     "empty_output": hostile("empty_output", "correctness", "200 of 200 elements were never written (uninitialised memory)"),
     "caches_results": hostile("caches_results", "correctness", "second call: new data at the same addresses", "not allocated during this call"),
     # inputs are read-only memory in the runner: writing one is a fault, named as such
@@ -65,7 +67,7 @@ EXPECT = {
     "fast_later": hostile("fast_later", "benchmark", "timed eager call", "every timed output is checked", upto="benchmark"),
     "small_shapes_only": hostile("small_shapes_only", "correctness", "minimal failing shape found by hypothesis", quick=False),
     # runtime checks without the policy's help
-    "getattr_einsum_runtime": hostile("getattr_einsum", "correctness", "torch computed during the call (aten.mul", static_policy=False),
+    "getattr_einsum_runtime": hostile("getattr_einsum", "compile", "torch.einsum is torch math", static_policy=False),
     # patching the runner's torch changes nothing the verdict depends on: the supervisor compares
     "patches_harness_runtime": hostile("patches_harness", "correctness", "out: relative RMS error", static_policy=False),
     "tensor_subclass_runtime": hostile("tensor_subclass", "compile", "output 0 is of type Agreeable, not a plain torch.Tensor", static_policy=False),
@@ -82,6 +84,11 @@ EXPECT = {
     # class 4: stale or memoised outputs while timed (fresh inputs every timed call, every output checked)
     "stale_when_timed": hostile("stale_when_timed", "benchmark", "timed eager call", "every timed output is checked", upto="benchmark"),
     "memo_when_timed": hostile("memo_when_timed", "benchmark", "timed eager call", "every timed output is checked", upto="benchmark"),
+    # torch math in the calls the guard does not watch, and math in Python floats (red team, session 49): the runner's
+    # fence refuses both, in every call alike, with the policy passed and nothing patched
+    "torch_when_timed": hostile("torch_when_timed", "benchmark", "timed eager calls", "FencedOp", "Tensor.__rmul__ is torch math",
+                                upto="benchmark"),
+    "python_floats": hostile("python_floats", "compile", "Tensor.__float__ reads a float tensor's elements into Python"),
     # running while something else is timed: a daemon that leaves the runner's process group and
     # session (SIGSTOP of the group misses it), started at import or during a timed round
     "escapes_stop_runtime": hostile("escapes_stop", "compile", "left processes running outside its calls", "after 'load'",

@@ -30,6 +30,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from . import fence
 from .channel import Channel, ChannelError
 
 FATAL_MARKERS = ("CUDA error", "illegal memory access", "AcceleratorError", "device-side assert", "CUBLAS_STATUS", "misaligned address")
@@ -233,7 +234,8 @@ class Runner:
         path.write_text(str(message["source"]), encoding="utf-8")  # the text the policy checked
         start = time.perf_counter()
         try:
-            module = import_candidate(path)
+            with fence.candidate_running():
+                module = import_candidate(path)
         except BaseException as exc:  # noqa: BLE001
             raise CandidateFault(f"importing the candidate failed: {describe_exception(exc, self.candidate_name)}") from None
         self.kernel = getattr(module, "kernel", None)
@@ -321,7 +323,8 @@ class Runner:
 
     def invoke(self, inputs: dict) -> Any:
         try:
-            return self.kernel(**inputs)
+            with fence.candidate_running():
+                return self.kernel(**inputs)
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are candidate faults too
             raise CandidateFault(f"the candidate raised {describe_exception(exc, self.candidate_name)}") from None
 
@@ -508,6 +511,7 @@ def main(argv: list[str] | None = None) -> None:
     from .. import interpret
 
     interpret.configure()  # before any @triton.jit is defined: the candidate's too
+    fence.install()  # before the candidate is imported: torch math refused to it in every call alike
     device = args.device
     if device == "auto":
         import torch

@@ -46,16 +46,20 @@ def main(argv: list[str] | None = None) -> None:
     from .problemref import resolve_problem
 
     problem = resolve_problem(args.problem, module=args.problem_module, qualname=args.problem_class)
+    from . import fence
     from .runner import import_candidate
 
-    kernel = import_candidate(args.candidate).kernel
+    fence.install()  # as in the runner: the candidate meets the same torch in its warmers
+    with fence.candidate_running():
+        kernel = import_candidate(args.candidate).kernel
     report = []
     for case in json.loads(args.cases):
         started = time.perf_counter()
         error = None
         try:
             inputs = problem.make_inputs(case, device=args.device, seed=secrets.randbits(62))
-            kernel(**inputs)
+            with fence.candidate_running():
+                kernel(**inputs)
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
         except BaseException as exc:  # noqa: BLE001 - the checked call will say what is wrong

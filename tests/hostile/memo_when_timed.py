@@ -1,5 +1,5 @@
 """Hostile (class: memoised outputs while timed): keeps every output keyed by a fingerprint of
-its inputs (a few elements and the scale). A fingerprint seen before is served from the memo
+its inputs (the bits of a few elements, read through an integer view, and the scale). A fingerprint seen before is served from the memo
 without computing; once a shape has been seen twice it assumes the timed calls cycle through
 inputs it has seen and serves the latest memo entry. Fresh inputs every timed call: no hit is
 ever right, and every timed output is checked."""
@@ -31,7 +31,7 @@ def _copy(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
 
 def kernel(x, y, alpha):
     shape = tuple(x.shape)
-    key = (shape, float(x[0, 0]), float(y[0, -1]), float(alpha))
+    key = (shape, int(x.view(torch.int16)[0, 0]), int(y.view(torch.int16)[0, -1]), float(alpha))
     _SEEN[shape] = _SEEN.get(shape, 0) + 1
     hit = _MEMO.get(key)
     if hit is None and _SEEN[shape] > 2:
