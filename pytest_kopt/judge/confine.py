@@ -1,7 +1,10 @@
-"""The namespace level's confinement: run as a script inside the runner's namespaces, it confines the process and
-then becomes the runner (``exec``), so nothing of the candidate's exists before the confinement is complete::
+"""The runner's confinement: run as a script inside the runner's namespaces, it confines the process and then becomes
+the runner (``exec``), so nothing of the candidate's exists before the confinement is complete::
 
-    python -s -P .../confine.py --writable DIR [--writable DIR ...] -- python -m pytest_kopt.judge.runner ...
+    python -s -P .../confine.py [--user UID] --writable DIR [--writable DIR ...] -- python -m pytest_kopt.judge.runner ...
+
+At the ``uid`` level (``--user``) the namespaces are made by the host's root and steps 1-2 below are followed by
+becoming the runner's unprivileged user, which can change no mount; at the ``namespace`` level, by steps 3-4.
 
 It is a script of the standard library only: a nested user namespace can only be entered by a single-threaded
 process, and importing this package starts torch's threads.
@@ -153,39 +156,68 @@ class _CapData(ctypes.Structure):
 
 def drop_capabilities() -> None:
     """No capability left, in any set, and none to regain (the bounding set emptied)."""
-    cap = 0
-    while _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
-        cap += 1
+    _empty_bounding_set()
     header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words a set
     data = (_CapData * 2)()
     if _libc.capset(ctypes.byref(header), data) != 0:
         err = ctypes.get_errno()
         raise ConfineError(err, f"capset: {os.strerror(err)}")
+    _check_no_capabilities()
+
+
+def become(uid: int) -> None:
+    """The uid level: become ``uid`` (group ``uid``, no other group). Leaving root clears every capability; the
+    bounding set is emptied first."""
+    _empty_bounding_set()
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    _check_no_capabilities()
+
+
+def _empty_bounding_set() -> None:
+    cap = 0
+    while _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+        cap += 1
+
+
+def _check_no_capabilities() -> None:
     status = Path("/proc/self/status").read_text()
     if any(line.split()[1].strip("0") for line in status.splitlines() if line.startswith(("CapEff", "CapPrm", "CapBnd"))):
         raise ConfineError(0, "capabilities remain after dropping them")
 
 
-def confine(writable: list[str]) -> None:
-    """Steps 1-4 of the module's docstring, in order; any failure is fatal to the runner."""
+def confine(writable: list[str], user: int | None = None) -> None:
+    """Steps 1-4 of the module's docstring, in order; with ``user`` (the uid level: the namespaces are the host
+    root's, not a user namespace), steps 1-2 and then that user, which can change no mount. Any failure is fatal."""
     writable = [os.path.realpath(p) for p in writable]
     hide(HIDDEN, needed_paths(writable))
     read_only(writable)
-    lock()
-    drop_capabilities()
+    if user is None:
+        lock()
+        drop_capabilities()
+    else:
+        become(user)
+
+
+USAGE = "usage: confine.py [--user UID] --writable DIR [--writable DIR ...] -- COMMAND ..."
 
 
 def main(argv: list[str]) -> None:
-    """``--writable DIR ... -- COMMAND...``: confine this process, then exec COMMAND (which keeps the namespaces and
-    can regain no capability: the bounding set is empty and ``no_new_privs`` is set)."""
+    """``[--user UID] --writable DIR ... -- COMMAND...``: confine this process, then exec COMMAND (which keeps the
+    namespaces and can regain no capability: the bounding set is empty and ``no_new_privs`` is set)."""
     if "--" not in argv:
-        raise SystemExit("usage: confine.py --writable DIR [--writable DIR ...] -- COMMAND ...")
+        raise SystemExit(USAGE)
     split = argv.index("--")
     options, command = argv[:split], argv[split + 1:]
-    if len(options) % 2 or any(flag != "--writable" for flag in options[::2]) or not command:
-        raise SystemExit("usage: confine.py --writable DIR [--writable DIR ...] -- COMMAND ...")
+    if len(options) % 2 or any(flag not in ("--writable", "--user") for flag in options[::2]) or not command:
+        raise SystemExit(USAGE)
+    pairs = list(zip(options[::2], options[1::2]))
+    users = [int(value) for flag, value in pairs if flag == "--user"]
+    if len(users) > 1 or any(u <= 0 for u in users):
+        raise SystemExit(USAGE)
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    confine(options[1::2])
+    confine([value for flag, value in pairs if flag == "--writable"], users[0] if users else None)
     os.execv(command[0], command)
 
 

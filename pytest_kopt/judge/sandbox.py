@@ -7,7 +7,8 @@ imports candidate code, isolated as well as the machine allows:
 
 - ``uid`` (the judge runs as root and the Python install and checkout are readable by others):
   the runner runs as a dedicated unprivileged user (``KOPT_RUNNER_UID``, default 61000 + slot),
-  with its own HOME, TMPDIR and Triton cache. It cannot write the checkout, the Python
+  with its own HOME, TMPDIR and Triton cache, in its own mount, PID, IPC, network, UTS and cgroup
+  namespaces, set up by ``confine.py`` as at the namespace level before it becomes that user. It cannot write the checkout, the Python
   installation or the supervisor's files, read ``/proc/<supervisor>/environ``, signal or trace
   the supervisor. Before each evaluation every process of that user is killed, so no orphan of
   an earlier evaluation overlaps this one.
@@ -200,6 +201,7 @@ _NAMESPACES_WORK: bool | None = None
 # view; inside, confine.py locks the mounts and drops every capability before the candidate is imported
 UNSHARE = ("unshare", "--user", "--map-root-user", "--mount", "--pid", "--ipc", "--net", "--uts", "--cgroup", "--fork",
            "--mount-proc")
+UNSHARE_AS_ROOT = tuple(flag for flag in UNSHARE if flag not in ("--user", "--map-root-user"))  # the uid level's
 
 
 def namespaces_work() -> bool:
@@ -437,14 +439,17 @@ def start_runner(*, device: str, slot: int, level: str, cache_key: str, private:
     argv = [sys.executable, "-s", "-P", "-m", "pytest_kopt.judge.runner", "--fd", str(child.fileno()), "--device", device,
             "--scratch", str(scratch), "--parent-pid", str(os.getpid())]
     kwargs: dict = {}
+    confine = [sys.executable, "-s", "-P", str(Path(__file__).with_name("confine.py")), "--writable", str(scratch), "--writable",
+               str(cache)]
     if level == "uid":
-        argv.append("--dedicated-user")
-        kwargs = dict(user=uid, group=uid, extra_groups=[])
-        detail = f"runner as uid {uid}: no write access to the checkout, the Python installation or the supervisor"
+        # root makes the namespaces (no user namespace: the host's root sets them up), confine.py hides and remounts,
+        # then becomes the runner's user, which can change none of it, and execs the runner
+        argv = [*UNSHARE_AS_ROOT, "--kill-child", *confine, "--user", str(uid), "--", *argv, "--namespace", "--dedicated-user"]
+        kwargs = dict(preexec_fn=die_with_parent)
+        detail = (f"runner as uid {uid} in its own namespaces: no write access to the checkout, the Python installation or "
+                  "the supervisor, every mount read-only but its scratch and cache, no network")
     elif level == "namespace":
-        confine = Path(__file__).with_name("confine.py")
-        argv = [*UNSHARE, "--kill-child", sys.executable, "-s", "-P", str(confine), "--writable", str(scratch), "--writable",
-                str(cache), "--", *argv, "--namespace"]
+        argv = [*UNSHARE, "--kill-child", *confine, "--", *argv, "--namespace"]
         kwargs = dict(preexec_fn=die_with_parent)
         detail = "runner in its own namespaces: every mount read-only and locked but its scratch and cache, no capabilities"
     else:
