@@ -89,6 +89,12 @@ EXPECT = {
     "torch_when_timed": hostile("torch_when_timed", "benchmark", "timed eager calls", "FencedOp", "Tensor.__rmul__ is torch math",
                                 upto="benchmark"),
     "python_floats": hostile("python_floats", "compile", "Tensor.__float__ reads a float tensor's elements into Python"),
+    # the second red team (session 49): a replaced method the runner calls while storing outputs, and torch.ops in
+    # timed calls; both refused by the policy, and with it off by the fence
+    "patches_store": hostile("patches_store", "policy", "assigning to T.detach"),
+    "patches_store_runtime": hostile("patches_store", "compile", "Tensor.__rmul__ is torch math", static_policy=False),
+    "aten_when_timed_runtime": hostile("aten_when_timed", "benchmark", "timed eager calls", "torch.ops add is torch math",
+                                       static_policy=False, upto="benchmark"),
     # running while something else is timed: a daemon that leaves the runner's process group and
     # session (SIGSTOP of the group misses it), started at import or during a timed round
     "escapes_stop_runtime": hostile("escapes_stop", "compile", "left processes running outside its calls", "after 'load'",

@@ -85,6 +85,17 @@ REFUSED = {
     "format computed": (candidate("t = '{0.sys}'\nreturn t.format(torch)"), "computed template"),
     "type with bases": (candidate("C = type('C', (torch.Tensor,), {})\nreturn x"), "type(name, bases, dict)"),
     "dunder string": (candidate("d = {'__torch_function__': None}\nreturn x"), "dunder names are internals"),
+    # the second red team (session 49): a jit body is host Python too (``fn.fn``, the interpreter); ways around the
+    # fence; patching through a name bound to an import, an item or a tensor's method name
+    "torch in a jit body": (HEADER + "\n@triton.jit\ndef _k(x_ptr):\n    torch.load(x_ptr)\n\n\ndef kernel(x, y, alpha):\n"
+                            "    return x\n", "torch inside a @triton.jit kernel"),
+    "mro": (candidate("base = torch.Tensor.mro()[1]\nreturn base.subtract(x, y)"), "attribute mro is not allowed"),
+    "super with arguments": (candidate("return super(torch.Tensor, x).subtract(y)"), "super(...) with arguments"),
+    "map2_": (candidate("return x.map2_(x, y, lambda o, a, b: a + b)"), "attribute map2_ is not allowed"),
+    "raw storage": (candidate("return bytes(x.untyped_storage())"), "attribute untyped_storage is not allowed"),
+    "patch through a name": (candidate("return x") + "\nT = torch.Tensor\nT.detach = None\n", "assigning to T.detach"),
+    "patch through an item": (candidate("return x") + "\nL = [torch.Tensor]\nL[0].detach = None\n", "only an attribute of a name"),
+    "patch an output's method": (candidate("x.detach = lambda: y\nreturn x"), "detach is a tensor's"),
     "private dataclasses": (candidate("return dataclasses._FIELDS", "import dataclasses\n"), "private internals"),
     # patching
     "patch allclose": (candidate("return x") + "\ntorch.allclose = lambda *a, **k: True\n", "patching modules"),

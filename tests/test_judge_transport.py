@@ -123,3 +123,29 @@ def test_calibration_sizes_rounds_by_the_fastest_warm_up_round(monkeypatch, per_
     monkeypatch.setattr(rounds.timing, "host_window_cycles", lambda per_call: per_call)
     bench.calibrate(None, None)
     assert len(seen) == len(per_calls) and bench.use == use and bench.window == min(per_calls)
+
+
+def test_a_result_is_bounded_whatever_a_runner_answered() -> None:
+    """What reaches the caller is cut to size (red team, session 49: a runner answered timed rounds with 30 MB strings
+    that the result carried, 120 MB in all): long strings are cut with a note, long lists shortened, numbers kept."""
+    from pytest_kopt.judge.channel import RESULT_LIST_LIMIT, RESULT_STRING_LIMIT, bounded
+    from pytest_kopt.judge.rounds import _number
+
+    result = bounded({"reasons": ["x" * (RESULT_STRING_LIMIT * 3)], "timelines": {"c": list(range(RESULT_LIST_LIMIT * 2))},
+                      "figure": 1.5, "ok": True})
+    assert len(result["reasons"][0]) < RESULT_STRING_LIMIT + 100 and result["reasons"][0].endswith("characters cut)")
+    assert len(result["timelines"]["c"]) == RESULT_LIST_LIMIT
+    assert (result["figure"], result["ok"]) == (1.5, True)
+    assert [_number(v) for v in (3, 2.5, "x" * 10, float("nan"), True, [1])] == [3.0, 2.5, None, None, None, None]
+
+
+def test_a_cache_is_measured_without_following_links(tmp_path) -> None:
+    from pytest_kopt.judge.sandbox import tree_bytes
+
+    (tmp_path / "a").write_bytes(b"x" * 1000)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b").write_bytes(b"y" * 24)
+    big = tmp_path.parent / f"{tmp_path.name}-outside"
+    big.write_bytes(b"z" * 100_000)
+    (tmp_path / "link").symlink_to(big)
+    assert tree_bytes(tmp_path) == 1024 + len(str(big))  # the link's own size, not its target's

@@ -120,6 +120,22 @@ def finite(value: Any) -> Any:
     return value
 
 
+RESULT_STRING_LIMIT = 8000  # characters of any one string in a result (reasons, notes, what a runner said)
+RESULT_LIST_LIMIT = 2000  # items of any one list in a result
+
+
+def bounded(value: Any) -> Any:
+    """``value`` with every string cut to RESULT_STRING_LIMIT characters and every list to RESULT_LIST_LIMIT items:
+    what reaches the caller is a result, whatever size of answer a runner (the candidate's process) gave."""
+    if isinstance(value, str) and len(value) > RESULT_STRING_LIMIT:
+        return value[:RESULT_STRING_LIMIT] + f" ... ({len(value) - RESULT_STRING_LIMIT} characters cut)"
+    if isinstance(value, dict):
+        return {bounded(k): bounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [bounded(v) for v in value[:RESULT_LIST_LIMIT]]
+    return value
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, set):
         return sorted(value, key=str)

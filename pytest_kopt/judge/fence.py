@@ -9,8 +9,9 @@ takes for copies.
 The fence is installed once in the runner, before the candidate is imported, and is the same in every call, so there
 is nothing to tell apart. It replaces each Python entry point to a torch op that ``checks.ALLOWED_OPS`` does not list
 (Tensor methods and operators, functions of the ``torch`` module) with one that refuses while candidate code runs, and
-each way of reading a float tensor's elements into Python (``float(t)``, ``t.item()``, ``t.tolist()``,
-``t.numpy()``, ...). Integer tensors may still be read (a candidate checks its lengths and block table on the host).
+each way of reading a float tensor's elements into Python (``float(t)``, ``t.item()``, its repr, ...); element callbacks (``map_``, ``apply_``) and exports (``numpy``,
+``tolist``, DLPack) on any tensor; and ``torch.ops`` calls of ops the guard would not allow. Integer tensors may still
+be read (a candidate checks its lengths and block table on the host).
 Candidate code is running while the runner is inside a candidate's import or call (``candidate_running``), and
 always on a thread the candidate started. The allowed ops are not wrapped, so they cost nothing more. What the fence
 cannot see (torch reached around the Python entry points, which the static policy refuses) the guard still sees in
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import types
 from typing import Any, Callable, Iterator
 
 import torch
@@ -44,8 +46,9 @@ OPERATOR_OPS = {
     "__gt__": "gt", "__ge__": "ge",
 }
 # ways to read a tensor's elements into Python: refused on float (and complex) tensors
-ELEMENT_READS = ("__float__", "__int__", "__index__", "__bool__", "__complex__", "__format__", "__repr__", "__str__",
-                 "__array__", "item", "tolist", "numpy")
+ELEMENT_READS = ("__float__", "__int__", "__index__", "__bool__", "__complex__", "__format__", "__repr__", "__str__", "item")
+# refused on any tensor: Python callbacks on every element, and exports of the data to other libraries
+ALWAYS_REFUSED = ("map_", "map2_", "apply_", "numpy", "tolist", "__array__", "__array_wrap__", "__dlpack__")
 # names that are aten ops but only describe a tensor or read no data
 METADATA = frozenset({"size", "stride", "dim", "numel", "is_contiguous", "is_floating_point", "is_complex",
                       "storage_offset", "element_size", "is_same_size", "is_nonzero", "is_set_to", "is_pinned", "to",
@@ -90,8 +93,24 @@ def _aten_name(name: str) -> str | None:
     return base if hasattr(torch.ops.aten, base) else None
 
 
+# functions of the torch module a candidate may call (everything else public and callable there is fenced: math,
+# but also torch.unique, torch.vmap, torch.load, torch.compile, from_numpy, ...): allocation, views, joins, metadata
+TORCH_FUNCTIONS = frozenset({
+    "arange", "as_strided", "as_tensor", "cat", "chunk", "clone", "constant_pad_nd", "detach", "empty", "empty_like",
+    "empty_permuted", "empty_strided", "flatten", "full", "full_like", "get_default_device", "get_default_dtype",
+    "get_device", "is_complex", "is_floating_point", "is_nonzero", "is_same_size", "is_signed", "is_storage", "is_tensor",
+    "is_inference_mode_enabled", "movedim", "narrow", "numel", "ones", "ones_like", "permute", "reshape", "resolve_conj",
+    "resolve_neg", "scalar_tensor", "select", "split", "split_with_sizes", "squeeze", "stack", "t", "tensor",
+    "transpose", "typename", "unbind", "unflatten", "unsqueeze", "zeros", "zeros_like", "zero_",
+})
+
+
 def fenced_names(owner: Any) -> list[str]:
-    """The names of ``owner`` (torch.Tensor or the torch module) that run torch math."""
+    """The names of ``owner`` that run torch math: on torch.Tensor the methods and operators named after an aten op
+    the guard would not allow; on the torch module every public function but TORCH_FUNCTIONS."""
+    if owner is torch:
+        return [name for name in dir(torch) if not name.startswith("_") and name not in TORCH_FUNCTIONS
+                and callable(getattr(torch, name, None)) and not isinstance(getattr(torch, name), (type, types.ModuleType))]
     found = []
     for name in dir(owner):
         aten = _aten_name(name)
@@ -120,21 +139,54 @@ def _is_float(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
 
 
+def _fence(owner: Any, owner_name: str, name: str, *, floats_only: bool) -> None:
+    original = getattr(owner, name, None)
+    if original is None or (owner, name) in _installed:
+        return
+    _installed[(owner, name)] = original
+    setattr(owner, name, _refusing(owner_name, name, original, floats_only=floats_only))
+
+
+def _op_name(op: Any) -> str:
+    """The aten name of an OpOverload or OpOverloadPacket (``aten::mul.Tensor`` -> ``mul``)."""
+    return str(getattr(op, "_qualified_op_name", None) or getattr(op, "name", lambda: "")()).split("::")[-1].split(".")[0]
+
+
+def _fence_ops() -> None:
+    """``torch.ops.aten.X(...)``: refused to candidate code for every op the guard would not allow (the dispatch
+    guard's own calls of allowed ops, inside a checked call, pass)."""
+    from torch._ops import OpOverload, OpOverloadPacket
+
+    for cls in (OpOverload, OpOverloadPacket):
+        original = cls.__call__
+        _installed[(cls, "__call__")] = original
+
+        def call(self: Any, *args: Any, _original: Callable = original, **kwargs: Any) -> Any:
+            if candidate_is_running():
+                name = _op_name(self)
+                if name not in ALLOWED_OPS and name.rstrip("_") not in ALLOWED_OPS:
+                    raise FencedOp(f"torch.ops {name} is torch math: a candidate's math runs in Triton kernels (the judge "
+                                   "refuses it in every call)")
+            return _original(self, *args, **kwargs)
+
+        cls.__call__ = call
+
+
 def install() -> int:
     """Fence torch's entry points in this process (the runner, before the candidate is imported); how many. The
-    calling thread is the harness's: it keeps torch outside ``candidate_running``."""
+    calling thread is the harness's: it keeps torch outside ``candidate_running``. Tensor's C base class holds the
+    same methods and cannot be changed (an immutable type): the policy refuses the ways to it (``mro``, ``super``
+    with arguments, dunders)."""
     global _harness_thread
     if _installed:
         return len(_installed)
     _harness_thread = threading.get_ident()
     for owner, owner_name in ((torch.Tensor, "Tensor"), (torch, "torch")):
         for name in fenced_names(owner):
-            original = getattr(owner, name)
-            _installed[(owner, name)] = original
-            setattr(owner, name, _refusing(owner_name, name, original, floats_only=False))
+            _fence(owner, owner_name, name, floats_only=False)
+    for name in ALWAYS_REFUSED:
+        _fence(torch.Tensor, "Tensor", name, floats_only=False)
     for name in ELEMENT_READS:
-        original = getattr(torch.Tensor, name, None)
-        if original is not None and (torch.Tensor, name) not in _installed:
-            _installed[(torch.Tensor, name)] = original
-            setattr(torch.Tensor, name, _refusing("Tensor", name, original, floats_only=True))
+        _fence(torch.Tensor, "Tensor", name, floats_only=True)
+    _fence_ops()
     return len(_installed)

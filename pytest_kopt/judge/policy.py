@@ -94,6 +94,12 @@ REFUSED_BUILTINS = frozenset({
 REFUSED_METHODS = frozenset({"__torch_function__", "__torch_dispatch__", "__del__", "__getattr__", "__getattribute__"})
 ALLOWED_DUNDERS = frozenset({"__name__", "__doc__", "__init__", "__post_init__", "__class_getitem__"})
 NEUTRAL_BASES = ("math", "triton", "triton.language")  # compute names are fine on these
+# ways around the runner's fence (fence.py) to torch's methods or a tensor's data: Tensor's C base class (through
+# ``mro``; ``super`` with arguments is refused too), per-element Python callbacks, the raw storage
+FENCE_ESCAPES = frozenset({"mro", "map_", "map2_", "apply_", "storage", "untyped_storage", "typed_storage"})
+KERNEL_MODULES = ("triton", "math")  # all a @triton.jit body may name of the file's imports
+TENSOR_METHODS = frozenset(name for name, value in vars(__import__("torch").Tensor).items() if callable(value)) | frozenset(
+    name for name in dir(__import__("torch").Tensor) if callable(getattr(__import__("torch").Tensor, name, None)))
 # PEP 263: an encoding declaration in the first two lines decides how Python decodes the file
 CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
 UTF8_NAMES = frozenset({"utf-8", "utf8", "utf_8", "u8", "utf-8-sig", "utf_8_sig"})
@@ -177,6 +183,7 @@ class _Checker(ast.NodeVisitor):
         self.jit_depth = 0
         self.has_kernel = False
         self.checked_calls: set[int] = set()  # getattr/hasattr names seen as direct calls
+        self.derived: set[str] = set()  # names bound to something reached from an import (T = torch.Tensor)
 
     def refuse(self, node: ast.AST, text: str) -> None:
         self.report.reasons.append(f"line {getattr(node, 'lineno', '?')}: {text}")
@@ -240,7 +247,11 @@ class _Checker(ast.NodeVisitor):
 
     # ---- names and attributes --------------------------------------------------------
     def visit_Name(self, node: ast.Name) -> None:
-        if node.id in REFUSED_BUILTINS:
+        imported = node.id in self.aliases and _root(self.aliases[node.id]) not in KERNEL_MODULES
+        if self.jit_depth and (imported or node.id in self.derived):
+            # a jit body is host Python too (``fn.fn``, the interpreter): nothing but Triton and math in it
+            self.refuse(node, f"{node.id} inside a @triton.jit kernel: only triton and math may be named there")
+        elif node.id in REFUSED_BUILTINS:
             self.refuse(node, f"{node.id} is not allowed: no dynamic code, files or reflection")
         elif node.id in ("getattr", "hasattr") and id(node) not in self.checked_calls:
             self.refuse(node, f"{node.id} may only be called directly, with the attribute name written out")
@@ -258,6 +269,8 @@ class _Checker(ast.NodeVisitor):
             self.refuse(node, f"attribute {name} is not allowed: no reflection on internals")
         elif name in MACHINERY_ATTRIBUTES and name != "jit":
             self.refuse(node, f"attribute {name} is not allowed: modules re-exported by allowed ones (sys, os, inspect, ...) are machinery too")
+        elif name in FENCE_ESCAPES:
+            self.refuse(node, f"attribute {name} is not allowed: it reaches torch's methods or a tensor's data around the judge's fence")
         elif full_base is not None and _root(full_base) in ("torch", "triton", "typing", "functools", "dataclasses", "itertools", "enum", "math") and name.startswith("_"):
             self.refuse(node, f"{full_base}.{name}: private internals are not allowed")
         elif self.jit_depth == 0:
@@ -282,6 +295,8 @@ class _Checker(ast.NodeVisitor):
                     self.refuse(node, f"{func.id}(..., {attr!r}) is not allowed")
         self.generic_visit(node)
 
+        if isinstance(func, ast.Name) and func.id == "super" and (node.args or node.keywords):
+            self.refuse(node, "super(...) with arguments is not allowed: it reaches a class's bases (Tensor's C base class)")
         if isinstance(func, ast.Name) and func.id == "type" and len(node.args) + len(node.keywords) != 1:
             self.refuse(node, "type(name, bases, dict) is not allowed: it makes classes the checks above never see")
         if isinstance(func, ast.Attribute) and func.attr in ("format", "format_map"):
@@ -305,7 +320,19 @@ class _Checker(ast.NodeVisitor):
     def visit_Assign(self, node: ast.Assign) -> None:
         for target in node.targets:
             self._check_target(target)
+        if _is_reference(node.value) and self._reaches_import(node.value):
+            self.derived |= {name for target in node.targets for name in _bound_names(target)}
         self.generic_visit(node)
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        if any(self._reaches_import(base) for base in node.bases):
+            self.derived.add(node.name)
+        self.generic_visit(node)
+
+    def _reaches_import(self, node: ast.AST) -> bool:
+        """Whether an expression names an import (other than triton and math) or a name bound to one."""
+        return any(isinstance(n, ast.Name) and (n.id in self.derived or (n.id in self.aliases and _root(self.aliases[n.id])
+                                                                            not in KERNEL_MODULES)) for n in ast.walk(node))
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         self._check_target(node.target)
@@ -330,9 +357,38 @@ class _Checker(ast.NodeVisitor):
                 self._check_target(elt)
             return
         if isinstance(target, ast.Attribute):
-            dotted = _dotted(target.value)
-            if dotted is not None and dotted.split(".")[0] in self.aliases:
-                self.refuse(target, f"assigning to {dotted}.{target.attr}: patching modules is not allowed")
+            # only ``name.attribute = ...`` on the file's own objects: not on an import or anything bound to one, not
+            # through a chain or an item, not a dunder and not a name a tensor has (it would shadow a method the
+            # harness calls on an output)
+            base = target.value
+            dotted = _dotted(base)
+            label = f"{dotted or ast.unparse(base)}.{target.attr}"
+            root = dotted.split(".")[0] if dotted else None
+            if root is not None and (root in self.aliases or root in self.derived):
+                self.refuse(target, f"assigning to {label}: patching modules or their classes is not allowed")
+            elif not isinstance(base, ast.Name):
+                self.refuse(target, f"assigning to {label}: only an attribute of a name of this file's may be assigned")
+            elif target.attr.startswith("__") or target.attr in TENSOR_METHODS:
+                self.refuse(target, f"assigning to {label}: {target.attr} is a tensor's or an object's own (patching is not allowed)")
+
+
+def _is_reference(node: ast.AST) -> bool:
+    """Whether an expression is a name, an attribute chain or a tuple of them: it refers to an existing object (a
+    module, a class), where a call makes a new one."""
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return all(_is_reference(e) for e in node.elts)
+    return isinstance(node, ast.Name) or (isinstance(node, ast.Attribute) and _is_reference(node.value))
+
+
+def _bound_names(target: ast.AST) -> list[str]:
+    """The names an assignment target binds (not those inside an attribute or item it assigns)."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [name for e in target.elts for name in _bound_names(e)]
+    if isinstance(target, ast.Starred):
+        return _bound_names(target.value)
+    return []
 
 
 # CPython 3.11.7 (this project's Python) checks the AST builder's recursion depth with state shared across threads: two

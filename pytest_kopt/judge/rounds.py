@@ -71,6 +71,12 @@ class Series:
         return statistics.median(values) * 1e6 if values else None
 
 
+def _number(value: Any) -> float | None:
+    """A number the runner reported, for diagnosis only: a finite float, or None (the runner is the candidate's
+    process; a red-team runner answered with 30 MB strings here, which the result then carried to the caller)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
 def schedule(metric: str, modes: list[str], quick: bool, cuda: bool) -> list[str]:
     """The order of rounds: the metric's rounds interleaved with the other modes'."""
     if not cuda:
@@ -274,8 +280,8 @@ class CaseBench:
         clocks = isinstance(entered, float) and isinstance(answered, float)
         # where the window went, by the runner's word (diagnostic only): request to runner, runner to reply
         self.timeline.append({"mode": mode, "who": who, "n": len(draws), "window_us": round(elapsed * 1e6, 1),
-                              "reply_us": round((replied - start) * 1e6, 1), "runner_us": reply.get("batch_us"),
-                              "calls_us": reply.get("calls_us"),
+                              "reply_us": round((replied - start) * 1e6, 1), "runner_us": _number(reply.get("batch_us")),
+                              "calls_us": _number(reply.get("calls_us")),
                               "to_runner_us": round((entered - start) * 1e6, 1) if clocks else None,
                               "from_runner_us": round((replied - answered) * 1e6, 1) if clocks else None})
         described = reply.get("outputs")

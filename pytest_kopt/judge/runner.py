@@ -116,6 +116,9 @@ def plain_outputs(outputs: Any, count: int) -> list[Any]:
     for i, out in enumerate(outputs):
         if out is not None and type(out) is not torch.Tensor:
             raise CandidateFault(f"output {i} is of type {type(out).__name__}, not a plain torch.Tensor")
+        if out is not None and out.__dict__:  # an attribute of its own shadows a method the harness then calls
+            raise CandidateFault(f"output {i} carries attributes of its own ({', '.join(sorted(map(str, out.__dict__))[:5])}): "
+                                 "a plain torch.Tensor is expected")
     return outputs
 
 
@@ -341,7 +344,10 @@ class Runner:
         return self.arenas[spec.arena].view(spec)
 
     def store(self, results: list[Any], slots: list[dict]) -> list[Any]:
-        return store_outputs(results, slots, self.device, self.arenas)
+        """``store_outputs`` inside the fence: it calls the outputs' methods, which candidate code could have replaced
+        (the policy refuses that; a replaced method that computes here is refused all the same)."""
+        with fence.candidate_running():
+            return store_outputs(results, slots, self.device, self.arenas)
 
     @staticmethod
     def compact(described: list[Any]) -> dict:

@@ -55,6 +55,7 @@ RUNNER_USER = "kopt-runner"  # LOGNAME and USER of the runner (its uid has no pa
 PR_SET_PDEATHSIG = 1
 LEVELS = ("uid", "namespace", "process")
 CACHE_KEEP = 128  # per-candidate Triton caches kept for re-evaluations of the same file
+CACHE_MAX_BYTES = 1 << 30  # a cache larger than this after its evaluation is not kept (a runner may fill it)
 _RUNNER_PIDS: set[int] = set()  # this process's live runners (each in a session of its own)
 
 
@@ -317,6 +318,18 @@ def _chown_tree(path: Path, uid: int) -> None:
             os.lchown(os.path.join(root, name), uid, uid)
 
 
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (links not followed)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
 def _evict_caches(cache_root: Path) -> None:
     caches = sorted(cache_root.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
     for old in caches[CACHE_KEEP:]:
@@ -405,6 +418,8 @@ class RunnerProcess:
                 _chown_tree(self.cache, os.geteuid())  # at rest, no runner user may write it
             except OSError:
                 pass
+        if tree_bytes(self.cache) > CACHE_MAX_BYTES:
+            shutil.rmtree(self.cache, ignore_errors=True)
         shutil.rmtree(self.scratch, ignore_errors=True)
         if self.uid_lock is not None:
             os.close(self.uid_lock)  # releases the uid for the next evaluation

@@ -617,9 +617,9 @@ def main(argv: list[str] | None = None) -> int:
     supervisor.prestarted = prestarted
     supervisor.problem_ref = args.problem
     result = supervisor.run()
-    from .channel import finite
+    from .channel import bounded, finite
 
-    result_pipe.write(json.dumps(finite(result), default=str))
+    result_pipe.write(json.dumps(bounded(finite(result)), default=str))
     result_pipe.flush()
     sys.stdout.flush()
     sys.stderr.flush()
