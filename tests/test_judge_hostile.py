@@ -68,15 +68,18 @@ EXPECT = {
     "small_shapes_only": hostile("small_shapes_only", "correctness", "minimal failing shape found by hypothesis", quick=False),
     # runtime checks without the policy's help
     "getattr_einsum_runtime": hostile("getattr_einsum", "compile", "torch.einsum is torch math", static_policy=False),
-    # patching the runner's torch changes nothing the verdict depends on: the supervisor compares
-    "patches_harness_runtime": hostile("patches_harness", "correctness", "out: relative RMS error", static_policy=False),
+    # patching the runner's torch changes nothing the verdict depends on (the supervisor compares), and the runner's
+    # audit of torch and its own modules names the change
+    "patches_harness_runtime": hostile("patches_harness", "compile", "the candidate replaced torch.Tensor.norm, torch.allclose",
+                                       static_policy=False),
     "tensor_subclass_runtime": hostile("tensor_subclass", "compile", "output 0 is of type Agreeable, not a plain torch.Tensor", static_policy=False),
     # writes a passing result file, then os._exit(0): nobody reads the runner's files
     "forges_result_runtime": hostile("forges_result", "compile", "exited with code 0 during 'load'", static_policy=False),
     # class 1: reaching the judge from inside the process (the policy stops the chain; at run time
-    # there is nothing of the judge's to reach: the verdict is decided in another process)
+    # there is nothing of the judge's to reach: the verdict is decided in another process; the runner's audit names
+    # what was replaced)
     "reaches_judge": hostile("reaches_judge", "policy", "is not allowed"),
-    "reaches_judge_runtime": hostile("reaches_judge", "correctness", "out: relative RMS error", static_policy=False),
+    "reaches_judge_runtime": hostile("reaches_judge", "compile", "replaced pytest_kopt.judge.checks.inspect_call", static_policy=False),
     # class 2 and 3: planting files for later evaluations, reading the judge's secrets (it computes
     # honestly, so it passes; test_nothing_was_planted checks the files)
     "persists_runtime": hostile("persists", "correctness", static_policy=False),
@@ -92,7 +95,9 @@ EXPECT = {
     # the second red team (session 49): a replaced method the runner calls while storing outputs, and torch.ops in
     # timed calls; both refused by the policy, and with it off by the fence
     "patches_store": hostile("patches_store", "policy", "assigning to T.detach"),
-    "patches_store_runtime": hostile("patches_store", "compile", "Tensor.__rmul__ is torch math", static_policy=False),
+    "patches_store_runtime": hostile("patches_store", "compile", "the candidate replaced torch.Tensor.detach (importing it)",
+                                     static_policy=False),
+    "reexported_original_runtime": hostile("reexported_original", "compile", "torch.conv_tbc is torch math", static_policy=False),
     "aten_when_timed_runtime": hostile("aten_when_timed", "benchmark", "timed eager calls", "torch.ops add is torch math",
                                        static_policy=False, upto="benchmark"),
     # running while something else is timed: a daemon that leaves the runner's process group and

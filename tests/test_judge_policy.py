@@ -96,6 +96,14 @@ REFUSED = {
     "patch through a name": (candidate("return x") + "\nT = torch.Tensor\nT.detach = None\n", "assigning to T.detach"),
     "patch through an item": (candidate("return x") + "\nL = [torch.Tensor]\nL[0].detach = None\n", "only an attribute of a name"),
     "patch an output's method": (candidate("x.detach = lambda: y\nreturn x"), "detach is a tensor's"),
+    # the third red team (session 49): private names through a name bound to an import; patching by any store
+    "private through a name": (candidate("T = torch\nreturn T._C._VariableFunctions.rsub(x, y)"), "private internals"),
+    "patch in a for target": (candidate("return x") + "\nfor torch.Tensor.data_ptr in [None]:\n    pass\n", "patching modules"),
+    "patch in a comprehension": (candidate("return x") + "\nZ = [0 for torch.Tensor.detach in [None]]\n", "patching modules"),
+    "patch in a with target": (candidate("return x") + "\nclass C:\n    pass\nwith C() as torch.Tensor.detach:\n    pass\n",
+                               "patching modules"),
+    "patch through a loop name": (candidate("return x") + "\nfor M in (torch,):\n    M.empty_like = None\n", "patching modules"),
+    "delete a method": (candidate("return x") + "\ndel torch.Tensor.detach\n", "patching modules"),
     "private dataclasses": (candidate("return dataclasses._FIELDS", "import dataclasses\n"), "private internals"),
     # patching
     "patch allclose": (candidate("return x") + "\ntorch.allclose = lambda *a, **k: True\n", "patching modules"),

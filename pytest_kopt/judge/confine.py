@@ -79,9 +79,12 @@ def _under(path: str, root: str) -> bool:
 
 
 def needed_paths(writable: list[str]) -> list[str]:
-    """What the runner must still see inside hidden directories: its import path, its Python, the directories named in
-    its environment's paths (CUDA, ptxas), and the writable ones; each as its real path, none inside another."""
-    wanted = [*writable, sys.prefix, sys.base_prefix, os.path.dirname(sys.executable), *sys.path,
+    """What the runner must still see inside hidden directories: the judge's package, its import path, its Python, the
+    directories named in its environment's paths (CUDA, ptxas), and the writable ones; each as its real path, none
+    inside another."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # the judge's own package root:
+    # an editable install reaches it through an import hook, not a path on sys.path (a fresh clone under /tmp)
+    wanted = [*writable, here, sys.prefix, sys.base_prefix, os.path.dirname(sys.executable), *sys.path,
               *os.environ.get("PYTHONPATH", "").split(os.pathsep), *os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)]
     for name in ("CUDA_HOME", "CUDA_PATH", "TRITON_PTXAS_PATH", "TRITON_CUDACRT_PATH", "TRITON_CUDART_PATH"):
         value = os.environ.get(name)

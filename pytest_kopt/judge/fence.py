@@ -189,4 +189,64 @@ def install() -> int:
     for name in ELEMENT_READS:
         _fence(torch.Tensor, "Tensor", name, floats_only=True)
     _fence_ops()
+    _fence_reexports()
     return len(_installed)
+
+
+def _fence_reexports() -> int:
+    """The same functions where other modules keep them under their own names (``torch.nn.functional.conv_tbc`` is
+    the object ``torch.conv_tbc`` was: a red-team candidate reached it through ``torch.distributions``): every module
+    attribute that is a fenced original becomes its fenced form. How many were replaced."""
+    import sys
+
+    fenced = {id(original): (original, getattr(owner, name)) for (owner, name), original in _installed.items()
+              if owner is torch or owner is torch.Tensor}
+    replaced = 0
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict) or module is torch:
+            continue
+        for name, value in list(namespace.items()):
+            found = fenced.get(id(value))
+            if found is not None and found[0] is value:
+                try:
+                    setattr(module, name, found[1])
+                    replaced += 1
+                except (AttributeError, TypeError):
+                    pass
+    return replaced
+
+
+# ---- audit: torch and the judge's own modules as the runner left them, before the candidate --------------------------
+CLASSES = ("torch.Tensor", "OpOverload", "OpOverloadPacket")
+JUDGE_MODULES = ("pytest_kopt.judge.runner", "pytest_kopt.judge.checks", "pytest_kopt.judge.fence", "pytest_kopt.judge.arena",
+                 "pytest_kopt.judge.channel", "pytest_kopt.judge.timing")
+
+
+def _watched() -> list[tuple[str, dict]]:
+    import sys
+
+    from torch._ops import OpOverload, OpOverloadPacket
+
+    spaces = [("torch", vars(torch)), ("torch.Tensor", vars(torch.Tensor)), ("torch.cuda", vars(torch.cuda)),
+              ("OpOverload", vars(OpOverload)), ("OpOverloadPacket", vars(OpOverloadPacket))]
+    return spaces + [(name, vars(sys.modules[name])) for name in JUDGE_MODULES if name in sys.modules]
+
+
+def snapshot() -> dict[tuple[str, str], int]:
+    """What each watched namespace holds, by identity: torch, Tensor, torch.cuda, the op classes and the judge's
+    modules in the runner (taken after ``install``, before the candidate is imported); public names and dunders
+    (private ones hold state that changes by itself: ``torch.cuda._initialized``)."""
+    return {(label, name): id(value) for label, space in _watched() for name, value in list(space.items())
+            if not name.startswith("_") or (name.startswith("__") and name.endswith("__"))}  # private state changes
+
+
+def changes(before: dict[tuple[str, str], int]) -> list[str]:
+    """The watched names the candidate replaced or deleted since ``before``, and names added to a watched class (names
+    added to a module are ignored: torch adds submodules as they are first used). Advisory, as every check in the candidate's process, and for what the
+    policy misses: a candidate that replaces a method the harness calls runs its code as the harness."""
+    now = snapshot()
+    replaced = {f"{label}.{name}" for (label, name), ident in before.items() if now.get((label, name)) != ident}
+    # on a class an added name shadows what its base holds (torch.Tensor.data_ptr lives on TensorBase)
+    added = {f"{label}.{name}" for (label, name) in now.keys() - before.keys() if label in CLASSES}
+    return sorted(replaced | added)

@@ -258,6 +258,8 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
+        if not isinstance(node.ctx, ast.Load):  # every store and delete: assignments, for and with targets, ...
+            self._check_target(node)
         name = node.attr
         base = _dotted(node.value)
         full_base = None
@@ -271,8 +273,8 @@ class _Checker(ast.NodeVisitor):
             self.refuse(node, f"attribute {name} is not allowed: modules re-exported by allowed ones (sys, os, inspect, ...) are machinery too")
         elif name in FENCE_ESCAPES:
             self.refuse(node, f"attribute {name} is not allowed: it reaches torch's methods or a tensor's data around the judge's fence")
-        elif full_base is not None and _root(full_base) in ("torch", "triton", "typing", "functools", "dataclasses", "itertools", "enum", "math") and name.startswith("_"):
-            self.refuse(node, f"{full_base}.{name}: private internals are not allowed")
+        elif name.startswith("_") and name not in ALLOWED_DUNDERS and self._private_refused(base, full_base):
+            self.refuse(node, f"{full_base or ast.unparse(node.value)}.{name}: private internals are not allowed")
         elif self.jit_depth == 0:
             label = f"{base}.{name}" if base else name
             neutral = _is_neutral(full_base)
@@ -282,6 +284,16 @@ class _Checker(ast.NodeVisitor):
                 self.refuse(node, f"{label}: other compilers, loaders, streams, graphs and launch hooks are not allowed")
         if len(self.report.reasons) == before or not isinstance(node.value, (ast.Attribute, ast.Name)):
             self.generic_visit(node)  # after a refusal, the rest of a.b.c would only repeat it
+
+    def _private_refused(self, base: str | None, full_base: str | None) -> bool:
+        """A private attribute is refused on an import or a name bound to one (``T = torch; T._C``), anywhere; in host
+        code also on anything but ``self`` and ``cls`` (a kernel body may use Gluon's private helpers on its own
+        values)."""
+        root = base.split(".")[0] if base else None
+        if root is not None and (root in self.derived or (full_base is not None and _root(full_base) in (
+                "torch", "triton", "typing", "functools", "dataclasses", "itertools", "enum", "math"))):
+            return True
+        return self.jit_depth == 0 and root not in ("self", "cls")
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
@@ -314,14 +326,23 @@ class _Checker(ast.NodeVisitor):
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         if isinstance(node.op, ast.MatMult) and self.jit_depth == 0:
             self.refuse(node, "the @= operator (torch matmul) is not allowed in host code")
-        self._check_target(node.target)
         self.generic_visit(node)
 
     def visit_Assign(self, node: ast.Assign) -> None:
-        for target in node.targets:
-            self._check_target(target)
         if _is_reference(node.value) and self._reaches_import(node.value):
             self.derived |= {name for target in node.targets for name in _bound_names(target)}
+        self.generic_visit(node)
+
+    def visit_For(self, node: ast.For) -> None:
+        if _is_reference(node.iter) and self._reaches_import(node.iter):
+            self.derived |= set(_bound_names(node.target))  # for T in (torch.Tensor,): T.x = ... is an assignment too
+        self.generic_visit(node)
+
+    visit_AsyncFor = visit_For  # type: ignore[assignment]
+
+    def visit_comprehension(self, node: ast.comprehension) -> None:
+        if _is_reference(node.iter) and self._reaches_import(node.iter):
+            self.derived |= set(_bound_names(node.target))
         self.generic_visit(node)
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
@@ -334,15 +355,6 @@ class _Checker(ast.NodeVisitor):
         return any(isinstance(n, ast.Name) and (n.id in self.derived or (n.id in self.aliases and _root(self.aliases[n.id])
                                                                             not in KERNEL_MODULES)) for n in ast.walk(node))
 
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
-        self._check_target(node.target)
-        self.generic_visit(node)
-
-    def visit_Delete(self, node: ast.Delete) -> None:
-        for target in node.targets:
-            self._check_target(target)
-        self.generic_visit(node)
-
     def visit_MatchClass(self, node: ast.MatchClass) -> None:
         self.refuse(node, "class patterns in match are not allowed: they read attributes by name")
         self.generic_visit(node)
@@ -351,25 +363,21 @@ class _Checker(ast.NodeVisitor):
         if isinstance(node.value, str) and DUNDER.match(node.value) and node.value not in ALLOWED_DUNDERS:
             self.refuse(node, f"the string {node.value!r} is not allowed: dunder names are internals, also as strings")
 
-    def _check_target(self, target: ast.AST) -> None:
-        if isinstance(target, (ast.Tuple, ast.List)):
-            for elt in target.elts:
-                self._check_target(elt)
-            return
-        if isinstance(target, ast.Attribute):
-            # only ``name.attribute = ...`` on the file's own objects: not on an import or anything bound to one, not
-            # through a chain or an item, not a dunder and not a name a tensor has (it would shadow a method the
-            # harness calls on an output)
-            base = target.value
-            dotted = _dotted(base)
-            label = f"{dotted or ast.unparse(base)}.{target.attr}"
-            root = dotted.split(".")[0] if dotted else None
-            if root is not None and (root in self.aliases or root in self.derived):
-                self.refuse(target, f"assigning to {label}: patching modules or their classes is not allowed")
-            elif not isinstance(base, ast.Name):
-                self.refuse(target, f"assigning to {label}: only an attribute of a name of this file's may be assigned")
-            elif target.attr.startswith("__") or target.attr in TENSOR_METHODS:
-                self.refuse(target, f"assigning to {label}: {target.attr} is a tensor's or an object's own (patching is not allowed)")
+    def _check_target(self, target: ast.Attribute) -> None:
+        """An attribute stored or deleted, by any statement (assignment, ``for``, ``with``, a comprehension, ``del``)."""
+        # only ``name.attribute = ...`` on the file's own objects: not on an import or anything bound to one, not
+        # through a chain or an item, not a dunder and not a name a tensor has (it would shadow a method the
+        # harness calls on an output)
+        base = target.value
+        dotted = _dotted(base)
+        label = f"{dotted or ast.unparse(base)}.{target.attr}"
+        root = dotted.split(".")[0] if dotted else None
+        if root is not None and (root in self.aliases or root in self.derived):
+            self.refuse(target, f"assigning to {label}: patching modules or their classes is not allowed")
+        elif not isinstance(base, ast.Name):
+            self.refuse(target, f"assigning to {label}: only an attribute of a name of this file's may be assigned")
+        elif target.attr.startswith("__") or target.attr in TENSOR_METHODS:
+            self.refuse(target, f"assigning to {label}: {target.attr} is a tensor's or an object's own (patching is not allowed)")
 
 
 def _is_reference(node: ast.AST) -> bool:

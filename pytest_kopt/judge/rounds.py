@@ -211,6 +211,10 @@ class CaseBench:
         slots.take_snapshot()
         elapsed = time.perf_counter() - start
         client.sweep("batch")  # outside the window: the runner's whole tree stopped before anything else is timed
+        changed = client.request("audit").get("changed")  # what the candidate replaced of torch or the judge, if anything
+        if changed:
+            raise RunnerFailure(f"the candidate replaced {', '.join(map(str, changed))[:600]} during timed calls: torch and the "
+                                "judge must be left as they are")
         return start, replied, elapsed, reply
 
     def calibrate(self, client: RunnerClient, slots: CaseSlots) -> None:

@@ -166,6 +166,7 @@ class Runner:
         from . import checks
 
         self.torch = torch
+        self.untouched = fence.snapshot()  # torch and the judge's modules before the candidate exists
         self.channel = channel
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
@@ -241,6 +242,7 @@ class Runner:
                 module = import_candidate(path)
         except BaseException as exc:  # noqa: BLE001
             raise CandidateFault(f"importing the candidate failed: {describe_exception(exc, self.candidate_name)}") from None
+        self.refuse_changes("importing it")
         self.kernel = getattr(module, "kernel", None)
         if not callable(self.kernel):
             raise CandidateFault("the candidate defines no callable kernel(...)")
@@ -324,6 +326,16 @@ class Runner:
         for slot_id, values in (message.get("values") or {}).items():
             self.slots[str(slot_id)]["inputs"].update(values)
 
+    def refuse_changes(self, when: str) -> None:
+        changed = fence.changes(self.untouched)
+        if changed:
+            raise CandidateFault(f"the candidate replaced {', '.join(changed[:8])} ({when}): torch and the judge must be left "
+                                 "as they are")
+
+    def do_audit(self, message: dict, fds: list[int]) -> dict:
+        """After a timed round (outside its window): what the candidate replaced of torch or the judge, if anything."""
+        return {"ok": True, "changed": fence.changes(self.untouched)[:20]}
+
     def invoke(self, inputs: dict) -> Any:
         try:
             with fence.candidate_running():
@@ -391,6 +403,9 @@ class Runner:
                                monitor=self.monitor, expected_dtypes=expected, device=self.device)
         if mode_lost:
             honesty.append("the candidate switched off the judge's dispatch guard")
+        changed = fence.changes(self.untouched)
+        if changed:
+            honesty.append(f"the candidate replaced {', '.join(changed[:8])}: torch and the judge must be left as they are")
         described = self.store([outputs], [slot])[0]
         self.sync()
         return {"ok": True, "outputs": described, "honesty": honesty, "seconds": seconds, "launches": self.monitor.launches}
