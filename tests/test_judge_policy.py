@@ -104,6 +104,9 @@ REFUSED = {
                                "patching modules"),
     "patch through a loop name": (candidate("return x") + "\nfor M in (torch,):\n    M.empty_like = None\n", "patching modules"),
     "delete a method": (candidate("return x") + "\ndel torch.Tensor.detach\n", "patching modules"),
+    "torch submodule": (candidate("return torch.distributions.transforms.F.conv_tbc(x, y, y)"), "torch.distributions"),
+    "torch submodule imported": (candidate("return x", "from torch import distributions\n"), "submodules other than torch.cuda"),
+    "torch submodule import": (candidate("return x", "import torch.fx\n"), "not in the allow-list"),
     "private dataclasses": (candidate("return dataclasses._FIELDS", "import dataclasses\n"), "private internals"),
     # patching
     "patch allclose": (candidate("return x") + "\ntorch.allclose = lambda *a, **k: True\n", "patching modules"),

@@ -98,6 +98,11 @@ NEUTRAL_BASES = ("math", "triton", "triton.language")  # compute names are fine 
 # ``mro``; ``super`` with arguments is refused too), per-element Python callbacks, the raw storage
 FENCE_ESCAPES = frozenset({"mro", "map_", "map2_", "apply_", "storage", "untyped_storage", "typed_storage"})
 KERNEL_MODULES = ("triton", "math")  # all a @triton.jit body may name of the file's imports
+# torch's submodules re-export its functions as they were before the runner's fence (torch.distributions reaches
+# torch.nn.functional): a candidate may use torch.cuda alone
+TORCH_SUBMODULES = frozenset(name for name in dir(__import__("torch")) if not name.startswith("_")
+                             and type(getattr(__import__("torch"), name, None)).__name__ == "module")
+ALLOWED_TORCH_SUBMODULES = frozenset({"cuda"})
 TENSOR_METHODS = frozenset(name for name, value in vars(__import__("torch").Tensor).items() if callable(value)) | frozenset(
     name for name in dir(__import__("torch").Tensor) if callable(getattr(__import__("torch").Tensor, name, None)))
 # PEP 263: an encoding declaration in the first two lines decides how Python decodes the file
@@ -220,6 +225,9 @@ class _Checker(ast.NodeVisitor):
                 elif alias.name in MACHINERY_ATTRIBUTES and alias.name != "jit":
                     reason = (f"imports {alias.name} from {module}: modules re-exported by allowed ones (sys, os, inspect, ...) "
                               "are machinery too")
+                elif module == "torch" and alias.name in TORCH_SUBMODULES and alias.name not in ALLOWED_TORCH_SUBMODULES:
+                    reason = (f"imports {alias.name} from torch: torch's submodules other than torch.cuda are not allowed (they "
+                              "re-export torch's functions)")
             if alias.name == "*":
                 reason = reason or f"from {module} import *: import names explicitly"
             self.aliases[alias.asname or alias.name] = f"{module}.{alias.name}"
@@ -271,6 +279,9 @@ class _Checker(ast.NodeVisitor):
             self.refuse(node, f"attribute {name} is not allowed: no reflection on internals")
         elif name in MACHINERY_ATTRIBUTES and name != "jit":
             self.refuse(node, f"attribute {name} is not allowed: modules re-exported by allowed ones (sys, os, inspect, ...) are machinery too")
+        elif full_base == "torch" and name in TORCH_SUBMODULES and name not in ALLOWED_TORCH_SUBMODULES:
+            self.refuse(node, f"torch.{name}: torch's submodules other than torch.cuda are not allowed (they re-export torch's "
+                              "functions)")
         elif name in FENCE_ESCAPES:
             self.refuse(node, f"attribute {name} is not allowed: it reaches torch's methods or a tensor's data around the judge's fence")
         elif name.startswith("_") and name not in ALLOWED_DUNDERS and self._private_refused(base, full_base):
