@@ -65,10 +65,10 @@ REFUSED = {
     "private torch": (candidate("torch._C._set_grad_enabled(False)\nreturn x"), "private internals are not allowed"),
     # allowed modules re-export the rest of Python: every chain stops at its first link
     "torch.sys": (candidate("return torch.sys.modules['pytest_kopt']"), "not allowed"),
-    "torch.os": (candidate("torch.os.system('true')\nreturn x"), "attribute os is not allowed"),
+    "torch.os": (candidate("torch.os.system('true')\nreturn x"), "the module os"),
     "typing.sys": (candidate("return typing.sys.modules", "import typing\n"), "not allowed"),
-    "dataclasses.builtins": (candidate("return dataclasses.builtins.open", "import dataclasses\n"), "attribute builtins is not allowed"),
-    "dataclasses.inspect": (candidate("return dataclasses.inspect.stack()", "import dataclasses\n"), "attribute inspect is not allowed"),
+    "dataclasses.builtins": (candidate("return dataclasses.builtins.open", "import dataclasses\n"), "the module builtins"),
+    "dataclasses.inspect": (candidate("return dataclasses.inspect.stack()", "import dataclasses\n"), "the module inspect"),
     "triton time": (candidate("return triton.compiler.compiler.time.time()"), "not allowed"),
     "typing.operator": (candidate("return typing.operator.attrgetter('x')", "import typing\n"), "not allowed"),
     "getattr machinery": (candidate("return getattr(typing, 'sys')", "import typing\n"), "not allowed"),
@@ -107,6 +107,11 @@ REFUSED = {
     "torch submodule": (candidate("return torch.distributions.transforms.F.conv_tbc(x, y, y)"), "torch.distributions"),
     "torch submodule imported": (candidate("return x", "from torch import distributions\n"), "submodules other than torch.cuda"),
     "torch submodule import": (candidate("return x", "import torch.fx\n"), "not in the allow-list"),
+    # the fourth red team (session 49): chains followed on the real objects, whatever their names
+    "builtins under another name": (candidate("return enum.bltns.exec('1')", "import enum\n"), "is the module builtins"),
+    "pkgutil under triton": (candidate("return tl.extra.pkgutil.resolve_name('torch._C:TensorBase.add')"), "is the module pkgutil"),
+    "torch through torch.cuda": (candidate("return torch.cuda.torch.sparse.sampled_addmm(x, x, y)"), "is the module torch.sparse"),
+    "re under typing": (candidate("return typing.stdlib_re.escape('x')", "import typing\n"), "is the module re"),
     "private dataclasses": (candidate("return dataclasses._FIELDS", "import dataclasses\n"), "private internals"),
     # patching
     "patch allclose": (candidate("return x") + "\ntorch.allclose = lambda *a, **k: True\n", "patching modules"),

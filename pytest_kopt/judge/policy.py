@@ -23,9 +23,13 @@ Rules (each violation is one reason, "line N: ..."):
 from __future__ import annotations
 
 import ast
+import builtins
+import functools
+import inspect
 import re
 import string
 import threading
+import types
 from dataclasses import dataclass, field
 
 ALLOWED_IMPORTS = frozenset({
@@ -103,6 +107,10 @@ KERNEL_MODULES = ("triton", "math")  # all a @triton.jit body may name of the fi
 TORCH_SUBMODULES = frozenset(name for name in dir(__import__("torch")) if not name.startswith("_")
                              and type(getattr(__import__("torch"), name, None)).__name__ == "module")
 ALLOWED_TORCH_SUBMODULES = frozenset({"cuda"})
+# modules an attribute chain may pass through, whatever it is called on the way (enum.bltns is builtins,
+# triton.language.extra.pkgutil is pkgutil, torch.cuda.torch.sparse is torch.sparse): the allowed imports, the
+# packages above them, Triton's and Gluon's language packages and torch.cuda
+CHAIN_MODULE_PREFIXES = ("triton.language", "triton.experimental.gluon")
 TENSOR_METHODS = frozenset(name for name, value in vars(__import__("torch").Tensor).items() if callable(value)) | frozenset(
     name for name in dir(__import__("torch").Tensor) if callable(getattr(__import__("torch").Tensor, name, None)))
 # PEP 263: an encoding declaration in the first two lines decides how Python decodes the file
@@ -293,8 +301,30 @@ class _Checker(ast.NodeVisitor):
                 self.refuse(node, f"{label}: torch math is not allowed in host code; do the math in a @triton.jit kernel")
             elif name in RUNTIME_HOOKS and not (neutral and name == "jit"):
                 self.refuse(node, f"{label}: other compilers, loaders, streams, graphs and launch hooks are not allowed")
+        if len(self.report.reasons) == before:  # what no name above caught: where the chain really leads
+            reached = self._chain_reaches(node)
+            if reached:
+                self.refuse(node, reached)
         if len(self.report.reasons) == before or not isinstance(node.value, (ast.Attribute, ast.Name)):
             self.generic_visit(node)  # after a refusal, the rest of a.b.c would only repeat it
+
+    def _chain_reaches(self, node: ast.Attribute) -> str | None:
+        """What an attribute chain rooted at an import resolves to, where that is refused whatever its name: a module
+        outside the allowed ones, or one of the refused builtins (exec, open, getattr, ...). The chain is followed on
+        the real objects, in this (trusted) process: a deny-list of names missed ``enum.bltns.exec`` and
+        ``triton.language.extra.pkgutil.resolve_name``."""
+        dotted = _dotted(node)
+        head = dotted.split(".")[0] if dotted else None
+        if head is None or head not in self.aliases:
+            return None
+        module_parts, attributes = self.aliases[head].split("."), dotted.split(".")[1:]
+        for depth, value in _resolve(tuple(module_parts + attributes)):
+            label = ".".join([head, *attributes[:max(0, depth - len(module_parts))]])
+            if isinstance(value, types.ModuleType) and not _allowed_module(value.__name__):
+                return f"{label} is the module {value.__name__}, which a candidate may not use (allowed: torch, torch.cuda, triton, math, ...)"
+            if any(value is builtin for builtin in _REFUSED_BUILTIN_OBJECTS):
+                return f"{label} is the builtin {getattr(value, '__name__', value)}: no dynamic code, files or reflection"
+        return None
 
     def _private_refused(self, base: str | None, full_base: str | None) -> bool:
         """A private attribute is refused on an import or a name bound to one (``T = torch; T._C``), anywhere; in host
@@ -389,6 +419,40 @@ class _Checker(ast.NodeVisitor):
             self.refuse(target, f"assigning to {label}: only an attribute of a name of this file's may be assigned")
         elif target.attr.startswith("__") or target.attr in TENSOR_METHODS:
             self.refuse(target, f"assigning to {label}: {target.attr} is a tensor's or an object's own (patching is not allowed)")
+
+
+def _allowed_module(name: str) -> bool:
+    return (name in ALLOWED_IMPORTS or name == "torch.cuda" or name.startswith(CHAIN_MODULE_PREFIXES)
+            or any(allowed.startswith(name + ".") for allowed in ALLOWED_IMPORTS))
+
+
+_REFUSED_BUILTIN_OBJECTS = tuple(getattr(builtins, name) for name in sorted(REFUSED_BUILTINS | {"getattr", "hasattr"})
+                                 if hasattr(builtins, name)) + (builtins,)
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolve(path: tuple[str, ...]) -> tuple[tuple[int, object], ...]:
+    """The objects an import path followed by attributes passes through, as (length of the path so far, object), as far
+    as it resolves; empty where its start cannot be imported."""
+    import importlib
+
+    value, start = None, 0
+    for k in range(len(path), 0, -1):
+        try:
+            value, start = importlib.import_module(".".join(path[:k])), k
+            break
+        except Exception:  # noqa: BLE001 - not a module: shorter prefixes are tried
+            continue
+    if value is None:
+        return ()
+    seen = [(start, value)]
+    for k in range(start, len(path)):
+        try:
+            value = getattr(value, path[k]) if isinstance(value, types.ModuleType) else inspect.getattr_static(value, path[k])
+        except Exception:  # noqa: BLE001 - an attribute that is not there (or not yet): the chain ends
+            break
+        seen.append((k + 1, value))
+    return tuple(seen)
 
 
 def _is_reference(node: ast.AST) -> bool:
