@@ -72,7 +72,9 @@ EXPECT = {
     # audit of torch and its own modules names the change
     "patches_harness_runtime": hostile("patches_harness", "compile", "the candidate replaced torch.Tensor.norm, torch.allclose",
                                        static_policy=False),
-    "tensor_subclass_runtime": hostile("tensor_subclass", "compile", "output 0 is of type Agreeable, not a plain torch.Tensor", static_policy=False),
+    # (as_subclass is outside the fence's allow-list; tests/test_judge_transport.py checks the store's own refusal of a
+    # subclass)
+    "tensor_subclass_runtime": hostile("tensor_subclass", "compile", "Tensor.as_subclass", static_policy=False),
     # writes a passing result file, then os._exit(0): nobody reads the runner's files
     "forges_result_runtime": hostile("forges_result", "compile", "exited with code 0 during 'load'", static_policy=False),
     # class 1: reaching the judge from inside the process (the policy stops the chain; at run time
