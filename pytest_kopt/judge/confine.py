@@ -21,7 +21,7 @@ the machine and then gives up the power to change it:
    files that describe the host are masked.
 3. **Lock** it: a nested user and mount namespace. Mounts copied into a mount namespace of a less privileged user
    namespace are locked (the kernel refuses to make them writable again or to unmount them), so the candidate, which
-   runs there, cannot remount ``/`` read-write, as a probe did when the read-only flags were the runner's own.
+   runs there, cannot remount ``/`` read-write, as it could while the read-only flags were its own.
 4. **Drop every capability**, the bounding set included (``no_new_privs`` is set before): nothing the candidate does
    regains one.
 

@@ -2,14 +2,14 @@
 
 The dispatch guard (``checks.CallGuard``) sees every aten op, but only around checked calls: a guard around timed calls
 would be timed too. A candidate that can tell the two apart (the guard fills fresh memory with a NaN pattern, which
-a four-element probe sees) computed with torch in timed calls and with Triton in checked ones, and passed (red team,
-session 49). Another read its inputs' elements with ``float(t)`` and did the math in Python floats, which the guard
-takes for copies.
+a four-element probe sees) can compute with torch in timed calls and with Triton in checked ones. Another can read
+its inputs' elements with ``float(t)`` and do the math in Python floats, which the guard takes for copies.
 
 The fence is installed once in the runner, before the candidate is imported, and is the same in every call, so there
-is nothing to tell apart. It replaces each Python entry point to a torch op that ``checks.ALLOWED_OPS`` does not list
-(Tensor methods and operators, functions of the ``torch`` module) with one that refuses while candidate code runs, and
-each way of reading a float tensor's elements into Python (``float(t)``, ``t.item()``, its repr, ...); element callbacks (``map_``, ``apply_``) and exports (``numpy``,
+is nothing to tell apart. It replaces each Python entry point to torch math (Tensor methods and operators and
+functions of the ``torch`` module, each outside an allow-list of allocation, views, copies, conversions and metadata)
+with one that refuses while candidate code runs, and each way of reading a float tensor's elements into Python
+(``float(t)``, ``t.item()``, its repr, ...); element callbacks (``map_``, ``apply_``) and exports (``numpy``,
 ``tolist``, DLPack) on any tensor; and ``torch.ops`` calls of ops the guard would not allow. Integer tensors may still
 be read (a candidate checks its lengths and block table on the host).
 Candidate code is running while the runner is inside a candidate's import or call (``candidate_running``), and
@@ -208,7 +208,7 @@ def install() -> int:
 
 def _fence_reexports() -> int:
     """The same functions where other modules keep them under their own names (``torch.nn.functional.conv_tbc`` is
-    the object ``torch.conv_tbc`` was: a red-team candidate reached it through ``torch.distributions``): every module
+    the object ``torch.conv_tbc`` was, reachable through ``torch.distributions``): every module
     attribute that is a fenced original becomes its fenced form. How many were replaced."""
     import sys
 

@@ -73,7 +73,7 @@ class Series:
 
 def _number(value: Any) -> float | None:
     """A number the runner reported, for diagnosis only: a finite float, or None (the runner is the candidate's
-    process; a red-team runner answered with 30 MB strings here, which the result then carried to the caller)."""
+    process: an answer of 30 MB strings here would be carried by the result to the caller)."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
 
