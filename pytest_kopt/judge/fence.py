@@ -107,7 +107,7 @@ TORCH_FUNCTIONS = frozenset({
 
 # Tensor methods a candidate (and Triton's launch path, and the guard) may call: conversions and what describes a
 # tensor, besides the ops of ALLOWED_OPS and METADATA
-TENSOR_METHODS = frozenset({
+ALLOWED_TENSOR_METHODS = frozenset({
     "cpu", "cuda", "to", "type", "float", "half", "bfloat16", "double", "int", "long", "short", "char", "byte", "bool",
     "view_as", "reshape_as", "expand_as", "new_tensor", "nelement", "requires_grad_", "pin_memory", "is_shared",
     "dim_order", "untyped_storage", "is_inference", "is_leaf",
@@ -116,8 +116,8 @@ TENSOR_METHODS = frozenset({
 
 def fenced_names(owner: Any) -> list[str]:
     """The names of ``owner`` that run torch math. On the torch module every public function but TORCH_FUNCTIONS; on
-    torch.Tensor every public method but the allowed ops, METADATA and TENSOR_METHODS (Tensor.lu is Python that
-    calls a private function: an allow-list, not a list of ops), and the operators of OPERATOR_OPS."""
+    torch.Tensor every public method but the allowed ops, METADATA and ALLOWED_TENSOR_METHODS (Tensor.lu is Python
+    that calls a private function: an allow-list, not a list of ops), and the operators of OPERATOR_OPS."""
     if owner is torch:
         return [name for name in dir(torch) if not name.startswith("_") and name not in TORCH_FUNCTIONS
                 and callable(getattr(torch, name, None)) and not isinstance(getattr(torch, name), (type, types.ModuleType))]
@@ -127,7 +127,8 @@ def fenced_names(owner: Any) -> list[str]:
             aten = OPERATOR_OPS.get(name)
             if aten is None or {aten, aten + "_"} & ALLOWED_OPS:
                 continue  # other dunders are Python's machinery (and ELEMENT_READS, fenced for floats only)
-        elif name in METADATA or name in TENSOR_METHODS or name in ELEMENT_READS or {name, name.rstrip("_")} & ALLOWED_OPS:
+        elif name in METADATA or name in ALLOWED_TENSOR_METHODS or name in ELEMENT_READS or {
+                name, name.rstrip("_")} & ALLOWED_OPS:
             continue
         value = getattr(owner, name, None)
         if callable(value) and not isinstance(value, type):

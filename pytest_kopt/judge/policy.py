@@ -32,6 +32,8 @@ import threading
 import types
 from dataclasses import dataclass, field
 
+import torch
+
 ALLOWED_IMPORTS = frozenset({
     "__future__", "math", "typing", "functools", "dataclasses", "itertools", "enum",
     "torch", "triton", "triton.language",
@@ -104,15 +106,14 @@ FENCE_ESCAPES = frozenset({"mro", "map_", "map2_", "apply_", "storage", "untyped
 KERNEL_MODULES = ("triton", "math")  # all a @triton.jit body may name of the file's imports
 # torch's submodules re-export its functions as they were before the runner's fence (torch.distributions reaches
 # torch.nn.functional): a candidate may use torch.cuda alone
-TORCH_SUBMODULES = frozenset(name for name in dir(__import__("torch")) if not name.startswith("_")
-                             and type(getattr(__import__("torch"), name, None)).__name__ == "module")
+TORCH_SUBMODULES = frozenset(name for name in dir(torch) if not name.startswith("_")
+                             and isinstance(getattr(torch, name, None), types.ModuleType))
 ALLOWED_TORCH_SUBMODULES = frozenset({"cuda"})
 # modules an attribute chain may pass through, whatever it is called on the way (enum.bltns is builtins,
 # triton.language.extra.pkgutil is pkgutil, torch.cuda.torch.sparse is torch.sparse): the allowed imports, the
 # packages above them, Triton's and Gluon's language packages and torch.cuda
 CHAIN_MODULE_PREFIXES = ("triton.language", "triton.experimental.gluon")
-TENSOR_METHODS = frozenset(name for name, value in vars(__import__("torch").Tensor).items() if callable(value)) | frozenset(
-    name for name in dir(__import__("torch").Tensor) if callable(getattr(__import__("torch").Tensor, name, None)))
+TENSOR_METHODS = frozenset(name for name in dir(torch.Tensor) if callable(getattr(torch.Tensor, name, None)))
 # PEP 263: an encoding declaration in the first two lines decides how Python decodes the file
 CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
 UTF8_NAMES = frozenset({"utf-8", "utf8", "utf_8", "u8", "utf-8-sig", "utf_8_sig"})
@@ -287,9 +288,6 @@ class _Checker(ast.NodeVisitor):
             self.refuse(node, f"attribute {name} is not allowed: no reflection on internals")
         elif name in MACHINERY_ATTRIBUTES and name != "jit":
             self.refuse(node, f"attribute {name} is not allowed: modules re-exported by allowed ones (sys, os, inspect, ...) are machinery too")
-        elif full_base == "torch" and name in TORCH_SUBMODULES and name not in ALLOWED_TORCH_SUBMODULES:
-            self.refuse(node, f"torch.{name}: torch's submodules other than torch.cuda are not allowed (they re-export torch's "
-                              "functions)")
         elif name in FENCE_ESCAPES:
             self.refuse(node, f"attribute {name} is not allowed: it reaches torch's methods or a tensor's data around the judge's fence")
         elif name.startswith("_") and name not in ALLOWED_DUNDERS and self._private_refused(base, full_base):
