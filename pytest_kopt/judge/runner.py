@@ -166,12 +166,14 @@ class Runner:
         from . import checks
 
         self.torch = torch
-        self.untouched = fence.snapshot()  # torch and the judge's modules before the candidate exists
         self.channel = channel
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        if self.cuda:
+            torch.cuda.init()  # before the snapshot: CUDA's start sets torch.cuda's public state (default_generators)
         if self.cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        self.untouched = fence.snapshot()  # torch and the judge's modules before the candidate exists
         self.arenas: dict[int, Any] = {}
         self.slots: dict[str, dict] = {}  # slot id -> {"inputs": {...}, "regions": [...], "shapes": [...]}
         self.graphs: dict[tuple, tuple[Any, Any]] = {}  # slot ids -> (one CUDA graph of a call on each, their outputs)
