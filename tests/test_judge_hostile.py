@@ -100,6 +100,8 @@ EXPECT = {
     "patches_store_runtime": hostile("patches_store", "compile", "the candidate replaced torch.Tensor.detach (importing it)",
                                      static_policy=False),
     "lu_when_timed": hostile("lu_when_timed", "benchmark", "timed eager calls", "Tensor.lu is torch math", upto="benchmark"),
+    # the fifth red team (session 50): code in a string annotation, run by functools.singledispatch's register
+    "annotation_exec": hostile("annotation_exec", "policy", "code typing may evaluate", "singledispatch"),
     "reexported_original_runtime": hostile("reexported_original", "compile", "torch.conv_tbc is torch math", static_policy=False),
     "aten_when_timed_runtime": hostile("aten_when_timed", "benchmark", "timed eager calls", "torch.ops add is torch math",
                                        static_policy=False, upto="benchmark"),

@@ -58,6 +58,28 @@ def test_a_level_is_chosen_and_an_unknown_one_refused(monkeypatch: pytest.Monkey
     assert sandbox.choose_level()[0] == "process"
 
 
+def test_each_source_has_a_triton_cache_of_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The kept Triton cache is named by the source's whole digest: two files sharing a short one could share a cache,
+    and what the first wrote would run as the second (red team, session 50: 48 bits collided in a minute)."""
+    import hashlib
+
+    from pytest_kopt.judge import supervisor
+
+    keys: list[str] = []
+
+    class Started:
+        notes: list[str] = []
+
+    def fake_start(**options: object) -> Started:
+        keys.append(str(options["cache_key"]))
+        return Started()
+
+    monkeypatch.setattr(sandbox, "start_runner", fake_start)
+    for source in ("def kernel(): pass\n", "def kernel(): pass\n# another\n"):
+        supervisor.start_process(source, slot=0, workdir=tmp_path)
+    assert keys == [hashlib.sha256(s.encode()).hexdigest() for s in ("def kernel(): pass\n", "def kernel(): pass\n# another\n")]
+
+
 def test_stale_scratch_of_a_dead_supervisor_is_removed() -> None:
     base = sandbox.runner_base()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

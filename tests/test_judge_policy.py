@@ -113,6 +113,14 @@ REFUSED = {
     "torch through torch.cuda": (candidate("return torch.cuda.torch.sparse.sampled_addmm(x, x, y)"), "is the module torch.sparse"),
     "re under typing": (candidate("return typing.stdlib_re.escape('x')", "import typing\n"), "is the module re"),
     "private dataclasses": (candidate("return dataclasses._FIELDS", "import dataclasses\n"), "private internals"),
+    # the fifth red team (session 50): annotations are code, also as strings (typing evaluates them, and
+    # functools.singledispatch's register does so at import); a return annotation was never read at all
+    "return annotation": (candidate("return x") + "\ndef f() -> exec('1'):\n    pass\n", "exec is not allowed"),
+    "string annotation": (candidate("return x") + "\ndef f(a: 'exec(1) or int'):\n    pass\n", "code typing may evaluate"),
+    "string in a subscript annotation": (candidate("return x") + "\ndef f(a: list['exec(1)']):\n    pass\n", "exec is not allowed"),
+    "string variable annotation": (candidate("return x") + "\nz: 'globals() or int' = 1\n", "globals is not allowed"),
+    "singledispatch": (candidate("return x", "import functools\n") + "\nh = functools.singledispatch(len)\n", "singledispatch"),
+    "singledispatch imported": (candidate("return x", "from functools import singledispatchmethod\n"), "singledispatchmethod"),
     # patching
     "patch allclose": (candidate("return x") + "\ntorch.allclose = lambda *a, **k: True\n", "patching modules"),
     "patch method": (candidate("return x") + "\ntorch.Tensor.copy_ = None\n", "patching modules"),
@@ -239,3 +247,68 @@ def test_reasons_do_not_repeat_for_one_chain() -> None:
 def test_policy_reads_every_hostile_file_without_crashing() -> None:
     for path in sorted(Path(REPO_ROOT / "tests" / "hostile").glob("*.py")):
         check_source(path.read_text(), path.name)  # must not raise
+
+
+SYNTAX_TOUR = candidate("return x", "import functools\nimport typing\n") + """
+Row = typing.NamedTuple("Row", [("a", int)])
+
+
+@functools.lru_cache(maxsize=None)
+def plan(n: int, *rest: int, flag: bool = False, **named: 'typing.Any') -> 'tuple[int, ...]':
+    total: int = n
+    async_like = [v async for v in rest] if False else [v for v in rest if v]
+    with open_nothing() as (a, b):
+        pass
+    try:
+        total += sum(async_like)
+    except* ValueError:
+        pass
+    match n:
+        case 1 | 2:
+            total = (lambda q=n, /, *, r=1: q + r)()
+        case [first, *others]:
+            total = first
+        case {"k": value, **others}:
+            total = value
+    while (m := total) > 10:
+        total = m // 2 if m else -m
+    del async_like
+    global FLAG
+    return tuple(x[1:2:1] for x in [[total, f"{total!r:>{n}}"]])
+
+
+class Plan:
+    limit: typing.ClassVar[int] = 4
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+"""
+
+
+def test_the_policy_reads_every_node_of_the_syntax_tree() -> None:
+    """A node the checker never visits is code it never reads (a function's return annotation went unread until the
+    fifth red team): on clean files, every node ``ast.walk`` yields is visited. A new visitor that skips a field
+    fails this."""
+    import ast
+
+    from pytest_kopt.judge import policy
+
+    class Recording(policy._Checker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[int] = set()
+
+        def visit(self, node: ast.AST) -> None:
+            self.seen.add(id(node))
+            super().visit(node)
+
+    sources = {"tour": SYNTAX_TOUR, **{p.name: p.read_text() for p in sorted((REPO_ROOT / "kernels" / "best").glob("*.py"))
+                                       if p.name != "__init__.py"}}
+    for name, source in sources.items():
+        tree = ast.parse(source)
+        checker = Recording()
+        checker.visit(tree)
+        assert not checker.report.reasons, f"{name}: {checker.report.reasons[:3]}"
+        # an import's names are read by the import's own visitor
+        missed = [n for n in ast.walk(tree) if id(n) not in checker.seen and not isinstance(n, ast.alias)]
+        assert not missed, f"{name}: never visited: {[ast.dump(n)[:80] for n in missed[:5]]}"

@@ -30,6 +30,7 @@ import re
 import string
 import threading
 import types
+import typing
 from dataclasses import dataclass, field
 
 import torch
@@ -79,8 +80,10 @@ RUNTIME_HOOKS = frozenset({
     "compile", "jit", "ops", "library", "load_inline", "cpp_extension", "load", "save", "hub", "package",
     "distributed", "multiprocessing", "profiler", "autograd", "Stream", "stream", "set_stream", "ExternalStream",
     "CUDAGraph", "graph", "graphs", "record_stream", "wait_stream", "knobs", "runtime", "add_pre_run_hook",
-    "pre_run_hooks", "launch_enter_hook", "launch_exit_hook", "attrgetter", "methodcaller", "get_type_hints",
-    "ForwardRef", "testing",
+    "pre_run_hooks", "launch_enter_hook", "launch_exit_hook", "attrgetter", "methodcaller", "testing",
+    # they evaluate strings as code: annotations turned into forward references (a string bound to a name and used as
+    # an annotation is no literal the policy can read)
+    "get_type_hints", "ForwardRef", "singledispatch", "singledispatchmethod", "register",
     # frame and code objects reach the judge's own variables
     "f_back", "f_locals", "f_globals", "f_builtins", "f_code", "tb_frame", "tb_next", "gi_frame", "gi_code",
     "cr_frame", "cr_code", "ag_frame", "co_code", "co_consts",
@@ -198,6 +201,7 @@ class _Checker(ast.NodeVisitor):
         self.has_kernel = False
         self.checked_calls: set[int] = set()  # getattr/hasattr names seen as direct calls
         self.derived: set[str] = set()  # names bound to something reached from an import (T = torch.Tensor)
+        self.annotation_depth = 0  # inside an annotation, where a string is code
 
     def refuse(self, node: ast.AST, text: str) -> None:
         self.report.reasons.append(f"line {getattr(node, 'lineno', '?')}: {text}")
@@ -252,13 +256,38 @@ class _Checker(ast.NodeVisitor):
             self.report.jit_functions.append(node.name)
         if node.name == "kernel" and self.jit_depth == 0 and node.col_offset == 0:
             self.has_kernel = True
-        for decorator in node.decorator_list:
-            self.visit(decorator)
-        self.visit(node.args)
+        # every field but the body as written outside the kernel (decorators, arguments, the return annotation, type
+        # parameters), then the body: a field left out is code the policy never reads (``def f() -> exec(...)``)
+        for field, value in ast.iter_fields(node):
+            if field == "body":
+                continue
+            if field == "returns" and value is not None:
+                self._visit_annotation(value)
+            else:
+                for child in value if isinstance(value, list) else [value]:
+                    if isinstance(child, ast.AST):
+                        self.visit(child)
         self.jit_depth += is_jit
         for stmt in node.body:
             self.visit(stmt)
         self.jit_depth -= is_jit
+
+    def visit_arg(self, node: ast.arg) -> None:
+        if node.annotation is not None:
+            self._visit_annotation(node.annotation)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self.visit(node.target)
+        self._visit_annotation(node.annotation)
+        if node.value is not None:
+            self.visit(node.value)
+
+    def _visit_annotation(self, node: ast.AST) -> None:
+        """An annotation is code, and so is a string in it: typing turns the string into a forward reference that
+        ``get_type_hints`` evaluates in the file's globals (``def f(a: "exec(...)")``)."""
+        self.annotation_depth += 1
+        self.visit(node)
+        self.annotation_depth -= 1
 
     visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
 
@@ -399,8 +428,25 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Constant(self, node: ast.Constant) -> None:
-        if isinstance(node.value, str) and DUNDER.match(node.value) and node.value not in ALLOWED_DUNDERS:
+        if not isinstance(node.value, str):
+            return
+        if DUNDER.match(node.value) and node.value not in ALLOWED_DUNDERS:
             self.refuse(node, f"the string {node.value!r} is not allowed: dunder names are internals, also as strings")
+            return
+        if not self.annotation_depth:
+            return
+        try:
+            expression = ast.parse(node.value.strip(), mode="eval")
+        except (SyntaxError, ValueError):
+            self.refuse(node, f"the annotation {node.value[:80]!r} is not an expression: a string annotation is code")
+            return
+        for inner in ast.walk(expression):
+            ast.copy_location(inner, node)
+        before = len(self.report.reasons)
+        self.visit(expression)
+        if len(self.report.reasons) > before:
+            self.refuse(node, f"the annotation {node.value[:80]!r} is code typing may evaluate: it is checked as code, "
+                              "and that code is not allowed")
 
     def _check_target(self, target: ast.Attribute) -> None:
         """An attribute stored or deleted, by any statement (assignment, ``for``, ``with``, a comprehension, ``del``)."""
@@ -425,7 +471,9 @@ def _allowed_module(name: str) -> bool:
 
 
 _REFUSED_BUILTIN_OBJECTS = tuple(getattr(builtins, name) for name in sorted(REFUSED_BUILTINS | {"getattr", "hasattr"})
-                                 if hasattr(builtins, name)) + (builtins,)
+                                 if hasattr(builtins, name)) + (builtins,) + (
+    # the allowed modules' functions that evaluate strings (annotations) as code, however they are reached
+    typing.get_type_hints, typing.ForwardRef, functools.singledispatch, functools.singledispatchmethod)
 
 
 @functools.lru_cache(maxsize=4096)

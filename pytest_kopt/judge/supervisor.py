@@ -560,7 +560,9 @@ def start_process(source: str, slot: int, workdir: Path) -> Any:
     from .sandbox import choose_level, start_runner
 
     level, why = choose_level()
-    process = start_runner(device="auto", slot=slot, level=level, cache_key=hashlib.sha256(source.encode()).hexdigest()[:12], private=workdir)
+    # the Triton cache kept for this source: the whole digest names it (12 hex digits let two files be made to share
+    # one, and so what the first one wrote run as the second)
+    process = start_runner(device="auto", slot=slot, level=level, cache_key=hashlib.sha256(source.encode()).hexdigest(), private=workdir)
     process.notes.insert(0, why)
     return process
 
