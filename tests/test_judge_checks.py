@@ -216,6 +216,9 @@ with fence.candidate_running():
         "copies and fills": lambda: (torch.empty(4).copy_(x), torch.empty(4).fill_(1.0), torch.empty(2).zero_()),
         "conversions": lambda: (x.float(), x.to(torch.bfloat16), x.cpu(), lengths.cpu()),
         "metadata": lambda: (x.shape, x.stride(), x.dim(), x.numel(), x.is_contiguous(), x.data_ptr()),
+        "basic indexing": lambda: (x[1:3], x[None, ...], x[-1:], x.view(2, 2)[:, 0], x.clone().__setitem__(slice(0, 2), 0.0)),
+        "tensor index": lambda: x[lengths.long() - 3], "list index": lambda: x[[0, 2]],
+        "tensor index store": lambda: x.clone().__setitem__(lengths.long() - 3, 1.0),
     }.items():
         found[name] = outcome(fn)
 thread = {}
@@ -239,5 +242,5 @@ def test_the_fence_refuses_torch_math_and_float_reads_to_candidate_code_alone() 
     assert run.returncode == 0, run.stderr[-2000:]
     found = json.loads(run.stdout.strip().splitlines()[-1])
     fenced = {"operator", "in-place operator", "method", "function", "float read", "item", "tolist", "repr",
-              "math on another thread"}
+              "math on another thread", "tensor index", "list index", "tensor index store"}
     assert {name for name, what in found.items() if what == "fenced"} == fenced, found

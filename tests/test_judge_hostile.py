@@ -102,6 +102,13 @@ EXPECT = {
     "lu_when_timed": hostile("lu_when_timed", "benchmark", "timed eager calls", "Tensor.lu is torch math", upto="benchmark"),
     # the fifth red team (session 50): code in a string annotation, run by functools.singledispatch's register
     "annotation_exec": hostile("annotation_exec", "policy", "code typing may evaluate", "singledispatch"),
+    # the sixth (session 50): gathers through tensor indices when timed (the fence), and Tensor's C base class when
+    # timed, which only the policy keeps out; with it off, a timed call that launches no kernel is refused
+    "index_when_timed": hostile("index_when_timed", "benchmark", "timed eager calls", "with a tensor or a sequence as index",
+                                upto="benchmark"),
+    "base_class_when_timed": hostile("base_class_when_timed", "policy", "the module torch._C"),
+    "base_class_when_timed_runtime": hostile("base_class_when_timed", "benchmark", "launched 0 Triton kernels",
+                                             static_policy=False, upto="benchmark"),
     "reexported_original_runtime": hostile("reexported_original", "compile", "torch.conv_tbc is torch math", static_policy=False),
     "aten_when_timed_runtime": hostile("aten_when_timed", "benchmark", "timed eager calls", "torch.ops add is torch math",
                                        static_policy=False, upto="benchmark"),

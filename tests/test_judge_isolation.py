@@ -147,3 +147,23 @@ def test_a_runner_of_a_dedicated_uid_has_a_login_name(tmp_path: Path) -> None:
         with pytest.raises(KeyError):  # why it is needed: the uid is no user of this machine
             pwd.getpwuid(runner.uid)
     assert getpass.getuser()  # the supervisor's own lookup is untouched
+
+
+def test_the_scratch_stays_writable_when_the_import_path_holds_tmp() -> None:
+    """A caller with /tmp itself on its import path (a script run from /tmp) keeps /tmp in the runner's view, so the
+    scratch inside it is not bound back on its own; it is still a writable mount of its own there (it was read-only,
+    and every candidate failed to load)."""
+    level, _ = sandbox.choose_level()
+    if level == "process":
+        pytest.skip("the process level has no mount namespace")
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = ["/tmp", {str(TESTS)!r}]
+        import judge_toy_problem
+        from pytest_kopt.judge import evaluate
+        r = evaluate("judge-toy-axpy", {str(HOSTILE / "good_axpy.py")!r}, quick=True, upto="correctness", timeout_s=300)
+        print(r["verdict"], (r.get("reasons") or [""])[0][:300])
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=400,
+                         env={**os.environ, "TRITON_INTERPRET": "1"}, cwd="/tmp")
+    assert run.stdout.strip().splitlines()[-1].startswith("pass"), run.stdout[-600:] + run.stderr[-600:]

@@ -121,6 +121,12 @@ REFUSED = {
     "string variable annotation": (candidate("return x") + "\nz: 'globals() or int' = 1\n", "globals is not allowed"),
     "singledispatch": (candidate("return x", "import functools\n") + "\nh = functools.singledispatch(len)\n", "singledispatch"),
     "singledispatch imported": (candidate("return x", "from functools import singledispatchmethod\n"), "singledispatchmethod"),
+    # the sixth (session 50): attributes named by data, and private names further down a chain from self
+    "update_wrapper": (candidate("return x", "import functools\n") + "\nclass C:\n    pass\n"
+                       "functools.update_wrapper(C, torch, assigned=('sys',), updated=())\n", "update_wrapper"),
+    "wraps imported": (candidate("return x", "from functools import wraps\n"), "imports wraps"),
+    "private under self": (candidate("return x") + "\nclass C:\n    def f(self):\n        self.m = torch\n"
+                           "        return self.m._C\n", "private internals"),
     # patching
     "patch allclose": (candidate("return x") + "\ntorch.allclose = lambda *a, **k: True\n", "patching modules"),
     "patch method": (candidate("return x") + "\ntorch.Tensor.copy_ = None\n", "patching modules"),

@@ -91,6 +91,7 @@ class LaunchMonitor:
         self.side_stream: list[str] = []
         self.expected_stream: Any = None  # set by the guard during a call on a GPU
         self.enabled = True  # off for timed calls: its bookkeeping would be timed too
+        self.timed_launches = 0  # launches while off: one increment each (a timed call must launch a kernel)
         self._installed = False
 
     def install(self) -> None:
@@ -123,6 +124,8 @@ class LaunchMonitor:
         def wrap(original):
             def run(self, *args, grid, warmup, **kwargs):
                 if warmup or not monitor.enabled:
+                    if not warmup and launcher is None:
+                        monitor.timed_launches += 1
                     return original(self, *args, grid=grid, warmup=warmup, **kwargs)
                 name = getattr(getattr(self, "fn", None), "__name__", None) or getattr(self, "__name__", "kernel")
                 monitor.names[name] += 1
@@ -165,6 +168,8 @@ class LaunchMonitor:
                 expected = monitor.expected_stream
                 if expected is not None and stream != expected.cuda_stream:
                     monitor.side_stream.append("a compiled kernel")
+            else:
+                monitor.timed_launches += 1
             return raw(gridX, gridY, gridZ, stream, *rest)
 
         launch.__wrapped__ = raw  # type: ignore[attr-defined]

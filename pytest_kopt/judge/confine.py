@@ -126,6 +126,11 @@ def read_only(writable: list[str]) -> None:
         if os.path.exists(path):
             _mount("/dev/null", path, MS_BIND)
     keep = {os.path.realpath(p) for p in writable} | {"/dev/shm"}
+    mounted = {target for target, _ in _mounts()}
+    for path in sorted(keep - mounted):
+        # a mount of its own, so that the remount of what holds it leaves it writable (the scratch is not hidden and
+        # bound back when the caller's import path holds /tmp itself)
+        _mount(path, path, MS_BIND | MS_REC)
     for target, options in _mounts():
         if target in keep or target in PROC_MASKED or (_under(target, "/proc") and not any(_under(target, p) for p in PROC_READ_ONLY)):
             continue

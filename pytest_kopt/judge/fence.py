@@ -186,6 +186,32 @@ def _fence_ops() -> None:
         cls.__call__ = call
 
 
+def _basic_index(index: Any) -> bool:
+    """Whether ``t[index]`` is basic indexing (a view: ints, slices of ints, None, Ellipsis); a tensor or a sequence
+    in it makes it a gather or a scatter, which is torch math (a lookup table, or offset arithmetic through an
+    overlapping view)."""
+    parts = index if isinstance(index, tuple) else (index,)
+    return all(part is None or part is Ellipsis or (isinstance(part, int) and not isinstance(part, torch.Tensor))
+               or (isinstance(part, slice) and all(b is None or isinstance(b, int) for b in (part.start, part.stop, part.step)))
+               for part in parts)
+
+
+def _fence_indexing() -> None:
+    """``t[index]`` and ``t[index] = value``: refused to candidate code unless the index is basic (the fifth red team
+    timed a file that did all its math with tensor indices)."""
+    for name in ("__getitem__", "__setitem__"):
+        original = getattr(torch.Tensor, name)
+        _installed[(torch.Tensor, name)] = original
+
+        def indexed(self: Any, index: Any, *value: Any, _original: Callable = original, _name: str = name) -> Any:
+            if candidate_is_running() and not _basic_index(index):
+                raise FencedOp(f"Tensor.{_name} with a tensor or a sequence as index is torch math (a gather or a scatter): "
+                               "a candidate's math runs in Triton kernels (the judge refuses it in every call)")
+            return _original(self, index, *value)
+
+        setattr(torch.Tensor, name, functools.wraps(original)(indexed))
+
+
 def install() -> int:
     """Fence torch's entry points in this process (the runner, before the candidate is imported); how many. The
     calling thread is the harness's: it keeps torch outside ``candidate_running``. Tensor's C base class holds the
@@ -202,6 +228,7 @@ def install() -> int:
         _fence(torch.Tensor, "Tensor", name, floats_only=False)
     for name in ELEMENT_READS:
         _fence(torch.Tensor, "Tensor", name, floats_only=True)
+    _fence_indexing()
     _fence_ops()
     _fence_reexports()
     return len(_installed)

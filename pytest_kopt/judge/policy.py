@@ -84,6 +84,9 @@ RUNTIME_HOOKS = frozenset({
     # they evaluate strings as code: annotations turned into forward references (a string bound to a name and used as
     # an annotation is no literal the policy can read)
     "get_type_hints", "ForwardRef", "singledispatch", "singledispatchmethod", "register",
+    # they read and store attributes named by data (``update_wrapper(dst, src, assigned=("_C",))`` is getattr and
+    # setattr with a computed name)
+    "update_wrapper", "wraps",
     # frame and code objects reach the judge's own variables
     "f_back", "f_locals", "f_globals", "f_builtins", "f_code", "tb_frame", "tb_next", "gi_frame", "gi_code",
     "cr_frame", "cr_code", "ag_frame", "co_code", "co_consts",
@@ -361,7 +364,9 @@ class _Checker(ast.NodeVisitor):
         if root is not None and (root in self.derived or (full_base is not None and _root(full_base) in (
                 "torch", "triton", "typing", "functools", "dataclasses", "itertools", "enum", "math"))):
             return True
-        return self.jit_depth == 0 and root not in ("self", "cls")
+        # host code: a private name of the object itself only (``self._plan``), not further down a chain
+        # (``self.m._C``: whatever was stored on self, an import included)
+        return self.jit_depth == 0 and base not in ("self", "cls")
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
@@ -473,7 +478,9 @@ def _allowed_module(name: str) -> bool:
 _REFUSED_BUILTIN_OBJECTS = tuple(getattr(builtins, name) for name in sorted(REFUSED_BUILTINS | {"getattr", "hasattr"})
                                  if hasattr(builtins, name)) + (builtins,) + (
     # the allowed modules' functions that evaluate strings (annotations) as code, however they are reached
-    typing.get_type_hints, typing.ForwardRef, functools.singledispatch, functools.singledispatchmethod)
+    typing.get_type_hints, typing.ForwardRef, functools.singledispatch, functools.singledispatchmethod,
+    # and those that read and store attributes named by data
+    functools.update_wrapper, functools.wraps)
 
 
 @functools.lru_cache(maxsize=4096)

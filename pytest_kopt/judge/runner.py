@@ -461,6 +461,7 @@ class Runner:
         event_us: list[float] = []
         host_us: list[float] = []
         self.monitor.enabled = False
+        self.monitor.timed_launches = 0
         try:
             if self.null and mode == "eager":  # the yardstick's rounds (rounds.CaseBench.measure_transport)
                 results = [slot["null_outputs"] for slot in slots]
@@ -495,6 +496,11 @@ class Runner:
         except BaseException as exc:  # noqa: BLE001
             raise CandidateFault(f"the candidate's kernels failed: {describe_exception(exc, self.candidate_name)}") from None
         called = time.perf_counter()
+        if mode in ("eager", "device") and not self.null and self.monitor.timed_launches < len(slots):
+            # a timed call that launches no Triton kernel did its work some other way (a checked call is watched
+            # closely, a timed one is not: red team, session 50, computed with torch indexing only when timed)
+            raise CandidateFault(f"{len(slots)} timed {mode} calls launched {self.monitor.timed_launches} Triton kernels: "
+                                 "every call's math runs in Triton kernels, timed calls too")
         event_us = [s.elapsed_time(e) * 1e3 for s, e in pairs] if mode == "device" else []
         described = self.store(results, slots)
         self.sync()
