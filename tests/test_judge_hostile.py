@@ -107,8 +107,19 @@ EXPECT = {
     "index_when_timed": hostile("index_when_timed", "benchmark", "timed eager calls", "with a tensor or a sequence as index",
                                 upto="benchmark"),
     "base_class_when_timed": hostile("base_class_when_timed", "policy", "the module torch._C"),
-    "base_class_when_timed_runtime": hostile("base_class_when_timed", "benchmark", "launched 0 Triton kernels",
-                                             static_policy=False, upto="benchmark"),
+    # (with the policy off, torch's dispatcher refuses the base class's ops: fence._fence_dispatcher)
+    "base_class_when_timed_runtime": hostile("base_class_when_timed", "benchmark", "aten.mul.Tensor is torch math",
+                                             "refused in torch's dispatcher", static_policy=False, upto="benchmark"),
+    # the seventh (session 51): a module bound to another name reached exec (the policy; with it off, exec called by the
+    # candidate is refused at run time), an output whose metaclass claimed it was a tuple was listed outside the fence
+    # (checked by identity now, and listed inside), the base class through getattr's literal name (the policy; with it
+    # off, the dispatcher)
+    "module_as_value": hostile("module_as_value", "policy", "the module enum is used as a value"),
+    "module_as_value_runtime": hostile("module_as_value", "compile", "exec(...) called by the candidate", static_policy=False),
+    "claims_tuple": hostile("claims_tuple", "compile", "returned a Outputs: it must return a tuple"),
+    "getattr_base_class": hostile("getattr_base_class", "policy", "getattr(..., 'mro') is not allowed"),
+    "getattr_base_class_runtime": hostile("getattr_base_class", "benchmark", "refused in torch's dispatcher", static_policy=False,
+                                          upto="benchmark"),
     "reexported_original_runtime": hostile("reexported_original", "compile", "torch.conv_tbc is torch math", static_policy=False),
     "aten_when_timed_runtime": hostile("aten_when_timed", "benchmark", "timed eager calls", "torch.ops add is torch math",
                                        static_policy=False, upto="benchmark"),

@@ -127,6 +127,25 @@ REFUSED = {
     "wraps imported": (candidate("return x", "from functools import wraps\n"), "imports wraps"),
     "private under self": (candidate("return x") + "\nclass C:\n    def f(self):\n        self.m = torch\n"
                            "        return self.m._C\n", "private internals"),
+    # the seventh (session 51): a module passed on as a value (the chain check followed an import's own name only),
+    # getattr's literal names checked against a shorter list than attributes written out, classes made from data
+    "module bound to a name": (candidate("E = enum\nreturn E.bltns.exec('1')", "import enum\n"), "the module enum is used as a value"),
+    "module by walrus": (candidate("return (E := enum).bltns.exec('1')", "import enum\n"), "the module enum is used as a value"),
+    "module as a default": (candidate("return x", "import enum\n") + "\ndef f(m=enum):\n    return m.bltns\n",
+                            "the module enum is used as a value"),
+    "module in a list": (candidate("return [enum][0].bltns.exec('1')", "import enum\n"), "the module enum is used as a value"),
+    "module as a match subject": (candidate("match enum:\n    case M:\n        return M.bltns.exec('1')", "import enum\n"),
+                                  "the module enum is used as a value"),
+    "module in a comprehension's first iterable": (candidate("return [m.bltns for m in [enum]]", "import enum\n"),
+                                                   "the module enum is used as a value"),
+    "submodule as a value": (candidate("lang = triton.language\nreturn x"), "the module triton.language is used as a value"),
+    "getattr of a fence escape": (candidate("return getattr(torch.Tensor, 'mro')()[1].mul(x, y)"), "attribute mro is not allowed"),
+    "getattr of a module": (candidate("return getattr(enum, 'bltns').exec('1')", "import enum\n"), "is the module builtins"),
+    "make_dataclass": (candidate("return x", "import dataclasses\n") + "\nC = dataclasses.make_dataclass('C', [])\n",
+                       "make_dataclass"),
+    "Enum's functional API": (candidate("return x", "import enum\n") + "\nK = enum.Enum('K', [('a', 1)])\n", "functional API"),
+    "a subclass's functional API": (candidate("return x", "import enum\n") + "\nclass K(enum.Enum):\n    pass\n"
+                                    "\nJ = K('J', ['a'])\n", "functional API"),
     # patching
     "patch allclose": (candidate("return x") + "\ntorch.allclose = lambda *a, **k: True\n", "patching modules"),
     "patch method": (candidate("return x") + "\ntorch.Tensor.copy_ = None\n", "patching modules"),
@@ -155,6 +174,16 @@ def test_policy_refuses_with_a_reason_naming_the_line(name: str) -> None:
 def test_a_utf8_declaration_and_plain_format_pass(line: str) -> None:
     source = line + "\n" + candidate("s = 'a {} {:>4} {name}'.format(1, 2, name=3)\nt = type(x)\nreturn x")
     assert check_source(source).ok, check_source(source).reasons
+
+
+def test_a_name_that_shadows_a_module_in_its_own_scope_passes() -> None:
+    """Only a module is refused as a value: a function's own variable of the same name (the mla bests' ``tma``, a
+    flag beside the imported ``tma`` module), a parameter, a comprehension's target and an Enum's value lookup pass."""
+    source = candidate("tma = x.is_contiguous()\nreturn x if tma else y", "from triton.experimental.gluon.language.nvidia.hopper import tma\n")
+    source += "\nf = lambda enum: enum\nvalues = [enum for enum in range(3)]\n"
+    source += "\nclass K(enum.Enum):\n    A = 1\n\nk = K(1)\n"
+    report = check_source(source.replace("import torch\n", "import torch\nimport enum\n", 1))
+    assert report.ok, report.reasons
 
 
 def test_the_offending_line_number_is_reported() -> None:

@@ -11,7 +11,9 @@ functions of the ``torch`` module, each outside an allow-list of allocation, vie
 with one that refuses while candidate code runs, and each way of reading a float tensor's elements into Python
 (``float(t)``, ``t.item()``, its repr, ...); element callbacks (``map_``, ``apply_``) and exports (``numpy``,
 ``tolist``, DLPack) on any tensor; and ``torch.ops`` calls of ops the guard would not allow. Integer tensors may still
-be read (a candidate checks its lengths and block table on the host).
+be read (a candidate checks its lengths and block table on the host). Below the Python names, every aten op outside
+the allow-list gets a kernel of its own in torch's dispatcher that refuses while candidate code runs
+(``_fence_dispatcher``): routes to torch that no Python name covers (Tensor's C base class) meet it there.
 Candidate code is running while the runner is inside a candidate's import or call (``candidate_running``), and
 always on a thread the candidate started. The allowed ops are not wrapped, so they cost nothing more. What the fence
 cannot see (torch reached around the Python entry points, which the static policy refuses) the guard still sees in
@@ -60,6 +62,9 @@ METADATA = frozenset({"size", "stride", "dim", "numel", "is_contiguous", "is_flo
 
 _harness_thread: int | None = None
 _depth = 0
+_candidate_file: str | None = None  # the candidate's path as its code objects name it (set before its import)
+# builtins that run text as code: refused when the candidate's own code calls them (files are the confinement's: confine.py)
+DYNAMIC_CODE = ("exec", "eval", "compile", "breakpoint")
 _installed: dict[tuple[Any, str], Any] = {}
 
 
@@ -81,6 +86,110 @@ def candidate_running() -> Iterator[None]:
         yield
     finally:
         _depth -= 1
+
+
+def watch_candidate_file(path: str) -> None:
+    """Name the file whose code may not call DYNAMIC_CODE (the runner, before it imports the candidate)."""
+    global _candidate_file
+    _candidate_file = str(path)
+
+
+def _fence_dynamic_code() -> None:
+    """``exec``, ``eval``, ``compile`` and ``breakpoint``, called by the candidate's own code: refused. The
+    policy refuses their names, but a route it does not follow still hands over the function (the seventh red team's
+    ``E = enum; E.bltns.exec``); this refuses the call, whatever name reached it. The caller is the Python frame that
+    called it (a call through a C function such as ``map`` or ``functools.partial`` has the candidate's frame as its
+    caller); Triton, torch and the judge call them from their own files, which pass."""
+    import builtins
+    import sys
+
+    for name in DYNAMIC_CODE:
+        original = getattr(builtins, name)
+        _installed[(builtins, name)] = original
+
+        def guarded(*args: Any, _original: Callable = original, _name: str = name, **kwargs: Any) -> Any:
+            if _candidate_file is not None and candidate_is_running() and sys._getframe(1).f_code.co_filename == _candidate_file:
+                raise FencedOp(f"{_name}(...) called by the candidate: it runs text as code, which the judge refuses (a "
+                               "candidate is the code that was checked)")
+            return _original(*args, **kwargs)
+
+        setattr(builtins, name, functools.wraps(original)(guarded))
+
+
+# ops the runner itself runs inside the fence (storing a timed round's outputs), besides the guard's allowed ones
+HARNESS_OPS = frozenset({"_foreach_copy_"})
+DISPATCH_KEYS = ("AutogradCPU", "AutogradCUDA")
+_library: Any = None  # the registrations below last as long as this object
+
+
+def _fence_dispatcher() -> int:
+    """Every aten op a candidate may not run, refused in torch's dispatcher, below every Python name: a kernel of its
+    own at the autograd keys of the CPU and CUDA, which refuses while candidate code runs and otherwise runs the op as
+    before (below autograd, which the runner never needs). Tensor's C base class, ``torch._C._VariableFunctions`` and
+    every other route to an op meet it (the seventh red team reached the base class through ``getattr(T, "mro")`` and
+    computed with it in timed calls, beside a kernel that did nothing). The allowed ops are the dispatch guard's
+    (``checks.ALLOWED_OPS``); an op that decomposes into others (CompositeImplicitAutograd: ``einsum``, ``to``) is
+    left to its parts, as the guard sees it. Allowed ops get no kernel, so they cost nothing more. How many kernels.
+    Inference mode skips the autograd keys: ``_fence_inference_mode`` refuses it."""
+    global _library
+    import warnings
+
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    library = torch.library.Library("aten", "IMPL")
+    count = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "overriding a previously registered kernel", once an op
+        for qualified in torch._C._dispatch_get_all_op_names():
+            if not qualified.startswith("aten::"):
+                continue
+            name = qualified[len("aten::"):]
+            packet, _, overload = name.partition(".")
+            if ({packet, packet.rstrip("_")} & (ALLOWED_OPS | HARNESS_OPS) or packet.startswith("sym_")
+                    or has_kernel(qualified, "CompositeImplicitAutograd")):
+                continue
+            try:
+                op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+            except (AttributeError, RuntimeError):
+                continue
+            for key in DISPATCH_KEYS:
+                try:
+                    library.impl(name, _refusing_kernel(op), key)
+                    count += 1
+                except RuntimeError:
+                    pass
+    _library = library
+    return count
+
+
+def _refusing_kernel(op: Any) -> Callable:
+    below_autograd = torch._C._AutoDispatchBelowAutograd
+    label = str(op)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        if candidate_is_running():
+            raise FencedOp(f"{label} is torch math: a candidate's math runs in Triton kernels (refused in torch's dispatcher, "
+                           "in every call alike)")
+        with below_autograd():
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _fence_inference_mode() -> None:
+    """``torch.inference_mode`` takes the autograd keys out of dispatch, and with them ``_fence_dispatcher``'s kernels:
+    refused to candidate code."""
+    from torch.autograd.grad_mode import inference_mode
+
+    original = inference_mode.__enter__
+    _installed[(inference_mode, "__enter__")] = original
+
+    def enter(self: Any) -> Any:
+        if candidate_is_running():
+            raise FencedOp("torch.inference_mode is not allowed to a candidate: it switches off the judge's checks in "
+                           "torch's dispatcher")
+        return original(self)
+
+    inference_mode.__enter__ = functools.wraps(original)(enter)
 
 
 def _aten_name(name: str) -> str | None:
@@ -216,7 +325,7 @@ def install() -> int:
     """Fence torch's entry points in this process (the runner, before the candidate is imported); how many. The
     calling thread is the harness's: it keeps torch outside ``candidate_running``. Tensor's C base class holds the
     same methods and cannot be changed (an immutable type): the policy refuses the ways to it (``mro``, ``super``
-    with arguments, dunders)."""
+    with arguments, dunders), and the ops they run meet ``_fence_dispatcher``'s kernels."""
     global _harness_thread
     if _installed:
         return len(_installed)
@@ -229,9 +338,11 @@ def install() -> int:
     for name in ELEMENT_READS:
         _fence(torch.Tensor, "Tensor", name, floats_only=True)
     _fence_indexing()
+    _fence_dynamic_code()
+    _fence_inference_mode()
     _fence_ops()
     _fence_reexports()
-    return len(_installed)
+    return len(_installed) + _fence_dispatcher()
 
 
 def _fence_reexports() -> int:
@@ -269,13 +380,15 @@ def _watched() -> list[tuple[str, dict]]:
 
     from torch._ops import OpOverload, OpOverloadPacket
 
-    spaces = [("torch", vars(torch)), ("torch.Tensor", vars(torch.Tensor)), ("torch.cuda", vars(torch.cuda)),
+    import builtins
+
+    spaces = [("builtins", vars(builtins)), ("torch", vars(torch)), ("torch.Tensor", vars(torch.Tensor)), ("torch.cuda", vars(torch.cuda)),
               ("OpOverload", vars(OpOverload)), ("OpOverloadPacket", vars(OpOverloadPacket))]
     return spaces + [(name, vars(sys.modules[name])) for name in JUDGE_MODULES if name in sys.modules]
 
 
 def snapshot() -> dict[tuple[str, str], int]:
-    """What each watched namespace holds, by identity: torch, Tensor, torch.cuda, the op classes and the judge's
+    """What each watched namespace holds, by identity: builtins, torch, Tensor, torch.cuda, the op classes and the judge's
     modules in the runner (taken after ``install``, before the candidate is imported); public names and dunders
     (private ones hold state that changes by itself: ``torch.cuda._initialized``)."""
     return {(label, name): id(value) for label, space in _watched() for name, value in list(space.items())

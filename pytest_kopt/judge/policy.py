@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
+import enum
 import functools
 import inspect
 import re
@@ -85,8 +87,8 @@ RUNTIME_HOOKS = frozenset({
     # an annotation is no literal the policy can read)
     "get_type_hints", "ForwardRef", "singledispatch", "singledispatchmethod", "register",
     # they read and store attributes named by data (``update_wrapper(dst, src, assigned=("_C",))`` is getattr and
-    # setattr with a computed name)
-    "update_wrapper", "wraps",
+    # setattr with a computed name), or make classes whose methods are named by data (``namespace={"__d" + "el__": f}``)
+    "update_wrapper", "wraps", "make_dataclass",
     # frame and code objects reach the judge's own variables
     "f_back", "f_locals", "f_globals", "f_builtins", "f_code", "tb_frame", "tb_next", "gi_frame", "gi_code",
     "cr_frame", "cr_code", "ag_frame", "co_code", "co_consts",
@@ -205,6 +207,18 @@ class _Checker(ast.NodeVisitor):
         self.checked_calls: set[int] = set()  # getattr/hasattr names seen as direct calls
         self.derived: set[str] = set()  # names bound to something reached from an import (T = torch.Tensor)
         self.annotation_depth = 0  # inside an annotation, where a string is code
+        self.chain_heads: set[int] = set()  # nodes that are the object of an attribute (``x`` in ``x.y``)
+        self.enum_classes: set[str] = set()  # the file's classes derived from an Enum (their call can make a class)
+        self.scopes: list[set[str]] = []  # the names each enclosing function (or comprehension) binds for itself
+        self.fields_read: set[int] = set()  # comprehension clauses whose fields were read by their scope's visitor
+
+    def visit_Module(self, node: ast.Module) -> None:
+        self.mark_chain_heads(node)
+        self.generic_visit(node)
+
+    def mark_chain_heads(self, tree: ast.AST) -> None:
+        """Remember which nodes an attribute is read from: a module may be named there and nowhere else."""
+        self.chain_heads.update(id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute))
 
     def refuse(self, node: ast.AST, text: str) -> None:
         self.report.reasons.append(f"line {getattr(node, 'lineno', '?')}: {text}")
@@ -271,9 +285,37 @@ class _Checker(ast.NodeVisitor):
                     if isinstance(child, ast.AST):
                         self.visit(child)
         self.jit_depth += is_jit
+        self.scopes.append(_local_names(node))
         for stmt in node.body:
             self.visit(stmt)
+        self.scopes.pop()
         self.jit_depth -= is_jit
+
+    def visit_Lambda(self, node: ast.Lambda) -> None:
+        self.visit(node.args)  # its defaults run in the enclosing scope
+        self.scopes.append(_local_names(node))
+        self.visit(node.body)
+        self.scopes.pop()
+
+    def _visit_comprehension_scope(self, node: ast.AST) -> None:
+        """A comprehension is a scope of its own for its targets; its first iterable runs in the enclosing one."""
+        generators = node.generators  # type: ignore[attr-defined]
+        self.visit(generators[0].iter)
+        self.scopes.append({name for g in generators for name in _bound_names(g.target)})
+        for i, g in enumerate(generators):
+            self.visit(g.target)
+            if i:
+                self.visit(g.iter)
+            for condition in g.ifs:
+                self.visit(condition)
+            self.fields_read.add(id(g))
+            self.visit(g)
+        for field in ("elt", "key", "value"):
+            if getattr(node, field, None) is not None:
+                self.visit(getattr(node, field))
+        self.scopes.pop()
+
+    visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _visit_comprehension_scope
 
     def visit_arg(self, node: ast.arg) -> None:
         if node.annotation is not None:
@@ -304,7 +346,22 @@ class _Checker(ast.NodeVisitor):
             self.refuse(node, f"{node.id} is not allowed: no dynamic code, files or reflection")
         elif node.id in ("getattr", "hasattr") and id(node) not in self.checked_calls:
             self.refuse(node, f"{node.id} may only be called directly, with the attribute name written out")
+        elif (isinstance(node.ctx, ast.Load) and node.id in self.aliases and id(node) not in self.chain_heads
+              and not any(node.id in scope for scope in self.scopes) and self._names_module(self.aliases[node.id].split("."))):
+            self.refuse(node, self._module_as_value(node.id))
         self.generic_visit(node)
+
+    @staticmethod
+    def _names_module(path: list[str]) -> bool:
+        """Whether an import path followed by attributes resolves, all of it, to a module."""
+        seen = _resolve(tuple(path))
+        return bool(seen) and seen[-1][0] == len(path) and isinstance(seen[-1][1], types.ModuleType)
+
+    @staticmethod
+    def _module_as_value(label: str) -> str:
+        return (f"the module {label} is used as a value: a module may only be named to read an attribute of it "
+                f"({label}.name); bound to another name, passed or stored, the policy cannot follow where it leads "
+                "(E = enum; E.bltns.exec is exec)")
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if not isinstance(node.ctx, ast.Load):  # every store and delete: assignments, for and with targets, ...
@@ -335,6 +392,11 @@ class _Checker(ast.NodeVisitor):
             reached = self._chain_reaches(node)
             if reached:
                 self.refuse(node, reached)
+        if len(self.report.reasons) == before and isinstance(node.ctx, ast.Load) and id(node) not in self.chain_heads:
+            dotted = _dotted(node)
+            head = dotted.split(".")[0] if dotted else None
+            if head in self.aliases and self._names_module(self.aliases[head].split(".") + dotted.split(".")[1:]):
+                self.refuse(node, self._module_as_value(dotted))
         if len(self.report.reasons) == before or not isinstance(node.value, (ast.Attribute, ast.Name)):
             self.generic_visit(node)  # after a refusal, the rest of a.b.c would only repeat it
 
@@ -375,9 +437,17 @@ class _Checker(ast.NodeVisitor):
             if len(node.args) < 2 or not (isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
                 self.refuse(node, f"{func.id} with a computed attribute name is not allowed (write the attribute out)")
             else:
-                attr = node.args[1].value
-                if attr in TORCH_COMPUTE or attr in RUNTIME_HOOKS or attr in MACHINERY_ATTRIBUTES or (attr.startswith("_") and attr not in ALLOWED_DUNDERS):
-                    self.refuse(node, f"{func.id}(..., {attr!r}) is not allowed")
+                # the same rules as ``obj.attr`` written out (a narrower list of its own let ``getattr(T, "mro")`` by)
+                attribute = ast.copy_location(ast.Attribute(value=node.args[0], attr=node.args[1].value, ctx=ast.Load()), node)
+                self.chain_heads.add(id(node.args[0]))
+                before = len(self.report.reasons)
+                self.visit_Attribute(attribute)
+                if len(self.report.reasons) > before:
+                    self.refuse(node, f"{func.id}(..., {node.args[1].value!r}) is not allowed: it reads what "
+                                      f"{ast.unparse(attribute)} would")
+        if self._makes_enum(node):
+            self.refuse(node, "an Enum's functional API (Enum(name, names, ...)) is not allowed: it makes a class whose "
+                              "attributes are named by data")
         self.generic_visit(node)
 
         if isinstance(func, ast.Name) and func.id == "super" and (node.args or node.keywords):
@@ -416,12 +486,32 @@ class _Checker(ast.NodeVisitor):
     def visit_comprehension(self, node: ast.comprehension) -> None:
         if _is_reference(node.iter) and self._reaches_import(node.iter):
             self.derived |= set(_bound_names(node.target))
-        self.generic_visit(node)
+        if id(node) not in self.fields_read:  # its fields were read in its scope's order
+            self.generic_visit(node)
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         if any(self._reaches_import(base) for base in node.bases):
             self.derived.add(node.name)
+        if any(self._is_enum_class(base) for base in node.bases):
+            self.enum_classes.add(node.name)
         self.generic_visit(node)
+
+    def _is_enum_class(self, node: ast.AST) -> bool:
+        """Whether an expression names an Enum class: of the enum module (through an import) or of this file."""
+        if isinstance(node, ast.Name) and node.id in self.enum_classes:
+            return True
+        dotted = _dotted(node)
+        head = dotted.split(".")[0] if dotted else None
+        if head not in self.aliases:
+            return False
+        path = self.aliases[head].split(".") + dotted.split(".")[1:]
+        seen = _resolve(tuple(path))
+        return bool(seen) and seen[-1][0] == len(path) and isinstance(seen[-1][1], type) and issubclass(seen[-1][1], enum.Enum)
+
+    def _makes_enum(self, node: ast.Call) -> bool:
+        """``Enum("Name", names)``: a class made from data (``names`` may name a method ``__del__``)."""
+        return self._is_enum_class(node.func) and (len(node.args) >= 2 or any(
+            k.arg in ("names", "module", "qualname", "type", "start", "boundary") for k in node.keywords))
 
     def _reaches_import(self, node: ast.AST) -> bool:
         """Whether an expression names an import (other than triton and math) or a name bound to one."""
@@ -447,6 +537,7 @@ class _Checker(ast.NodeVisitor):
             return
         for inner in ast.walk(expression):
             ast.copy_location(inner, node)
+        self.mark_chain_heads(expression)
         before = len(self.report.reasons)
         self.visit(expression)
         if len(self.report.reasons) > before:
@@ -479,8 +570,8 @@ _REFUSED_BUILTIN_OBJECTS = tuple(getattr(builtins, name) for name in sorted(REFU
                                  if hasattr(builtins, name)) + (builtins,) + (
     # the allowed modules' functions that evaluate strings (annotations) as code, however they are reached
     typing.get_type_hints, typing.ForwardRef, functools.singledispatch, functools.singledispatchmethod,
-    # and those that read and store attributes named by data
-    functools.update_wrapper, functools.wraps)
+    # and those that read and store attributes named by data, or make a class from data
+    functools.update_wrapper, functools.wraps, dataclasses.make_dataclass)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -514,6 +605,43 @@ def _is_reference(node: ast.AST) -> bool:
     if isinstance(node, (ast.Tuple, ast.List)):
         return all(_is_reference(e) for e in node.elts)
     return isinstance(node, ast.Name) or (isinstance(node, ast.Attribute) and _is_reference(node.value))
+
+
+def _local_names(node: ast.AST) -> set[str]:
+    """The names a function (or lambda) binds in its own scope, as Python decides it: its parameters and every name it
+    stores, imports, defines or catches anywhere in its body, outside nested scopes (a comprehension's own targets are
+    its own, but what ``:=`` binds in one is the function's), less those it declares ``global`` or ``nonlocal``."""
+    arguments = node.args  # type: ignore[attr-defined]
+    names = {a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)}
+    names |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None}
+    declared: set[str] = set()
+    body = node.body if isinstance(node.body, list) else [node.body]  # type: ignore[attr-defined]
+    pending = list(body)
+    while pending:
+        child = pending.pop()
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(child.name)
+            pending.extend(child.decorator_list)  # they run here; the rest of the definition is a scope of its own
+            continue
+        if isinstance(child, ast.Lambda):
+            continue
+        if isinstance(child, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            names |= {n.target.id for n in ast.walk(child) if isinstance(n, ast.NamedExpr) and isinstance(n.target, ast.Name)}
+            continue
+        if isinstance(child, ast.Name) and not isinstance(child.ctx, ast.Load):
+            names.add(child.id)
+        elif isinstance(child, (ast.Import, ast.ImportFrom)):
+            names |= {alias.asname or alias.name.split(".")[0] for alias in child.names}
+        elif isinstance(child, (ast.Global, ast.Nonlocal)):
+            declared |= set(child.names)
+        elif isinstance(child, ast.ExceptHandler) and child.name:
+            names.add(child.name)
+        elif isinstance(child, (ast.MatchAs, ast.MatchStar)) and child.name:
+            names.add(child.name)
+        elif isinstance(child, ast.MatchMapping) and child.rest:
+            names.add(child.rest)
+        pending.extend(ast.iter_child_nodes(child))
+    return names - declared
 
 
 def _bound_names(target: ast.AST) -> list[str]:

@@ -108,7 +108,9 @@ def plain_outputs(outputs: Any, count: int) -> list[Any]:
 
     if type(outputs) is torch.Tensor:
         outputs = (outputs,)
-    if type(outputs) not in (tuple, list):
+    # by identity: ``type(x) in (tuple, list)`` compares with ``==``, which a metaclass answers (the seventh red team's
+    # output claimed to be a tuple, and its ``__iter__`` did torch math when the runner listed it)
+    if type(outputs) is not tuple and type(outputs) is not list:
         raise CandidateFault(f"kernel(...) returned a {type(outputs).__name__}: it must return a tuple of {count} tensors")
     outputs = list(outputs)
     if len(outputs) != count:
@@ -238,12 +240,13 @@ class Runner:
             raise ValueError("the transport yardstick loads no candidate")
         path = Path(os.getcwd()) / self.candidate_name
         path.write_text(str(message["source"]), encoding="utf-8")  # the text the policy checked
+        fence.watch_candidate_file(str(path))
         start = time.perf_counter()
         try:
             with fence.candidate_running():
                 module = import_candidate(path)
         except BaseException as exc:  # noqa: BLE001
-            raise CandidateFault(f"importing the candidate failed: {describe_exception(exc, self.candidate_name)}") from None
+            raise CandidateFault(f"importing the candidate failed: {self.describe(exc)}") from None
         self.refuse_changes("importing it")
         self.kernel = getattr(module, "kernel", None)
         if not callable(self.kernel):
@@ -338,12 +341,24 @@ class Runner:
         """After a timed round (outside its window): what the candidate replaced of torch or the judge, if anything."""
         return {"ok": True, "changed": fence.changes(self.untouched)[:20]}
 
-    def invoke(self, inputs: dict) -> Any:
+    def invoke(self, inputs: dict, count: int | None = None) -> Any:
+        """One call of the candidate; with ``count``, its outputs as a plain list, made inside the fence (listing
+        them, and describing what the call raised, can run the candidate's own methods: that is candidate code)."""
+        with fence.candidate_running():
+            try:
+                outputs = self.kernel(**inputs)
+            except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are candidate faults too
+                raise CandidateFault(f"the candidate raised {self.describe(exc)}") from None
+            return outputs if count is None else plain_outputs(outputs, count)
+
+    def describe(self, exc: BaseException) -> str:
+        """``describe_exception`` as candidate code: an exception of the candidate's runs its methods (``__str__``, a
+        metaclass's ``__name__``) when described. One whose description fails is named as such."""
         try:
             with fence.candidate_running():
-                return self.kernel(**inputs)
-        except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are candidate faults too
-            raise CandidateFault(f"the candidate raised {describe_exception(exc, self.candidate_name)}") from None
+                return describe_exception(exc, self.candidate_name)
+        except BaseException:  # noqa: BLE001
+            return "an exception that could not be described (its own methods raised when it was read)"
 
     def destination(self, region: dict) -> Any:
         """The region as a tensor of the expected dtype and shape (None when either is not pinned)."""
@@ -389,16 +404,15 @@ class Runner:
         start = time.perf_counter()
         try:
             with guard:
-                outputs = self.invoke(inputs)
+                outputs = self.invoke(inputs, len(regions))
                 mode_lost = guard not in _get_current_dispatch_mode_stack()
             try:
                 self.sync()
             except BaseException as exc:  # noqa: BLE001 - an illegal address surfaces at the sync
-                raise CandidateFault(f"the candidate's kernels failed: {describe_exception(exc, self.candidate_name)}") from None
+                raise CandidateFault(f"the candidate's kernels failed: {self.describe(exc)}") from None
         finally:
             self.monitor.expected_stream = None
         seconds = time.perf_counter() - start
-        outputs = plain_outputs(outputs, len(regions))
         names = [r["name"] for r in regions]
         expected = {r["name"]: getattr(torch, r["dtype"]) for r in regions if r.get("dtype")}
         honesty = inspect_call(outputs=tuple(outputs), output_names=names, inputs=inputs, before=before, guard=guard,
@@ -433,17 +447,17 @@ class Runner:
             self.sync()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                outputs = [self.invoke(slot["inputs"]) for slot in slots]
+                outputs = [self.invoke(slot["inputs"], len(slot["regions"])) for slot in slots]
             graph.replay()
             self.sync()
-            self.graphs[tuple(slot_ids)] = (graph, [plain_outputs(o, len(s["regions"])) for o, s in zip(outputs, slots)])
+            self.graphs[tuple(slot_ids)] = (graph, outputs)
         except BaseException as exc:  # noqa: BLE001
             self.graphs.clear()
             try:
                 self.sync()
             except BaseException:  # noqa: BLE001
                 pass
-            return {"ok": True, "graph_safe": False, "reason": describe_exception(exc, self.candidate_name)[:500]}
+            return {"ok": True, "graph_safe": False, "reason": self.describe(exc)[:500]}
         return {"ok": True, "graph_safe": True}
 
     def do_batch(self, message: dict, fds: list[int]) -> dict:
@@ -494,7 +508,7 @@ class Runner:
         try:
             self.sync()
         except BaseException as exc:  # noqa: BLE001
-            raise CandidateFault(f"the candidate's kernels failed: {describe_exception(exc, self.candidate_name)}") from None
+            raise CandidateFault(f"the candidate's kernels failed: {self.describe(exc)}") from None
         called = time.perf_counter()
         if mode in ("eager", "device") and not self.null and self.monitor.timed_launches < len(slots):
             # a timed call that launches no Triton kernel did its work some other way (a checked call is watched
@@ -519,7 +533,7 @@ class Runner:
         except CandidateFault:
             raise
         except BaseException as exc:  # noqa: BLE001
-            raise CandidateFault(f"the candidate raised while profiled: {describe_exception(exc, self.candidate_name)}") from None
+            raise CandidateFault(f"the candidate raised while profiled: {self.describe(exc)}") from None
         return {"ok": True, "kernels": kernels[:40]}
 
     def do_exit(self, message: dict, fds: list[int]) -> dict:
