@@ -206,7 +206,7 @@ def outcome(fn):
 
 x, lengths = torch.ones(4), torch.tensor([3, 5], dtype=torch.int32)
 fence.install()
-found = {"harness math": outcome(lambda: (x * 2).sum())}
+found = {"harness math": outcome(lambda: (x * 2).sum()), "harness base class": outcome(lambda: torch.Tensor.mro()[1].mul(x, 2.0))}
 with fence.candidate_running():
     for name, fn in {
         "operator": lambda: x * 2, "in-place operator": lambda: x.clone().__iadd__(1), "method": lambda: x.exp(),
@@ -219,6 +219,9 @@ with fence.candidate_running():
         "basic indexing": lambda: (x[1:3], x[None, ...], x[-1:], x.view(2, 2)[:, 0], x.clone().__setitem__(slice(0, 2), 0.0)),
         "tensor index": lambda: x[lengths.long() - 3], "list index": lambda: x[[0, 2]],
         "tensor index store": lambda: x.clone().__setitem__(lengths.long() - 3, 1.0),
+        # below every Python name: torch's dispatcher (Tensor's C base class, the C function table)
+        "base class": lambda: torch.Tensor.mro()[1].mul(x, 2.0), "C functions": lambda: torch._C._VariableFunctions.exp(x),
+        "integer math": lambda: lengths.mul(2), "inference mode": lambda: torch.inference_mode().__enter__(),
     }.items():
         found[name] = outcome(fn)
 thread = {}
@@ -233,7 +236,8 @@ def test_the_fence_refuses_torch_math_and_float_reads_to_candidate_code_alone() 
     """fence.py in a process of its own (it changes torch for the whole process): inside a candidate's import or call,
     and on any thread but the harness's, torch math and reads of float data into Python raise; integer reads (a
     candidate's lengths), allocation, views, copies, conversions and metadata do not; the harness's own math outside
-    the candidate's calls is untouched."""
+    the candidate's calls is untouched. Below the Python names, torch's dispatcher refuses the same ops (Tensor's C base
+    class, which no Python wrapper changes), and inference mode, which would skip that, is refused."""
     import json
     import subprocess
     import sys
@@ -242,5 +246,6 @@ def test_the_fence_refuses_torch_math_and_float_reads_to_candidate_code_alone() 
     assert run.returncode == 0, run.stderr[-2000:]
     found = json.loads(run.stdout.strip().splitlines()[-1])
     fenced = {"operator", "in-place operator", "method", "function", "float read", "item", "tolist", "repr",
-              "math on another thread", "tensor index", "list index", "tensor index store"}
+              "math on another thread", "tensor index", "list index", "tensor index store", "base class", "C functions",
+              "integer math", "inference mode"}
     assert {name for name, what in found.items() if what == "fenced"} == fenced, found
