@@ -224,6 +224,16 @@ with fence.candidate_running():
         "integer math": lambda: lengths.mul(2), "inference mode": lambda: torch.inference_mode().__enter__(),
     }.items():
         found[name] = outcome(fn)
+def suspended(box):  # a generator's finally, run by the garbage collector on the harness's thread
+    try:
+        yield
+    finally:
+        box["collected"] = outcome(lambda: x * 2)
+
+box = {}
+pending = suspended(box); next(pending); cycle = [pending]; cycle.append(cycle); del pending, cycle
+import gc; gc.collect()
+found["math in a collection"] = box.get("collected", "not collected")
 thread = {}
 worker = threading.Thread(target=lambda: thread.update(math=outcome(lambda: x * 2)))
 worker.start(); worker.join()
@@ -247,5 +257,5 @@ def test_the_fence_refuses_torch_math_and_float_reads_to_candidate_code_alone() 
     found = json.loads(run.stdout.strip().splitlines()[-1])
     fenced = {"operator", "in-place operator", "method", "function", "float read", "item", "tolist", "repr",
               "math on another thread", "tensor index", "list index", "tensor index store", "base class", "C functions",
-              "integer math", "inference mode"}
+              "integer math", "inference mode", "math in a collection"}
     assert {name for name, what in found.items() if what == "fenced"} == fenced, found

@@ -118,6 +118,13 @@ EXPECT = {
     "module_as_value_runtime": hostile("module_as_value", "compile", "exec(...) called by the candidate", static_policy=False),
     "claims_tuple": hostile("claims_tuple", "compile", "returned a Outputs: it must return a tuple"),
     "getattr_base_class": hostile("getattr_base_class", "policy", "getattr(..., 'mro') is not allowed"),
+    # the eighth (session 51): an import inside a function (the policy: top level only; with it off, the audit sees the
+    # fence's flag changed), and torch math in a generator's finally run by the garbage collector (the policy refuses
+    # yield; at run time a collection is candidate code, tests/test_judge_checks.py)
+    "local_import": hostile("local_import", "policy", "imports are allowed at the top level of the file only"),
+    "local_import_runtime": hostile("local_import", "compile", "the candidate replaced pytest_kopt.judge.fence's own state",
+                                    static_policy=False),
+    "finalizer_math": hostile("finalizer_math", "policy", "yield is not allowed"),
     "getattr_base_class_runtime": hostile("getattr_base_class", "benchmark", "refused in torch's dispatcher", static_policy=False,
                                           upto="benchmark"),
     "reexported_original_runtime": hostile("reexported_original", "compile", "torch.conv_tbc is torch math", static_policy=False),

@@ -146,6 +146,13 @@ REFUSED = {
     "Enum's functional API": (candidate("return x", "import enum\n") + "\nK = enum.Enum('K', [('a', 1)])\n", "functional API"),
     "a subclass's functional API": (candidate("return x", "import enum\n") + "\nclass K(enum.Enum):\n    pass\n"
                                     "\nJ = K('J', ['a'])\n", "functional API"),
+    # the eighth (session 51): an import inside a function (its name was taken for the function's own variable), and
+    # code the garbage collector runs at a moment of its choosing (a suspended generator's finally)
+    "import in a function": (candidate("import enum as E\nM = E\nreturn M.bltns", ""), "top level of the file only"),
+    "import in a class": (candidate("return x") + "\nclass C:\n    import enum\n", "top level of the file only"),
+    "generator": (candidate("return x") + "\ndef g():\n    try:\n        yield\n    finally:\n        pass\n", "yield is not allowed"),
+    "yield from": (candidate("return x") + "\ndef g():\n    yield from range(3)\n", "yield from is not allowed"),
+    "coroutine": (candidate("return x") + "\nasync def g():\n    pass\n", "async def g is not allowed"),
     # patching
     "patch allclose": (candidate("return x") + "\ntorch.allclose = lambda *a, **k: True\n", "patching modules"),
     "patch method": (candidate("return x") + "\ntorch.Tensor.copy_ = None\n", "patching modules"),

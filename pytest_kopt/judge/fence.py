@@ -192,6 +192,19 @@ def _fence_inference_mode() -> None:
     inference_mode.__enter__ = functools.wraps(original)(enter)
 
 
+def _fence_collections() -> None:
+    """The garbage collector runs finalizers (a suspended generator's ``finally``) on whatever thread allocates when it
+    starts, the harness's too: everything a collection runs counts as candidate code (the eighth red team computed
+    with torch in a finalizer that ran just after a checked call, outside the fence and the guard)."""
+    import gc
+
+    def during(phase: str, info: dict) -> None:
+        global _depth
+        _depth += 1 if phase == "start" else -1
+
+    gc.callbacks.append(during)
+
+
 def _aten_name(name: str) -> str | None:
     """The aten op a Python name runs, or None where it is none."""
     if name in OPERATOR_OPS:
@@ -340,6 +353,7 @@ def install() -> int:
     _fence_indexing()
     _fence_dynamic_code()
     _fence_inference_mode()
+    _fence_collections()
     _fence_ops()
     _fence_reexports()
     return len(_installed) + _fence_dispatcher()
@@ -401,6 +415,8 @@ def changes(before: dict[tuple[str, str], int]) -> list[str]:
     policy misses: a candidate that replaces a method the harness calls runs its code as the harness."""
     now = snapshot()
     replaced = {f"{label}.{name}" for (label, name), ident in before.items() if now.get((label, name)) != ident}
+    if _depth != 0 or _harness_thread != threading.get_ident() or (_installed and _library is None):
+        replaced.add("pytest_kopt.judge.fence's own state (whether candidate code runs)")
     # on a class an added name shadows what its base holds (torch.Tensor.data_ptr lives on TensorBase)
     added = {f"{label}.{name}" for (label, name) in now.keys() - before.keys() if label in CLASSES}
     return sorted(replaced | added)

@@ -211,6 +211,7 @@ class _Checker(ast.NodeVisitor):
         self.enum_classes: set[str] = set()  # the file's classes derived from an Enum (their call can make a class)
         self.scopes: list[set[str]] = []  # the names each enclosing function (or comprehension) binds for itself
         self.fields_read: set[int] = set()  # comprehension clauses whose fields were read by their scope's visitor
+        self.class_depth = 0
 
     def visit_Module(self, node: ast.Module) -> None:
         self.mark_chain_heads(node)
@@ -224,7 +225,15 @@ class _Checker(ast.NodeVisitor):
         self.report.reasons.append(f"line {getattr(node, 'lineno', '?')}: {text}")
 
     # ---- imports --------------------------------------------------------------------
+    def _refuse_nested_import(self, node: ast.AST) -> None:
+        """Imports belong at the file's top level: one inside a function or a class binds a module in a scope whose
+        names the module-as-value rule takes for the function's own (the eighth red team's ``import enum as E; M = E``
+        inside a function)."""
+        if self.scopes or self.class_depth:
+            self.refuse(node, "imports are allowed at the top level of the file only, not inside a function or a class")
+
     def visit_Import(self, node: ast.Import) -> None:
+        self._refuse_nested_import(node)
         for alias in node.names:
             reason = _import_reason(alias.name)
             if reason:
@@ -233,6 +242,7 @@ class _Checker(ast.NodeVisitor):
             self.aliases[local] = alias.name if alias.asname else _root(alias.name)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        self._refuse_nested_import(node)
         if node.level:
             self.refuse(node, "relative imports are not allowed: a candidate is one self-contained file")
             return
@@ -334,7 +344,9 @@ class _Checker(ast.NodeVisitor):
         self.visit(node)
         self.annotation_depth -= 1
 
-    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
+        self._refuse_suspended(node, f"async def {node.name}")
+        self.visit_FunctionDef(node)  # type: ignore[arg-type]
 
     # ---- names and attributes --------------------------------------------------------
     def visit_Name(self, node: ast.Name) -> None:
@@ -494,6 +506,26 @@ class _Checker(ast.NodeVisitor):
             self.derived.add(node.name)
         if any(self._is_enum_class(base) for base in node.bases):
             self.enum_classes.add(node.name)
+        self.class_depth += 1
+        self.generic_visit(node)
+        self.class_depth -= 1
+
+    # ---- code the interpreter runs when it chooses -------------------------------------
+    def _refuse_suspended(self, node: ast.AST, what: str) -> None:
+        self.refuse(node, f"{what} is not allowed: a generator or coroutine left suspended runs its cleanup (finally, "
+                          "with, except) when the garbage collector finds it, at a moment the judge chooses, as its own "
+                          "code (the eighth red team computed there)")
+
+    def visit_Yield(self, node: ast.Yield) -> None:
+        self._refuse_suspended(node, "yield")
+        self.generic_visit(node)
+
+    def visit_YieldFrom(self, node: ast.YieldFrom) -> None:
+        self._refuse_suspended(node, "yield from")
+        self.generic_visit(node)
+
+    def visit_Await(self, node: ast.Await) -> None:
+        self._refuse_suspended(node, "await")
         self.generic_visit(node)
 
     def _is_enum_class(self, node: ast.AST) -> bool:
@@ -609,7 +641,7 @@ def _is_reference(node: ast.AST) -> bool:
 
 def _local_names(node: ast.AST) -> set[str]:
     """The names a function (or lambda) binds in its own scope, as Python decides it: its parameters and every name it
-    stores, imports, defines or catches anywhere in its body, outside nested scopes (a comprehension's own targets are
+    stores, defines or catches anywhere in its body (not one it imports: that is the module, and refused there anyway), outside nested scopes (a comprehension's own targets are
     its own, but what ``:=`` binds in one is the function's), less those it declares ``global`` or ``nonlocal``."""
     arguments = node.args  # type: ignore[attr-defined]
     names = {a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)}
@@ -630,8 +662,6 @@ def _local_names(node: ast.AST) -> set[str]:
             continue
         if isinstance(child, ast.Name) and not isinstance(child.ctx, ast.Load):
             names.add(child.id)
-        elif isinstance(child, (ast.Import, ast.ImportFrom)):
-            names |= {alias.asname or alias.name.split(".")[0] for alias in child.names}
         elif isinstance(child, (ast.Global, ast.Nonlocal)):
             declared |= set(child.names)
         elif isinstance(child, ast.ExceptHandler) and child.name:
