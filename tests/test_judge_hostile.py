@@ -125,6 +125,14 @@ EXPECT = {
     "local_import_runtime": hostile("local_import", "compile", "the candidate replaced pytest_kopt.judge.fence's own state",
                                     static_policy=False),
     "finalizer_math": hostile("finalizer_math", "policy", "yield is not allowed"),
+    # the ninth (session 51): special methods bound by name, not by def (a finalizer on an output's base, a module hook
+    # that answered for a deleted kernel); at run time a call's outputs are released inside the fence, and kernel is
+    # read from the module's namespace
+    "finalizer_by_name": hostile("finalizer_by_name", "policy", "binding __del__ is not allowed"),
+    "finalizer_by_name_runtime": hostile("finalizer_by_name", "correctness", "contains NaN or Inf", static_policy=False),
+    "module_hook": hostile("module_hook", "policy", "binding __getattr__ is not allowed", "kernel may only be defined once"),
+    "module_hook_runtime": hostile("module_hook", "compile", "defines no kernel(...) function at its top level",
+                                   static_policy=False),
     "getattr_base_class_runtime": hostile("getattr_base_class", "benchmark", "refused in torch's dispatcher", static_policy=False,
                                           upto="benchmark"),
     "reexported_original_runtime": hostile("reexported_original", "compile", "torch.conv_tbc is torch math", static_policy=False),

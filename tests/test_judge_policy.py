@@ -153,6 +153,14 @@ REFUSED = {
     "generator": (candidate("return x") + "\ndef g():\n    try:\n        yield\n    finally:\n        pass\n", "yield is not allowed"),
     "yield from": (candidate("return x") + "\ndef g():\n    yield from range(3)\n", "yield from is not allowed"),
     "coroutine": (candidate("return x") + "\nasync def g():\n    pass\n", "async def g is not allowed"),
+    # the ninth (session 51): special names bound by assignment, not def; kernel rebound
+    "__del__ bound in a class": (candidate("return x") + "\nclass C:\n    __del__ = print\n", "binding __del__"),
+    "__getattr__ bound at the top": (candidate("return x") + "\n__getattr__ = print\n", "binding __getattr__"),
+    "__torch_function__ bound": (candidate("return x") + "\nclass T(torch.Tensor):\n    __torch_function__ = classmethod(print)\n",
+                                 "binding __torch_function__"),
+    "import as a special name": (candidate("return x", "from math import sqrt as __del__\n"), "importing as __del__"),
+    "kernel deleted": (candidate("return x") + "\ndel kernel\n", "kernel may only be defined once"),
+    "kernel rebound by global": (candidate("return x") + "\ndef f():\n    global kernel\n", "global kernel is not allowed"),
     # patching
     "patch allclose": (candidate("return x") + "\ntorch.allclose = lambda *a, **k: True\n", "patching modules"),
     "patch method": (candidate("return x") + "\ntorch.Tensor.copy_ = None\n", "patching modules"),

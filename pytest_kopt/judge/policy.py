@@ -232,8 +232,15 @@ class _Checker(ast.NodeVisitor):
         if self.scopes or self.class_depth:
             self.refuse(node, "imports are allowed at the top level of the file only, not inside a function or a class")
 
+    def _refuse_dunder_alias(self, node: ast.AST, names: list[ast.alias]) -> None:
+        for alias in names:
+            bound = alias.asname or alias.name.split(".")[0]
+            if DUNDER.match(bound) or bound == "kernel":
+                self.refuse(node, f"importing as {bound} is not allowed: it binds a special name")
+
     def visit_Import(self, node: ast.Import) -> None:
         self._refuse_nested_import(node)
+        self._refuse_dunder_alias(node, node.names)
         for alias in node.names:
             reason = _import_reason(alias.name)
             if reason:
@@ -243,6 +250,7 @@ class _Checker(ast.NodeVisitor):
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         self._refuse_nested_import(node)
+        self._refuse_dunder_alias(node, node.names)
         if node.level:
             self.refuse(node, "relative imports are not allowed: a candidate is one self-contained file")
             return
@@ -358,6 +366,13 @@ class _Checker(ast.NodeVisitor):
             self.refuse(node, f"{node.id} is not allowed: no dynamic code, files or reflection")
         elif node.id in ("getattr", "hasattr") and id(node) not in self.checked_calls:
             self.refuse(node, f"{node.id} may only be called directly, with the attribute name written out")
+        elif not isinstance(node.ctx, ast.Load) and DUNDER.match(node.id) and node.id not in ALLOWED_DUNDERS:
+            # ``__del__ = f`` in a class body is ``def __del__``; ``__getattr__ = f`` at the top level answers the
+            # runner's look-up of a name the file deleted (the ninth red team's finalizer and module hook)
+            self.refuse(node, f"binding {node.id} is not allowed: special methods and module hooks are internals")
+        elif not isinstance(node.ctx, ast.Load) and node.id == "kernel" and not self.scopes and not self.class_depth:
+            self.refuse(node, "kernel may only be defined once, by def at the top level (rebound or deleted, the runner "
+                              "would look it up through whatever answers for the module)")
         elif (isinstance(node.ctx, ast.Load) and node.id in self.aliases and id(node) not in self.chain_heads
               and not any(node.id in scope for scope in self.scopes) and self._names_module(self.aliases[node.id].split("."))):
             self.refuse(node, self._module_as_value(node.id))
@@ -509,6 +524,10 @@ class _Checker(ast.NodeVisitor):
         self.class_depth += 1
         self.generic_visit(node)
         self.class_depth -= 1
+
+    def visit_Global(self, node: ast.Global) -> None:
+        if "kernel" in node.names:
+            self.refuse(node, "global kernel is not allowed: kernel is defined once, by def at the top level")
 
     # ---- code the interpreter runs when it chooses -------------------------------------
     def _refuse_suspended(self, node: ast.AST, what: str) -> None:

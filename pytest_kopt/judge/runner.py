@@ -27,6 +27,7 @@ import socket
 import sys
 import time
 import traceback
+import types
 from pathlib import Path
 from typing import Any
 
@@ -248,9 +249,11 @@ class Runner:
         except BaseException as exc:  # noqa: BLE001
             raise CandidateFault(f"importing the candidate failed: {self.describe(exc)}") from None
         self.refuse_changes("importing it")
-        self.kernel = getattr(module, "kernel", None)
-        if not callable(self.kernel):
-            raise CandidateFault("the candidate defines no callable kernel(...)")
+        # read from the module's own namespace, not through getattr: a module-level __getattr__ would answer for a
+        # deleted kernel outside the fence (the ninth red team)
+        self.kernel = vars(module).get("kernel")
+        if type(self.kernel) is not types.FunctionType:
+            raise CandidateFault("the candidate defines no kernel(...) function at its top level")
         return {"ok": True, "import_s": time.perf_counter() - start}
 
     def do_warm(self, message: dict, fds: list[int]) -> dict:
@@ -306,18 +309,21 @@ class Runner:
         for region in regions:
             region["expected"] = {"dtype": region.get("dtype"), "shape": region.get("shape")}
         destinations = [self.destination(r) for r in regions]
+        with fence.candidate_running():
+            self.slots.pop(str(message["slot"]), None)  # the slot's previous inputs, released as candidate code
         self.slots[str(message["slot"])] = {"inputs": inputs, "regions": regions, "arenas": arenas, "destinations": destinations,
                                             "null_outputs": tuple(None if d is None else self.torch.empty_like(d) for d in destinations)
                                             if self.null else None}
-        self.graphs.clear()
+        self.clear_graphs()
         return {"ok": True}
 
     def do_release(self, message: dict, fds: list[int]) -> dict:
         """Forget the slots (and graphs) that use these arenas, then unmap the arenas."""
         ids = {int(i) for i in message["arenas"]}
-        for slot_id in [s for s, slot in self.slots.items() if slot["arenas"] & ids]:
-            del self.slots[slot_id]
-        self.graphs.clear()
+        with fence.candidate_running():  # inputs the candidate held attributes on are released as its code
+            for slot_id in [s for s, slot in self.slots.items() if slot["arenas"] & ids]:
+                del self.slots[slot_id]
+        self.clear_graphs()
         self.sync()
         for arena_id in ids:
             arena = self.arenas.pop(arena_id, None)
@@ -350,6 +356,18 @@ class Runner:
             except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are candidate faults too
                 raise CandidateFault(f"the candidate raised {self.describe(exc)}") from None
             return outputs if count is None else plain_outputs(outputs, count)
+
+    def clear_graphs(self) -> None:
+        """Drop the captured graphs and the outputs they hold, inside the fence (as ``release``)."""
+        with fence.candidate_running():
+            self.graphs.clear()
+
+    @staticmethod
+    def release(made: list) -> None:
+        """Drop what a call made inside the fence: whatever its release runs (a finalizer on an attribute of an
+        output's base) is candidate code."""
+        with fence.candidate_running():
+            made.clear()
 
     def describe(self, exc: BaseException) -> str:
         """``describe_exception`` as candidate code: an exception of the candidate's runs its methods (``__str__``, a
@@ -424,6 +442,7 @@ class Runner:
             honesty.append(f"the candidate replaced {', '.join(changed[:8])}: torch and the judge must be left as they are")
         described = self.store([outputs], [slot])[0]
         self.sync()
+        self.release(outputs)
         return {"ok": True, "outputs": described, "honesty": honesty, "seconds": seconds, "launches": self.monitor.launches}
 
     def do_capture(self, message: dict, fds: list[int]) -> dict:
@@ -431,7 +450,7 @@ class Runner:
         each on a side stream, as capture requires); not capturable is an answer, not a failure."""
         self.set_values(message)
         torch = self.torch
-        self.graphs.clear()
+        self.clear_graphs()
         if not self.cuda:
             return {"ok": True, "graph_safe": False, "reason": "no CUDA graphs on the CPU"}
         slot_ids = [str(s) for s in message["slots"]]
@@ -452,7 +471,7 @@ class Runner:
             self.sync()
             self.graphs[tuple(slot_ids)] = (graph, outputs)
         except BaseException as exc:  # noqa: BLE001
-            self.graphs.clear()
+            self.clear_graphs()
             try:
                 self.sync()
             except BaseException:  # noqa: BLE001
@@ -518,6 +537,7 @@ class Runner:
         event_us = [s.elapsed_time(e) * 1e3 for s, e in pairs] if mode == "device" else []
         described = self.store(results, slots)
         self.sync()
+        self.release(results)
         answered = time.perf_counter()
         return {"ok": True, **self.compact(described), "event_us": event_us, "host_us": host_us,
                 "batch_us": (answered - started) * 1e6, "calls_us": (called - started) * 1e6,
