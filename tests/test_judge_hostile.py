@@ -133,6 +133,11 @@ EXPECT = {
     "module_hook": hostile("module_hook", "policy", "binding __getattr__ is not allowed", "kernel may only be defined once"),
     "module_hook_runtime": hostile("module_hook", "compile", "defines no kernel(...) function at its top level",
                                    static_policy=False),
+    # the tenth (session 51): functions planted on an input by a dataclass's __init__, run by the checks around a
+    # checked call (the policy refuses __init__ on anything but self; the runner checks through views of its own)
+    "input_hooks": hostile("input_hooks", "policy", "__init__ on anything but self"),
+    "input_hooks_runtime": hostile("input_hooks", "correctness", "the candidate set attributes on its inputs (x)",
+                                   "relative RMS error", static_policy=False),
     "getattr_base_class_runtime": hostile("getattr_base_class", "benchmark", "refused in torch's dispatcher", static_policy=False,
                                           upto="benchmark"),
     "reexported_original_runtime": hostile("reexported_original", "compile", "torch.conv_tbc is torch math", static_policy=False),

@@ -161,6 +161,9 @@ REFUSED = {
     "import as a special name": (candidate("return x", "from math import sqrt as __del__\n"), "importing as __del__"),
     "kernel deleted": (candidate("return x") + "\ndel kernel\n", "kernel may only be defined once"),
     "kernel rebound by global": (candidate("return x") + "\ndef f():\n    global kernel\n", "global kernel is not allowed"),
+    # the tenth (session 51): a dataclass's __init__ called on an input stores its fields there
+    "__init__ on another object": (candidate("Hooks.__init__(x, print)", "import dataclasses\n") +
+                                   "\n@dataclasses.dataclass\nclass Hooks:\n    detach: object\n", "__init__ on anything but self"),
     # patching
     "patch allclose": (candidate("return x") + "\ntorch.allclose = lambda *a, **k: True\n", "patching modules"),
     "patch method": (candidate("return x") + "\ntorch.Tensor.copy_ = None\n", "patching modules"),
@@ -197,6 +200,8 @@ def test_a_name_that_shadows_a_module_in_its_own_scope_passes() -> None:
     source = candidate("tma = x.is_contiguous()\nreturn x if tma else y", "from triton.experimental.gluon.language.nvidia.hopper import tma\n")
     source += "\nf = lambda enum: enum\nvalues = [enum for enum in range(3)]\n"
     source += "\nclass K(enum.Enum):\n    A = 1\n\nk = K(1)\n"
+    source += "\nclass B:\n    def __init__(self):\n        self.n = 1\n\nclass D(B):\n    def __init__(self):\n"
+    source += "        super().__init__()\n        B.__init__(self)\n"
     report = check_source(source.replace("import torch\n", "import torch\nimport enum\n", 1))
     assert report.ok, report.reasons
 

@@ -472,6 +472,12 @@ class _Checker(ast.NodeVisitor):
                 if len(self.report.reasons) > before:
                     self.refuse(node, f"{func.id}(..., {node.args[1].value!r}) is not allowed: it reads what "
                                       f"{ast.unparse(attribute)} would")
+        if (isinstance(func, ast.Attribute) and func.attr == "__init__" and not _is_super_call(func.value)
+                and not (node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "self")):
+            # ``Hooks.__init__(x, f)`` with a dataclass stores Hooks' fields on x, where the policy sees no store (the
+            # tenth red team set ``x.detach`` on an input that way)
+            self.refuse(node, "calling a class's __init__ on anything but self is not allowed: it stores attributes the "
+                              "policy cannot see")
         if self._makes_enum(node):
             self.refuse(node, "an Enum's functional API (Enum(name, names, ...)) is not allowed: it makes a class whose "
                               "attributes are named by data")
@@ -648,6 +654,10 @@ def _resolve(path: tuple[str, ...]) -> tuple[tuple[int, object], ...]:
             break
         seen.append((k + 1, value))
     return tuple(seen)
+
+
+def _is_super_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
 
 
 def _is_reference(node: ast.AST) -> bool:

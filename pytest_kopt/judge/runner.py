@@ -296,11 +296,15 @@ class Runner:
         """Build (once) the input views of a slot and remember where its outputs go."""
         from .arena import TensorSpec
 
-        inputs = {}
+        inputs, own = {}, {}
         for name, item in message["inputs"].items():
             if "tensor" in item:
                 spec = TensorSpec.from_json(item["tensor"], arenas=self.arenas)
                 inputs[name] = self.arenas[spec.arena].view(spec)
+                # the harness's own view of the same memory: it snapshots and compares through this one, never
+                # through an object the candidate held (the tenth red team set ``detach`` on an input it was given,
+                # and the checks after a call ran it outside the fence)
+                own[name] = self.arenas[spec.arena].view(spec)
             else:
                 inputs[name] = item.get("value")
         arenas = {int(r["arena"]) for r in message["outputs"]}
@@ -311,7 +315,7 @@ class Runner:
         destinations = [self.destination(r) for r in regions]
         with fence.candidate_running():
             self.slots.pop(str(message["slot"]), None)  # the slot's previous inputs, released as candidate code
-        self.slots[str(message["slot"])] = {"inputs": inputs, "regions": regions, "arenas": arenas, "destinations": destinations,
+        self.slots[str(message["slot"])] = {"inputs": inputs, "own": own, "regions": regions, "arenas": arenas, "destinations": destinations,
                                             "null_outputs": tuple(None if d is None else self.torch.empty_like(d) for d in destinations)
                                             if self.null else None}
         self.clear_graphs()
@@ -411,9 +415,9 @@ class Runner:
 
         self.set_values(message)
         slot = self.slots[str(message["slot"])]
-        inputs, regions = slot["inputs"], slot["regions"]
+        inputs, own, regions = slot["inputs"], slot["own"], slot["regions"]
         torch = self.torch
-        before = snapshot_inputs(inputs)
+        before = snapshot_inputs(own)
         self.sync()
         self.monitor.reset()
         guard = CallGuard(poison_fresh=True)
@@ -433,8 +437,11 @@ class Runner:
         seconds = time.perf_counter() - start
         names = [r["name"] for r in regions]
         expected = {r["name"]: getattr(torch, r["dtype"]) for r in regions if r.get("dtype")}
-        honesty = inspect_call(outputs=tuple(outputs), output_names=names, inputs=inputs, before=before, guard=guard,
+        honesty = inspect_call(outputs=tuple(outputs), output_names=names, inputs=own, before=before, guard=guard,
                                monitor=self.monitor, expected_dtypes=expected, device=self.device)
+        marked = sorted(name for name, value in inputs.items() if type(value) is torch.Tensor and value.__dict__)
+        if marked:
+            honesty.append(f"the candidate set attributes on its inputs ({', '.join(marked)}): inputs are the judge's")
         if mode_lost:
             honesty.append("the candidate switched off the judge's dispatch guard")
         changed = fence.changes(self.untouched)
