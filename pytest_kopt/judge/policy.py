@@ -374,15 +374,21 @@ class _Checker(ast.NodeVisitor):
             self.refuse(node, "kernel may only be defined once, by def at the top level (rebound or deleted, the runner "
                               "would look it up through whatever answers for the module)")
         elif (isinstance(node.ctx, ast.Load) and node.id in self.aliases and id(node) not in self.chain_heads
-              and not any(node.id in scope for scope in self.scopes) and self._names_module(self.aliases[node.id].split("."))):
+              and not any(node.id in scope for scope in self.scopes)
+              and isinstance(self._imported_object(node), types.ModuleType)):
             self.refuse(node, self._module_as_value(node.id))
         self.generic_visit(node)
 
-    @staticmethod
-    def _names_module(path: list[str]) -> bool:
-        """Whether an import path followed by attributes resolves, all of it, to a module."""
+    def _imported_object(self, node: ast.AST) -> object:
+        """The object a name or attribute chain rooted at an import is, followed on the real objects; ``_UNRESOLVED``
+        where it is not rooted at an import or does not resolve all the way."""
+        dotted = _dotted(node)
+        head = dotted.split(".")[0] if dotted else None
+        if head not in self.aliases:
+            return _UNRESOLVED
+        path = self.aliases[head].split(".") + dotted.split(".")[1:]
         seen = _resolve(tuple(path))
-        return bool(seen) and seen[-1][0] == len(path) and isinstance(seen[-1][1], types.ModuleType)
+        return seen[-1][1] if seen and seen[-1][0] == len(path) else _UNRESOLVED
 
     @staticmethod
     def _module_as_value(label: str) -> str:
@@ -419,11 +425,9 @@ class _Checker(ast.NodeVisitor):
             reached = self._chain_reaches(node)
             if reached:
                 self.refuse(node, reached)
-        if len(self.report.reasons) == before and isinstance(node.ctx, ast.Load) and id(node) not in self.chain_heads:
-            dotted = _dotted(node)
-            head = dotted.split(".")[0] if dotted else None
-            if head in self.aliases and self._names_module(self.aliases[head].split(".") + dotted.split(".")[1:]):
-                self.refuse(node, self._module_as_value(dotted))
+        if (len(self.report.reasons) == before and isinstance(node.ctx, ast.Load) and id(node) not in self.chain_heads
+                and isinstance(self._imported_object(node), types.ModuleType)):
+            self.refuse(node, self._module_as_value(_dotted(node)))
         if len(self.report.reasons) == before or not isinstance(node.value, (ast.Attribute, ast.Name)):
             self.generic_visit(node)  # after a refusal, the rest of a.b.c would only repeat it
 
@@ -531,6 +535,18 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
         self.class_depth -= 1
 
+    def _is_enum_class(self, node: ast.AST) -> bool:
+        """Whether an expression names an Enum class: of the enum module (through an import) or of this file."""
+        if isinstance(node, ast.Name) and node.id in self.enum_classes:
+            return True
+        found = self._imported_object(node)
+        return isinstance(found, type) and issubclass(found, enum.Enum)
+
+    def _makes_enum(self, node: ast.Call) -> bool:
+        """``Enum("Name", names)``: a class made from data (``names`` may name a method ``__del__``)."""
+        return self._is_enum_class(node.func) and (len(node.args) >= 2 or any(
+            k.arg in ("names", "module", "qualname", "type", "start", "boundary") for k in node.keywords))
+
     def visit_Global(self, node: ast.Global) -> None:
         if "kernel" in node.names:
             self.refuse(node, "global kernel is not allowed: kernel is defined once, by def at the top level")
@@ -552,23 +568,6 @@ class _Checker(ast.NodeVisitor):
     def visit_Await(self, node: ast.Await) -> None:
         self._refuse_suspended(node, "await")
         self.generic_visit(node)
-
-    def _is_enum_class(self, node: ast.AST) -> bool:
-        """Whether an expression names an Enum class: of the enum module (through an import) or of this file."""
-        if isinstance(node, ast.Name) and node.id in self.enum_classes:
-            return True
-        dotted = _dotted(node)
-        head = dotted.split(".")[0] if dotted else None
-        if head not in self.aliases:
-            return False
-        path = self.aliases[head].split(".") + dotted.split(".")[1:]
-        seen = _resolve(tuple(path))
-        return bool(seen) and seen[-1][0] == len(path) and isinstance(seen[-1][1], type) and issubclass(seen[-1][1], enum.Enum)
-
-    def _makes_enum(self, node: ast.Call) -> bool:
-        """``Enum("Name", names)``: a class made from data (``names`` may name a method ``__del__``)."""
-        return self._is_enum_class(node.func) and (len(node.args) >= 2 or any(
-            k.arg in ("names", "module", "qualname", "type", "start", "boundary") for k in node.keywords))
 
     def _reaches_import(self, node: ast.AST) -> bool:
         """Whether an expression names an import (other than triton and math) or a name bound to one."""
@@ -654,6 +653,9 @@ def _resolve(path: tuple[str, ...]) -> tuple[tuple[int, object], ...]:
             break
         seen.append((k + 1, value))
     return tuple(seen)
+
+
+_UNRESOLVED = object()  # what a chain the policy cannot follow to its end names
 
 
 def _is_super_call(node: ast.AST) -> bool:
