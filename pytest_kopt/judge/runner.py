@@ -318,7 +318,7 @@ class Runner:
         self.slots[str(message["slot"])] = {"inputs": inputs, "own": own, "regions": regions, "arenas": arenas, "destinations": destinations,
                                             "null_outputs": tuple(None if d is None else self.torch.empty_like(d) for d in destinations)
                                             if self.null else None}
-        self.clear_graphs()
+        self.release(self.graphs)
         return {"ok": True}
 
     def do_release(self, message: dict, fds: list[int]) -> dict:
@@ -327,7 +327,7 @@ class Runner:
         with fence.candidate_running():  # inputs the candidate held attributes on are released as its code
             for slot_id in [s for s, slot in self.slots.items() if slot["arenas"] & ids]:
                 del self.slots[slot_id]
-        self.clear_graphs()
+        self.release(self.graphs)
         self.sync()
         for arena_id in ids:
             arena = self.arenas.pop(arena_id, None)
@@ -361,15 +361,10 @@ class Runner:
                 raise CandidateFault(f"the candidate raised {self.describe(exc)}") from None
             return outputs if count is None else plain_outputs(outputs, count)
 
-    def clear_graphs(self) -> None:
-        """Drop the captured graphs and the outputs they hold, inside the fence (as ``release``)."""
-        with fence.candidate_running():
-            self.graphs.clear()
-
     @staticmethod
-    def release(made: list) -> None:
-        """Drop what a call made inside the fence: whatever its release runs (a finalizer on an attribute of an
-        output's base) is candidate code."""
+    def release(made: list | dict) -> None:
+        """Drop what calls made (their outputs, the captured graphs holding theirs) inside the fence: whatever its
+        release runs (a finalizer on an attribute of an output's base) is candidate code."""
         with fence.candidate_running():
             made.clear()
 
@@ -457,7 +452,7 @@ class Runner:
         each on a side stream, as capture requires); not capturable is an answer, not a failure."""
         self.set_values(message)
         torch = self.torch
-        self.clear_graphs()
+        self.release(self.graphs)
         if not self.cuda:
             return {"ok": True, "graph_safe": False, "reason": "no CUDA graphs on the CPU"}
         slot_ids = [str(s) for s in message["slots"]]
@@ -478,7 +473,7 @@ class Runner:
             self.sync()
             self.graphs[tuple(slot_ids)] = (graph, outputs)
         except BaseException as exc:  # noqa: BLE001
-            self.clear_graphs()
+            self.release(self.graphs)
             try:
                 self.sync()
             except BaseException:  # noqa: BLE001
